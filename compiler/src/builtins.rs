@@ -1,0 +1,477 @@
+//! The builtin tensor functions: one table of signatures (for argument
+//! matching and suggestions) and the lowering of each call to IR operations.
+
+use crate::codes::Code;
+use crate::diag::{suggest, Diagnostic};
+use crate::ir::*;
+use crate::lower::{Binding, Lowerer, Operand};
+use crate::value::Value;
+use attnc_grammar::ast::{Arg, Expr, ExprKind, Ident, TypeKind};
+
+pub struct Signature {
+    pub name: &'static str,
+    /// Parameter names, positional order; the first `required` must be given.
+    pub params: &'static [&'static str],
+    pub required: usize,
+    pub summary: &'static str,
+}
+
+#[rustfmt::skip]
+pub const BUILTINS: &[Signature] = &[
+    Signature { name: "split_heads",  params: &["x", "heads"], required: 2, summary: "[.., S, H*d] -> [.., H, S, d]" },
+    Signature { name: "merge_heads",  params: &["x"], required: 1, summary: "[.., H, S, d] -> [.., S, H*d]" },
+    Signature { name: "mix_heads",    params: &["x", "alpha"], required: 2, summary: "x [B, M, S, d], alpha [M, H, P] -> [B, H, P, S, d]" },
+    Signature { name: "interleave",   params: &["x"], required: 1, summary: "[B, H, P, S, d] -> [B, H, S*P, d], row s*P + j" },
+    Signature { name: "deinterleave", params: &["x", "pseudo"], required: 2, summary: "[B, H, S*P, d] -> [B, H, P, S, d]" },
+    Signature { name: "collapse",     params: &["x", "r", "mode"], required: 2, summary: "x [B, H', P, S, d], r [H, H'*P] -> [B, H, S, d]; mode global | per_head" },
+    Signature { name: "rope",         params: &["x", "base"], required: 1, summary: "rotary embedding by row index; base none = identity" },
+    Signature { name: "attention",    params: &["q", "k", "v", "mask", "window", "block", "scale"], required: 3, summary: "softmax(q kᵀ · scale + mask) v" },
+    Signature { name: "sqrt",         params: &["x"], required: 1, summary: "elementwise square root" },
+    Signature { name: "abs",          params: &["x"], required: 1, summary: "elementwise absolute value" },
+    Signature { name: "maximum",      params: &["a", "b"], required: 2, summary: "elementwise maximum, broadcasting" },
+    Signature { name: "minimum",      params: &["a", "b"], required: 2, summary: "elementwise minimum, broadcasting" },
+];
+
+/// The arguments of one call, matched to the signature's parameters.
+struct Args<'e> {
+    func: &'static Signature,
+    values: Vec<Option<(Operand, &'e Expr)>>,
+}
+
+pub(crate) fn lower_call(
+    l: &mut Lowerer,
+    call: &Expr,
+    func: &Ident,
+    args: &[Arg],
+) -> Option<Operand> {
+    let Some(sig) = BUILTINS.iter().find(|s| s.name == func.name) else {
+        let mut d = Diagnostic::error(
+            Code::UnknownFunction,
+            format!("unknown function `{}`", func.name),
+        )
+        .at(func.span, "not a builtin");
+        if let Some(s) = suggest(&func.name, BUILTINS.iter().map(|s| s.name)) {
+            d = d.hint(format!("did you mean `{s}`?"));
+        }
+        l.diags.push(d);
+        return None;
+    };
+    let args = match_args(l, call, func, sig, args)?;
+    let out = match sig.name {
+        "split_heads" => {
+            let (x, heads) = (args.tensor(l, 0), args.size(l, 1));
+            l.add(
+                Op::SplitHeads {
+                    x: x?,
+                    heads: heads?,
+                },
+                call.span,
+                &args.spans(&[0]),
+            )
+        }
+        "merge_heads" => {
+            let x = args.tensor(l, 0)?;
+            l.add(Op::MergeHeads { x }, call.span, &args.spans(&[0]))
+        }
+        "mix_heads" => {
+            let (x, alpha) = (args.tensor(l, 0), args.tensor(l, 1));
+            l.add(
+                Op::MixHeads {
+                    x: x?,
+                    alpha: alpha?,
+                },
+                call.span,
+                &args.spans(&[0, 1]),
+            )
+        }
+        "interleave" => {
+            let x = args.tensor(l, 0)?;
+            l.add(Op::Interleave { x }, call.span, &args.spans(&[0]))
+        }
+        "deinterleave" => {
+            let (x, pseudo) = (args.tensor(l, 0), args.size(l, 1));
+            l.add(
+                Op::Deinterleave {
+                    x: x?,
+                    pseudo: pseudo?,
+                },
+                call.span,
+                &args.spans(&[0]),
+            )
+        }
+        "collapse" => {
+            let (x, r) = (args.tensor(l, 0), args.tensor(l, 1));
+            let mode = args
+                .choice(l, 2, &["global", "per_head"])
+                .unwrap_or(Some("global"));
+            let (x, r, mode) = (x?, r?, mode?);
+            let r = if mode == "per_head" {
+                let pseudo = l.nodes[x.0 as usize]
+                    .shape
+                    .0
+                    .get(2)
+                    .and_then(Dim::as_known)
+                    .unwrap_or(0);
+                l.add(
+                    Op::BlockDiag { r, block: pseudo },
+                    call.span,
+                    &args.spans(&[1]),
+                )?
+            } else {
+                r
+            };
+            l.add(Op::Collapse { x, r }, call.span, &args.spans(&[0, 1]))
+        }
+        "rope" => {
+            let x = args.tensor(l, 0)?;
+            match args.opt_float(l, 1)? {
+                None => Some(x),
+                Some(base) if base > 0.0 => {
+                    l.add(Op::Rope { x, base }, call.span, &args.spans(&[0]))
+                }
+                Some(base) => {
+                    let span = args.values[1].as_ref().unwrap().1.span;
+                    l.diags.push(
+                        Diagnostic::error(
+                            Code::BadSize,
+                            format!("the rope base must be positive, not {base}"),
+                        )
+                        .at(span, "this base"),
+                    );
+                    None
+                }
+            }
+        }
+        "attention" => {
+            let (q, k, v) = (args.tensor(l, 0), args.tensor(l, 1), args.tensor(l, 2));
+            let mask = args
+                .choice(l, 3, &["none", "causal", "flat_causal", "token_causal"])
+                .unwrap_or(Some("none"));
+            let window = args.opt_size(l, 4);
+            let block = if args.values[5].is_some() {
+                args.size(l, 5)
+            } else {
+                Some(1)
+            };
+            let scale = args.opt_float(l, 6);
+            let (q, k, v, mask, window, block, scale) =
+                (q?, k?, v?, mask?, window?, block?, scale?);
+            let kind = match mask {
+                "none" => MaskKind::None,
+                "token_causal" => MaskKind::TokenCausal,
+                _ => MaskKind::Causal,
+            };
+            let scale = match scale {
+                Some(s) => s,
+                None => {
+                    match l.nodes[q.0 as usize].shape.0.last().and_then(Dim::as_known) {
+                        Some(d) => 1.0 / (d as f64).sqrt(),
+                        None => {
+                            l.diags.push(
+                            Diagnostic::error(Code::MissingArgument, "the head width is symbolic, so the default scale 1/√d is unknown")
+                                .at(call.span, "here")
+                                .hint("pass `scale = ...`"),
+                        );
+                            return None;
+                        }
+                    }
+                }
+            };
+            l.add(
+                Op::Attention {
+                    q,
+                    k,
+                    v,
+                    mask: Mask {
+                        kind,
+                        window,
+                        block,
+                    },
+                    scale,
+                },
+                call.span,
+                &args.spans(&[0, 1, 2]),
+            )
+        }
+        "sqrt" | "abs" => {
+            let op = if sig.name == "sqrt" {
+                UnaryOp::Sqrt
+            } else {
+                UnaryOp::Abs
+            };
+            let x = args.tensor(l, 0)?;
+            l.add(Op::Unary { op, x }, call.span, &args.spans(&[0]))
+        }
+        "maximum" | "minimum" => {
+            let op = if sig.name == "maximum" {
+                BinaryOp::Max
+            } else {
+                BinaryOp::Min
+            };
+            let (a, b) = (args.number_or_tensor(l, 0), args.number_or_tensor(l, 1));
+            l.add(
+                Op::Binary { op, a: a?, b: b? },
+                call.span,
+                &args.spans(&[0, 1]),
+            )
+        }
+        other => unreachable!("builtin `{other}` has a signature but no lowering"),
+    };
+    out.map(Operand::Tensor)
+}
+
+fn match_args<'e>(
+    l: &mut Lowerer,
+    call: &Expr,
+    func: &Ident,
+    sig: &'static Signature,
+    args: &'e [Arg],
+) -> Option<Args<'e>> {
+    let mut values: Vec<Option<(Operand, &Expr)>> = vec![None; sig.params.len()];
+    let mut given = vec![false; sig.params.len()];
+    let mut ok = true;
+    let mut positional = 0;
+    for a in args {
+        let slot = match &a.name {
+            None => {
+                positional += 1;
+                if positional > sig.params.len() {
+                    l.diags.push(
+                        Diagnostic::error(
+                            Code::TooManyArguments,
+                            format!(
+                                "`{}` takes at most {} arguments",
+                                sig.name,
+                                sig.params.len()
+                            ),
+                        )
+                        .at(a.value.span, "extra argument")
+                        .note(format!(
+                            "`{}({})`: {}",
+                            sig.name,
+                            sig.params.join(", "),
+                            sig.summary
+                        )),
+                    );
+                    ok = false;
+                    continue;
+                }
+                positional - 1
+            }
+            Some(name) => match sig.params.iter().position(|p| *p == name.name) {
+                Some(i) => i,
+                None => {
+                    let mut d = Diagnostic::error(
+                        Code::UnknownArgument,
+                        format!("`{}` has no argument `{}`", sig.name, name.name),
+                    )
+                    .at(name.span, "unknown argument");
+                    if let Some(s) = suggest(&name.name, sig.params.iter().copied()) {
+                        d = d.hint(format!("did you mean `{s}`?"));
+                    }
+                    l.diags
+                        .push(d.note(format!("`{}({})`", sig.name, sig.params.join(", "))));
+                    ok = false;
+                    continue;
+                }
+            },
+        };
+        if given[slot] {
+            l.diags.push(
+                Diagnostic::error(
+                    Code::RepeatedArgument,
+                    format!(
+                        "argument `{}` of `{}` is given twice",
+                        sig.params[slot], sig.name
+                    ),
+                )
+                .at(a.value.span, "given again here"),
+            );
+            ok = false;
+            continue;
+        }
+        given[slot] = true;
+        match l.operand(&a.value) {
+            Some(v) => values[slot] = Some((v, &a.value)),
+            None => ok = false,
+        }
+    }
+    for (i, p) in sig.params.iter().enumerate().take(sig.required) {
+        if !given[i] {
+            l.diags.push(
+                Diagnostic::error(
+                    Code::MissingArgument,
+                    format!("`{}` needs argument `{p}`", sig.name),
+                )
+                .at(call.span, "in this call")
+                .with(
+                    func.span,
+                    format!("`{}({})`", sig.name, sig.params.join(", ")),
+                ),
+            );
+            ok = false;
+        }
+    }
+    ok.then_some(Args { func: sig, values })
+}
+
+impl Args<'_> {
+    fn spans(&self, which: &[usize]) -> Vec<attnc_grammar::ast::Span> {
+        which
+            .iter()
+            .map(|&i| {
+                self.values[i]
+                    .as_ref()
+                    .map_or(Default::default(), |v| v.1.span)
+            })
+            .collect()
+    }
+
+    fn wrong(&self, l: &mut Lowerer, i: usize, want: &str) {
+        let (v, e) = self.values[i].as_ref().unwrap();
+        let found = match v {
+            Operand::Tensor(_) => "a tensor".to_string(),
+            Operand::Const(c) => format!("{} `{c}`", c.type_name()),
+        };
+        let code = if matches!(v, Operand::Tensor(_)) || want.contains("tensor") {
+            Code::WrongKind
+        } else {
+            Code::TypeMismatch
+        };
+        l.diags.push(
+            Diagnostic::error(
+                code,
+                format!(
+                    "argument `{}` of `{}` must be {want}, found {found}",
+                    self.func.params[i], self.func.name
+                ),
+            )
+            .at(e.span, "this argument"),
+        );
+    }
+
+    fn tensor(&self, l: &mut Lowerer, i: usize) -> Option<NodeId> {
+        match self.values[i].as_ref()? {
+            (Operand::Tensor(id), _) => Some(*id),
+            _ => {
+                self.wrong(l, i, "a tensor");
+                None
+            }
+        }
+    }
+
+    fn number_or_tensor(&self, l: &mut Lowerer, i: usize) -> Option<NodeId> {
+        let (v, e) = self.values[i].clone()?;
+        l.materialize(v, e)
+    }
+
+    /// A required integer of at least 1.
+    fn size(&self, l: &mut Lowerer, i: usize) -> Option<u64> {
+        match self.values[i].as_ref()? {
+            (Operand::Const(Value::Int(v)), _) if *v >= 1 => Some(*v as u64),
+            (Operand::Const(Value::Int(v)), e) => {
+                l.diags.push(
+                    Diagnostic::error(
+                        Code::BadSize,
+                        format!(
+                            "argument `{}` of `{}` must be at least 1, not {v}",
+                            self.func.params[i], self.func.name
+                        ),
+                    )
+                    .at(e.span, "this size"),
+                );
+                None
+            }
+            _ => {
+                self.wrong(l, i, "an integer");
+                None
+            }
+        }
+    }
+
+    /// An optional size: absent or `none` gives `Some(None)`; an error gives `None`.
+    fn opt_size(&self, l: &mut Lowerer, i: usize) -> Option<Option<u64>> {
+        match self.values[i].as_ref() {
+            None | Some((Operand::Const(Value::None), _)) => Some(None),
+            Some(_) => self.size(l, i).map(Some),
+        }
+    }
+
+    fn opt_float(&self, l: &mut Lowerer, i: usize) -> Option<Option<f64>> {
+        match self.values[i].as_ref() {
+            None | Some((Operand::Const(Value::None), _)) => Some(None),
+            Some((Operand::Const(c), _)) if c.as_f64().is_some() => Some(c.as_f64()),
+            Some(_) => {
+                self.wrong(l, i, "a number or `none`");
+                None
+            }
+        }
+    }
+
+    /// One of `allowed`. When the argument is an enum parameter, every variant of its
+    /// type must be allowed, so `check` catches values not bound by the defaults.
+    /// `None`: reported error; `Some(None)` would not occur; absent gives the caller's default.
+    fn choice(
+        &self,
+        l: &mut Lowerer,
+        i: usize,
+        allowed: &[&'static str],
+    ) -> Option<Option<&'static str>> {
+        let (v, e) = self.values[i].as_ref()?;
+        let list = allowed.join(", ");
+        if let ExprKind::Name(n) = &e.kind {
+            if let Some((Binding::Param { ty, .. }, decl)) = l.scope.get(n).cloned() {
+                if let TypeKind::Enum(variants) = &ty.kind {
+                    let mut ok = true;
+                    for var in variants {
+                        if !allowed.contains(&var.name.as_str()) {
+                            l.diags.push(
+                                Diagnostic::error(
+                                    Code::UnknownVariant,
+                                    format!(
+                                        "`{}` of parameter `{n}` is not a valid `{}` of `{}`",
+                                        var.name, self.func.params[i], self.func.name
+                                    ),
+                                )
+                                .at(var.span, "this variant")
+                                .with(e.span, "passed here")
+                                .with(decl, "parameter declared here")
+                                .note(format!("`{}` accepts {{{list}}}", self.func.params[i])),
+                            );
+                            ok = false;
+                        }
+                    }
+                    if !ok {
+                        return None;
+                    }
+                }
+            }
+        }
+        match v {
+            Operand::Const(Value::Enum(name)) => match allowed.iter().find(|a| **a == name) {
+                Some(a) => Some(Some(*a)),
+                None => {
+                    let mut d = Diagnostic::error(
+                        Code::UnknownVariant,
+                        format!(
+                            "`{name}` is not a valid `{}` of `{}`",
+                            self.func.params[i], self.func.name
+                        ),
+                    )
+                    .at(e.span, "unknown variant")
+                    .note(format!("`{}` accepts {{{list}}}", self.func.params[i]));
+                    if let Some(s) = suggest(name, allowed.iter().copied()) {
+                        d = d.hint(format!("did you mean `{s}`?"));
+                    }
+                    l.diags.push(d);
+                    None
+                }
+            },
+            Operand::Const(Value::None) if allowed.contains(&"none") => Some(Some("none")),
+            _ => {
+                self.wrong(l, i, &format!("one of {{{list}}}"));
+                None
+            }
+        }
+    }
+}

@@ -1,0 +1,82 @@
+//! The error catalogue: every diagnostic has a stable code and an explanation
+//! (`attnc explain-error CODE`). Codes are never reused or renumbered.
+
+macro_rules! codes {
+    ($($variant:ident = $code:literal, $title:literal, $text:literal;)*) => {
+        /// A stable diagnostic code.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum Code { $($variant),* }
+
+        impl Code {
+            pub const ALL: &'static [Code] = &[$(Code::$variant),*];
+            /// The code as printed, e.g. `E0101`.
+            pub fn as_str(self) -> &'static str { match self { $(Code::$variant => $code),* } }
+            /// A one-line summary.
+            pub fn title(self) -> &'static str { match self { $(Code::$variant => $title),* } }
+            /// A longer explanation with an example of the fix.
+            pub fn explanation(self) -> &'static str { match self { $(Code::$variant => $text),* } }
+            pub fn parse(s: &str) -> Option<Code> {
+                Code::ALL.iter().copied().find(|c| c.as_str().eq_ignore_ascii_case(s))
+            }
+        }
+    };
+}
+
+codes! {
+    Syntax = "E0001", "syntax error",
+        "The text does not follow the grammar of `.attn` files. A spec is `spec NAME` followed by items, each starting with `param`, `dim`, `input`, `let`, `output` or `require`.\n\n    spec tiny\n    dim N = 4\n    input x: [N, N]\n    output y = x @ x\n";
+    TooLarge = "E0002", "input too large or too deeply nested",
+        "Specs are limited in size (1 MiB) and nesting (64 brackets, 256 operators deep) so that checking them always takes bounded time and stack. Name intermediate results with `let` instead of nesting.";
+    BadNumber = "E0003", "number literal out of range",
+        "Integers must fit in a signed 64-bit integer and floats must be finite.";
+    UnknownName = "E0101", "unknown name",
+        "A name was used that no `param`, `dim`, `input` or `let` before it declares. Names are visible only after their declaration. The error suggests the closest declared name.";
+    UnknownFunction = "E0102", "unknown function",
+        "The called function is not a builtin. `attnc` knows the builtins listed in the README (e.g. `split_heads`, `mix_heads`, `attention`, `group_mean`).";
+    Duplicate = "E0103", "duplicate definition",
+        "Each name may be declared once: a parameter, dim, input, let or output with the same name already exists.";
+    UnknownArgument = "E0104", "unknown keyword argument",
+        "A keyword argument was passed that the function does not take.";
+    MissingArgument = "E0105", "missing argument",
+        "A required argument of a builtin was not given, positionally or by keyword.";
+    TooManyArguments = "E0106", "too many positional arguments",
+        "More positional arguments were given than the builtin takes.";
+    RepeatedArgument = "E0107", "argument given twice",
+        "The same argument was given positionally and by keyword, or twice by keyword.";
+    TypeMismatch = "E0201", "type mismatch",
+        "A value does not have the type its place needs: for example a float given to an `int` parameter, or `none` to a parameter that is not optional (`T?`).";
+    UnknownVariant = "E0202", "unknown enum variant",
+        "An enum value is not one of the variants its place accepts, e.g. `mask = causl` instead of `causal`.";
+    WrongKind = "E0203", "tensor where a constant is needed, or the reverse",
+        "Builtin sizes, masks and other options must be compile-time constants (parameters and literals); tensor arguments must be tensors (inputs or `let` results).";
+    NoValue = "E0204", "parameter without a value",
+        "A parameter has no default and was not set. Give it a default in the spec or pass `--set NAME=VALUE`.";
+    RequirementFailed = "E0205", "requirement failed",
+        "A `require` condition is false for the bound parameters.";
+    Arithmetic = "E0206", "invalid arithmetic",
+        "Division by zero, an integer overflow, or arithmetic on values that are not numbers.";
+    ShapeMismatch = "E0301", "shape mismatch",
+        "The shapes of two operands do not agree, e.g. the inner dimensions of a matmul. The message names both shapes.";
+    RankMismatch = "E0302", "wrong rank",
+        "An operation needs operands of a given rank (number of axes), e.g. `split_heads` needs at least 2 axes.";
+    NotDivisible = "E0303", "size not divisible",
+        "A size must split evenly, e.g. the last axis into heads, or query heads into key/value head groups.";
+    BadShapeExpr = "E0304", "shape is not a product",
+        "Input shapes are products of dims and integer parameters, e.g. `[B, N * P, H * d]`; sums of symbolic dims are not allowed.";
+    BadSize = "E0305", "size out of range",
+        "A size, head count, window or level count must be at least 1 (or 2 for level counts), and every tensor must have fewer than 2^31 elements so that kernels index it with 32-bit integers.";
+    NoOutput = "E0401", "spec has no output",
+        "A spec must declare at least one `output NAME = EXPR`.";
+    UnusedInput = "E0402", "unused input",
+        "An input is never used by an output. This is a warning.";
+    BadSetting = "E0501", "bad --set",
+        "A `--set NAME=VALUE` names no parameter or dim of the spec, or its value has the wrong type.";
+    TensorFile = "E0601", "bad tensor file",
+        "An input tensor file is missing a tensor, has an extra one, or a tensor with the wrong shape or dtype, or the file is not valid safetensors.";
+    BadInputValue = "E0602", "invalid input value",
+        "An input holds a value the spec's semantics reject, e.g. a rating outside 1..K or a NaN reward. The message names the group and sample.";
+    Internal = "E0901", "internal compiler error",
+        "The compiler produced an invalid program. This is a bug in attnc; please report it with the spec.";
+    Backend = "E0701", "backend unavailable",
+        "The requested backend cannot run here, e.g. no GPU driver is present.";
+}

@@ -1,0 +1,645 @@
+//! The typed IR: a program is an arena of tensor operations in which every
+//! operand precedes its user (so a program is already in evaluation order),
+//! with symbolic sizes for dims (`B`, `N`, …) and concrete sizes for
+//! everything bound from parameters.
+//!
+//! Each [`Op`] documents its `## Shape rules`; [`Op::infer`] is the single
+//! implementation of them, used by lowering and by the validator alike.
+
+use std::collections::BTreeMap;
+use std::fmt::{self, Write};
+
+/// A size: `coeff × Π symᵉ`, e.g. `2·N` or `B·N`. Kept normalised (symbols
+/// sorted, no zero exponents), so structural equality is size equality.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Dim {
+    coeff: u64,
+    syms: Vec<(String, u32)>,
+}
+
+impl Dim {
+    pub fn known(n: u64) -> Dim {
+        Dim {
+            coeff: n,
+            syms: vec![],
+        }
+    }
+    pub fn sym(name: &str) -> Dim {
+        Dim {
+            coeff: 1,
+            syms: vec![(name.to_string(), 1)],
+        }
+    }
+    /// The concrete size, when no symbol is involved.
+    pub fn as_known(&self) -> Option<u64> {
+        self.syms.is_empty().then_some(self.coeff)
+    }
+    pub fn coeff(&self) -> u64 {
+        self.coeff
+    }
+    pub fn symbols(&self) -> impl Iterator<Item = (&str, u32)> {
+        self.syms.iter().map(|(s, e)| (s.as_str(), *e))
+    }
+    pub fn mul(&self, other: &Dim) -> Option<Dim> {
+        let mut syms: BTreeMap<String, u32> = self.syms.iter().cloned().collect();
+        for (s, e) in &other.syms {
+            *syms.entry(s.clone()).or_default() += e;
+        }
+        Some(Dim {
+            coeff: self.coeff.checked_mul(other.coeff)?,
+            syms: syms.into_iter().collect(),
+        })
+    }
+    /// `self / n` when the coefficient divides exactly.
+    pub fn div_exact(&self, n: u64) -> Option<Dim> {
+        (n != 0 && self.coeff % n == 0).then(|| Dim {
+            coeff: self.coeff / n,
+            syms: self.syms.clone(),
+        })
+    }
+    /// The concrete size under a binding of every symbol.
+    pub fn eval(&self, bind: &impl Fn(&str) -> Option<u64>) -> Option<u64> {
+        let mut v = self.coeff;
+        for (s, e) in &self.syms {
+            for _ in 0..*e {
+                v = v.checked_mul(bind(s)?)?;
+            }
+        }
+        Some(v)
+    }
+}
+
+impl fmt::Display for Dim {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut parts: Vec<String> = Vec::new();
+        if self.coeff != 1 || self.syms.is_empty() {
+            parts.push(self.coeff.to_string());
+        }
+        for (s, e) in &self.syms {
+            parts.extend(std::iter::repeat_n(s.clone(), *e as usize));
+        }
+        f.write_str(&parts.join("*"))
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Shape(pub Vec<Dim>);
+
+impl Shape {
+    pub fn rank(&self) -> usize {
+        self.0.len()
+    }
+    /// Axis `i` counted from the end (`back(1)` is the last axis).
+    pub fn back(&self, i: usize) -> &Dim {
+        &self.0[self.0.len() - i]
+    }
+}
+
+impl fmt::Display for Shape {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let dims: Vec<String> = self.0.iter().map(Dim::to_string).collect();
+        write!(f, "[{}]", dims.join(", "))
+    }
+}
+
+/// A handle to a node of a [`Program`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NodeId(pub u32);
+
+impl fmt::Display for NodeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "%{}", self.0)
+    }
+}
+
+/// Which (virtual) keys a query row may see. Rows are positions along the
+/// sequence axis; with `block = P` each original token owns `P` consecutive
+/// virtual rows (token `n`, pseudo `j` at row `n·P + j`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MaskKind {
+    /// Every key is visible.
+    None,
+    /// Key row `j` is visible from query row `i` iff `j ≤ i` (IHA's `flat_causal`).
+    Causal,
+    /// Visible iff `j / block ≤ i / block`: a token's pseudo-queries see all of its
+    /// own pseudo-keys and those of earlier tokens (IHA's `token_causal`).
+    TokenCausal,
+}
+
+impl MaskKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            MaskKind::None => "none",
+            MaskKind::Causal => "causal",
+            MaskKind::TokenCausal => "token_causal",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Mask {
+    pub kind: MaskKind,
+    /// A window of `w` original tokens: `Causal` sees `i − w·block < j ≤ i`;
+    /// `TokenCausal` sees tokens `n − w < m ≤ n`; `None` sees `|n − m| < w`
+    /// (tokens `n = i / block`, `m = j / block`).
+    pub window: Option<u64>,
+    /// Virtual rows per original token (IHA's `P`; 1 for ordinary attention).
+    pub block: u64,
+}
+
+impl Mask {
+    /// Whether query row `i` sees key row `j`: the definition every backend follows.
+    pub fn visible(&self, i: u64, j: u64) -> bool {
+        let (n, m) = (i / self.block, j / self.block);
+        match self.kind {
+            MaskKind::None => self.window.is_none_or(|w| n.abs_diff(m) < w),
+            MaskKind::Causal => {
+                j <= i
+                    && self
+                        .window
+                        .is_none_or(|w| i - j < w.saturating_mul(self.block))
+            }
+            MaskKind::TokenCausal => m <= n && self.window.is_none_or(|w| n - m < w),
+        }
+    }
+}
+
+/// The kinds of elementwise operation (used by the reward estimators).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BinaryOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Max,
+    Min,
+    /// 1.0 where `a ≥ b`, else 0.0.
+    Ge,
+    /// 1.0 where `a > b`, else 0.0.
+    Gt,
+    /// 1.0 where `a == b`, else 0.0.
+    Eq,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum UnaryOp {
+    Neg,
+    Sqrt,
+    Abs,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Op {
+    /// The `index`-th declared input.
+    /// ## Shape rules
+    /// The declared shape.
+    Input { index: usize },
+    /// A constant scalar.
+    /// ## Shape rules
+    /// `[]`.
+    Scalar { value: f64 },
+    /// `a · b`, contracting the last axis of `a` with the first of the matrix `b`.
+    /// ## Shape rules
+    /// `a: [..., M, K]`, `b: [K, F]` → `[..., M, F]`.
+    MatMul { a: NodeId, b: NodeId },
+    /// Splits the last axis into heads and moves the head axis before the sequence axis.
+    /// ## Shape rules
+    /// `x: [..., S, H·d]` → `[..., H, S, d]`; `out[.., h, s, e] = x[.., s, h·d + e]`.
+    SplitHeads { x: NodeId, heads: u64 },
+    /// The inverse of `SplitHeads`.
+    /// ## Shape rules
+    /// `x: [..., H, S, d]` → `[..., S, H·d]`.
+    MergeHeads { x: NodeId },
+    /// A contraction over the head axis: `out[b,h,j,s,e] = Σ_m alpha[m,h,j] · x[b,m,s,e]`.
+    /// ## Shape rules
+    /// `x: [B, M, S, d]`, `alpha: [M, H, P]` → `[B, H, P, S, d]`.
+    MixHeads { x: NodeId, alpha: NodeId },
+    /// Token-major interleave: `out[b,h,s·P + j,e] = x[b,h,j,s,e]`.
+    /// ## Shape rules
+    /// `x: [B, H, P, S, d]` → `[B, H, S·P, d]`.
+    Interleave { x: NodeId },
+    /// The inverse of `Interleave` with `pseudo = P`.
+    /// ## Shape rules
+    /// `x: [B, H, S·P, d]` → `[B, H, P, S, d]`.
+    Deinterleave { x: NodeId, pseudo: u64 },
+    /// Keeps the per-head blocks of a collapse matrix: `out[h, h'·P + j] = r[h, h'·P + j]` if `h' = h`, else 0.
+    /// ## Shape rules
+    /// `r: [H, H·P]` → `[H, H·P]`, with `P = block`.
+    BlockDiag { r: NodeId, block: u64 },
+    /// A contraction over (source head, pseudo): `out[b,h,s,e] = Σ_{h',j} r[h, h'·P + j] · x[b,h',j,s,e]`.
+    /// ## Shape rules
+    /// `x: [B, H', P, S, d]`, `r: [H, H'·P]` → `[B, H, S, d]`.
+    Collapse { x: NodeId, r: NodeId },
+    /// Rotary position embedding by row index `p` along the sequence axis (rotate-half
+    /// pairing): for `i < d/2`, angle `p · base^(−2i/d)`,
+    /// `out[.., p, i] = x[i]·cos − x[i + d/2]·sin`, `out[.., p, i + d/2] = x[i]·sin + x[i + d/2]·cos`.
+    /// ## Shape rules
+    /// `x: [..., S, d]` with `d` even → same shape.
+    Rope { x: NodeId, base: f64 },
+    /// Scaled dot-product attention, one softmax per query row over visible keys;
+    /// query head `h` reads key/value head `h / (H / H_kv)`. A row that sees no key is 0.
+    /// ## Shape rules
+    /// `q: [B, H, S, d]`, `k: [B, H_kv, S, d]`, `v: [B, H_kv, S, e]`, `H_kv` divides `H`,
+    /// `S` a multiple of `mask.block` → `[B, H, S, e]`.
+    Attention {
+        q: NodeId,
+        k: NodeId,
+        v: NodeId,
+        mask: Mask,
+        scale: f64,
+    },
+    /// Elementwise `op(a, b)` with numpy broadcasting.
+    /// ## Shape rules
+    /// Axes aligned from the end; each pair equal or one of them 1 (or missing).
+    Binary { op: BinaryOp, a: NodeId, b: NodeId },
+    /// Elementwise `op(x)`.
+    /// ## Shape rules
+    /// Same shape.
+    Unary { op: UnaryOp, x: NodeId },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShapeError {
+    pub kind: ShapeErrorKind,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShapeErrorKind {
+    Mismatch,
+    Rank,
+    NotDivisible,
+    BadSize,
+}
+
+fn err<T>(kind: ShapeErrorKind, message: String) -> Result<T, ShapeError> {
+    Err(ShapeError { kind, message })
+}
+
+fn want_rank(what: &str, s: &Shape, rank: usize) -> Result<(), ShapeError> {
+    if s.rank() != rank {
+        return err(
+            ShapeErrorKind::Rank,
+            format!("{what} must have {rank} axes, but has shape {s}"),
+        );
+    }
+    Ok(())
+}
+
+fn want_min_rank(what: &str, s: &Shape, rank: usize) -> Result<(), ShapeError> {
+    if s.rank() < rank {
+        return err(
+            ShapeErrorKind::Rank,
+            format!("{what} must have at least {rank} axes, but has shape {s}"),
+        );
+    }
+    Ok(())
+}
+
+impl Op {
+    /// Operands in order.
+    pub fn operands(&self) -> Vec<NodeId> {
+        match *self {
+            Op::Input { .. } | Op::Scalar { .. } => vec![],
+            Op::MatMul { a, b } | Op::Binary { a, b, .. } => vec![a, b],
+            Op::SplitHeads { x, .. }
+            | Op::MergeHeads { x }
+            | Op::Interleave { x }
+            | Op::Deinterleave { x, .. }
+            | Op::Rope { x, .. }
+            | Op::Unary { x, .. } => vec![x],
+            Op::MixHeads { x, alpha } => vec![x, alpha],
+            Op::BlockDiag { r, .. } => vec![r],
+            Op::Collapse { x, r } => vec![x, r],
+            Op::Attention { q, k, v, .. } => vec![q, k, v],
+        }
+    }
+
+    /// The result shape, from the operands' shapes. `Input` has no rule here:
+    /// its shape is the declaration's.
+    pub fn infer(&self, shape: &dyn Fn(NodeId) -> Shape) -> Result<Shape, ShapeError> {
+        use ShapeErrorKind::*;
+        Ok(match *self {
+            Op::Input { .. } => unreachable!("inputs carry their declared shape"),
+            Op::Scalar { .. } => Shape(vec![]),
+            Op::MatMul { a, b } => {
+                let (sa, sb) = (shape(a), shape(b));
+                want_min_rank("the left operand of `@`", &sa, 2)?;
+                want_rank("the right operand of `@` (a weight matrix)", &sb, 2)?;
+                if sa.back(1) != &sb.0[0] {
+                    return err(
+                        Mismatch,
+                        format!(
+                            "cannot multiply {sa} by {sb}: inner sizes {} and {} differ",
+                            sa.back(1),
+                            sb.0[0]
+                        ),
+                    );
+                }
+                let mut out = sa.0.clone();
+                *out.last_mut().unwrap() = sb.0[1].clone();
+                Shape(out)
+            }
+            Op::SplitHeads { x, heads } => {
+                let s = shape(x);
+                want_min_rank("the operand of `split_heads`", &s, 2)?;
+                if heads == 0 {
+                    return err(BadSize, "the number of heads must be at least 1".into());
+                }
+                let Some(d) = s.back(1).div_exact(heads) else {
+                    return err(
+                        NotDivisible,
+                        format!("the last axis of {s} does not split into {heads} heads"),
+                    );
+                };
+                let mut out = s.0[..s.rank() - 1].to_vec();
+                out.insert(s.rank() - 2, Dim::known(heads));
+                out.push(d);
+                Shape(out)
+            }
+            Op::MergeHeads { x } => {
+                let s = shape(x);
+                want_min_rank("the operand of `merge_heads`", &s, 3)?;
+                let r = s.rank();
+                let merged = s.0[r - 3].mul(&s.0[r - 1]).ok_or(ShapeError {
+                    kind: BadSize,
+                    message: "size overflow".into(),
+                })?;
+                let mut out = s.0[..r - 3].to_vec();
+                out.push(s.0[r - 2].clone());
+                out.push(merged);
+                Shape(out)
+            }
+            Op::MixHeads { x, alpha } => {
+                let (sx, sa) = (shape(x), shape(alpha));
+                want_rank("the operand of `mix_heads`", &sx, 4)?;
+                want_rank("the mixing coefficients", &sa, 3)?;
+                if sa.0[0] != sx.0[1] {
+                    return err(Mismatch, format!("mixing coefficients {sa} expect {} source heads, but the operand {sx} has {}", sa.0[0], sx.0[1]));
+                }
+                Shape(vec![
+                    sx.0[0].clone(),
+                    sa.0[1].clone(),
+                    sa.0[2].clone(),
+                    sx.0[2].clone(),
+                    sx.0[3].clone(),
+                ])
+            }
+            Op::Interleave { x } => {
+                let s = shape(x);
+                want_rank("the operand of `interleave`", &s, 5)?;
+                let rows = s.0[3].mul(&s.0[2]).ok_or(ShapeError {
+                    kind: BadSize,
+                    message: "size overflow".into(),
+                })?;
+                Shape(vec![s.0[0].clone(), s.0[1].clone(), rows, s.0[4].clone()])
+            }
+            Op::Deinterleave { x, pseudo } => {
+                let s = shape(x);
+                want_rank("the operand of `deinterleave`", &s, 4)?;
+                let Some(n) = s.0[2].div_exact(pseudo) else {
+                    return err(NotDivisible, format!("the sequence axis {} of {s} is not a multiple of {pseudo} pseudo-heads", s.0[2]));
+                };
+                Shape(vec![
+                    s.0[0].clone(),
+                    s.0[1].clone(),
+                    Dim::known(pseudo),
+                    n,
+                    s.0[3].clone(),
+                ])
+            }
+            Op::BlockDiag { r, block } => {
+                let s = shape(r);
+                want_rank("the collapse matrix", &s, 2)?;
+                if s.0[0].mul(&Dim::known(block)).as_ref() != Some(&s.0[1]) {
+                    return err(
+                        Mismatch,
+                        format!(
+                            "a per-head collapse matrix must be [H, H*{block}], but has shape {s}"
+                        ),
+                    );
+                }
+                s
+            }
+            Op::Collapse { x, r } => {
+                let (sx, sr) = (shape(x), shape(r));
+                want_rank("the operand of `collapse`", &sx, 5)?;
+                want_rank("the collapse matrix", &sr, 2)?;
+                let cols = sx.0[1].mul(&sx.0[2]);
+                if cols.as_ref() != Some(&sr.0[1]) {
+                    return err(Mismatch, format!("collapse matrix {sr} must have {} columns (heads × pseudo-heads of {sx})", cols.map_or("?".into(), |c| c.to_string())));
+                }
+                Shape(vec![
+                    sx.0[0].clone(),
+                    sr.0[0].clone(),
+                    sx.0[3].clone(),
+                    sx.0[4].clone(),
+                ])
+            }
+            Op::Rope { x, .. } => {
+                let s = shape(x);
+                want_min_rank("the operand of `rope`", &s, 2)?;
+                if s.back(1).as_known().is_none_or(|d| d % 2 != 0) {
+                    return err(
+                        NotDivisible,
+                        format!(
+                            "rope needs an even, known head width, but the operand has shape {s}"
+                        ),
+                    );
+                }
+                s
+            }
+            Op::Attention { q, k, v, mask, .. } => {
+                let (sq, sk, sv) = (shape(q), shape(k), shape(v));
+                want_rank("the queries", &sq, 4)?;
+                want_rank("the keys", &sk, 4)?;
+                want_rank("the values", &sv, 4)?;
+                if sk.0[..3] != sv.0[..3] {
+                    return err(
+                        Mismatch,
+                        format!("keys {sk} and values {sv} differ in batch, heads or length"),
+                    );
+                }
+                if sq.0[0] != sk.0[0] || sq.0[2] != sk.0[2] || sq.0[3] != sk.0[3] {
+                    return err(
+                        Mismatch,
+                        format!("queries {sq} and keys {sk} differ in batch, length or width"),
+                    );
+                }
+                let (hq, hk) = (sq.0[1].as_known(), sk.0[1].as_known());
+                match (hq, hk) {
+                    (Some(hq), Some(hk)) if hk > 0 && hq % hk == 0 => {}
+                    _ => {
+                        return err(
+                            NotDivisible,
+                            format!(
+                                "key/value heads ({}) must divide query heads ({})",
+                                sk.0[1], sq.0[1]
+                            ),
+                        )
+                    }
+                }
+                if mask.block == 0 || sq.0[2].div_exact(mask.block).is_none() {
+                    return err(
+                        NotDivisible,
+                        format!(
+                            "the sequence axis {} is not a multiple of the block size {}",
+                            sq.0[2], mask.block
+                        ),
+                    );
+                }
+                if mask.window == Some(0) {
+                    return err(BadSize, "the window must be at least 1 token".into());
+                }
+                Shape(vec![
+                    sq.0[0].clone(),
+                    sq.0[1].clone(),
+                    sq.0[2].clone(),
+                    sv.0[3].clone(),
+                ])
+            }
+            Op::Binary { a, b, op } => broadcast(&shape(a), &shape(b)).map_err(|m| ShapeError {
+                kind: Mismatch,
+                message: format!("`{op:?}`: {m}"),
+            })?,
+            Op::Unary { x, .. } => shape(x),
+        })
+    }
+}
+
+/// The numpy broadcast of two shapes.
+pub fn broadcast(a: &Shape, b: &Shape) -> Result<Shape, String> {
+    let rank = a.rank().max(b.rank());
+    let one = Dim::known(1);
+    let mut out = Vec::with_capacity(rank);
+    for i in 0..rank {
+        let da = if i < rank - a.rank() {
+            &one
+        } else {
+            &a.0[i - (rank - a.rank())]
+        };
+        let db = if i < rank - b.rank() {
+            &one
+        } else {
+            &b.0[i - (rank - b.rank())]
+        };
+        out.push(if da == db || *db == one {
+            da.clone()
+        } else if *da == one {
+            db.clone()
+        } else {
+            return Err(format!("shapes {a} and {b} do not broadcast"));
+        });
+    }
+    Ok(Shape(out))
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Node {
+    pub op: Op,
+    pub shape: Shape,
+}
+
+/// How `--seed` draws an input. Every value is a pure function of the seed
+/// and the input's name (see the runtime's generator).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Init {
+    Uniform {
+        lo: f64,
+        hi: f64,
+    },
+    Normal {
+        mean: f64,
+        std: f64,
+    },
+    /// Integers `lo..=hi`, as floats.
+    Integers {
+        lo: i64,
+        hi: i64,
+    },
+    Bernoulli {
+        p: f64,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Input {
+    pub name: String,
+    pub node: NodeId,
+    pub init: Init,
+}
+
+/// A symbolic size and the value it takes when no tensor fixes it (`--seed`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct DimDecl {
+    pub name: String,
+    pub default: Option<u64>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Program {
+    pub name: String,
+    pub dims: Vec<DimDecl>,
+    pub nodes: Vec<Node>,
+    pub inputs: Vec<Input>,
+    pub outputs: Vec<(String, NodeId)>,
+}
+
+impl Program {
+    pub fn node(&self, id: NodeId) -> &Node {
+        &self.nodes[id.0 as usize]
+    }
+    pub fn shape(&self, id: NodeId) -> &Shape {
+        &self.node(id).shape
+    }
+    pub fn input_shape(&self, index: usize) -> &Shape {
+        self.shape(self.inputs[index].node)
+    }
+
+    /// A readable listing, one node per line; stable text for snapshots.
+    pub fn pretty(&self) -> String {
+        let mut out = format!("program {}\n", self.name);
+        for d in &self.dims {
+            let _ = writeln!(
+                out,
+                "  dim {}{}",
+                d.name,
+                d.default.map_or(String::new(), |v| format!(" = {v}"))
+            );
+        }
+        for (i, n) in self.nodes.iter().enumerate() {
+            let desc = match &n.op {
+                Op::Input { index } => format!("input {}", self.inputs[*index].name),
+                Op::Scalar { value } => format!("scalar {value:?}"),
+                Op::MatMul { a, b } => format!("matmul {a}, {b}"),
+                Op::SplitHeads { x, heads } => format!("split_heads {x}, heads={heads}"),
+                Op::MergeHeads { x } => format!("merge_heads {x}"),
+                Op::MixHeads { x, alpha } => format!("mix_heads {x}, {alpha}"),
+                Op::Interleave { x } => format!("interleave {x}"),
+                Op::Deinterleave { x, pseudo } => format!("deinterleave {x}, pseudo={pseudo}"),
+                Op::BlockDiag { r, block } => format!("block_diag {r}, block={block}"),
+                Op::Collapse { x, r } => format!("collapse {x}, {r}"),
+                Op::Rope { x, base } => format!("rope {x}, base={base:?}"),
+                Op::Attention {
+                    q,
+                    k,
+                    v,
+                    mask,
+                    scale,
+                } => format!(
+                    "attention {q}, {k}, {v}, mask={}, window={}, block={}, scale={scale:?}",
+                    mask.kind.name(),
+                    mask.window.map_or("none".into(), |w| w.to_string()),
+                    mask.block
+                ),
+                Op::Binary { op, a, b } => format!("{} {a}, {b}", format!("{op:?}").to_lowercase()),
+                Op::Unary { op, x } => format!("{} {x}", format!("{op:?}").to_lowercase()),
+            };
+            let _ = writeln!(out, "  %{i} = {desc} : {}", n.shape);
+        }
+        for (name, id) in &self.outputs {
+            let _ = writeln!(out, "  output {name} = {id}");
+        }
+        out
+    }
+}

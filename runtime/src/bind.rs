@@ -1,0 +1,144 @@
+//! Binding a program to concrete tensors: matching input tensors by name,
+//! solving the dims from their shapes, or drawing inputs for `--seed`.
+
+use crate::error::RunError;
+use crate::interp::{concrete, DimValues};
+use crate::rng::Rng;
+use crate::tensor::Tensor;
+use attnc_compiler::ir::Program;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Match `tensors` to the program's inputs and solve every dim.
+/// `explicit` holds dims set on the command line: they must agree with the tensors.
+/// Tensors named like an output are ignored (a `--seed` run's file can be fed back).
+pub fn bind_inputs(
+    program: &Program,
+    mut tensors: BTreeMap<String, Tensor>,
+    explicit: &BTreeSet<String>,
+) -> Result<(Vec<Tensor>, DimValues), RunError> {
+    let names: Vec<&str> = program.inputs.iter().map(|i| i.name.as_str()).collect();
+    for name in tensors.keys() {
+        if !names.contains(&name.as_str()) && !program.outputs.iter().any(|(o, _)| o == name) {
+            return Err(RunError::TensorFile(format!(
+                "unexpected tensor `{name}`: the spec's inputs are {}",
+                names.join(", ")
+            )));
+        }
+    }
+    let mut inputs = Vec::new();
+    for (i, input) in program.inputs.iter().enumerate() {
+        let declared = program.input_shape(i);
+        let t = tensors.remove(&input.name).ok_or_else(|| {
+            RunError::TensorFile(format!(
+                "missing tensor `{}` of shape {declared}",
+                input.name
+            ))
+        })?;
+        if t.shape.len() != declared.rank() {
+            return Err(RunError::TensorFile(format!(
+                "tensor `{}` has shape {:?}, but the spec declares {declared}",
+                input.name, t.shape
+            )));
+        }
+        inputs.push(t);
+    }
+    let mut dims = DimValues::new();
+    // Solve dims of the form c·X from axes, until nothing changes.
+    loop {
+        let mut progress = false;
+        for (i, t) in inputs.iter().enumerate() {
+            for (axis, d) in program.input_shape(i).0.iter().enumerate() {
+                let unknown: Vec<&str> = d
+                    .symbols()
+                    .map(|(s, _)| s)
+                    .filter(|s| !dims.contains_key(*s))
+                    .collect();
+                if let [sym] = unknown.as_slice() {
+                    if d.symbols().find(|(s, _)| s == sym).map(|(_, e)| e) == Some(1) {
+                        let rest = d
+                            .symbols()
+                            .filter(|(s, _)| s != sym)
+                            .fold(d.coeff(), |acc, (s, e)| acc * dims[s].pow(e));
+                        let actual = t.shape[axis] as u64;
+                        if rest == 0 || actual % rest != 0 || actual == 0 {
+                            return Err(shape_error(program, i, t));
+                        }
+                        dims.insert(sym.to_string(), actual / rest);
+                        progress = true;
+                    }
+                }
+            }
+        }
+        if !progress {
+            break;
+        }
+    }
+    for decl in &program.dims {
+        if !dims.contains_key(&decl.name) {
+            let v = decl.default.ok_or_else(|| {
+                RunError::BadSetting(format!(
+                    "dim `{}` is fixed by no input and has no default; pass --set {}=VALUE",
+                    decl.name, decl.name
+                ))
+            })?;
+            dims.insert(decl.name.clone(), v);
+        } else if explicit.contains(&decl.name) && decl.default != Some(dims[&decl.name]) {
+            return Err(RunError::BadSetting(format!(
+                "--set {}={} disagrees with the input tensors, which give {} = {}",
+                decl.name,
+                decl.default.unwrap_or(0),
+                decl.name,
+                dims[&decl.name]
+            )));
+        }
+    }
+    for (i, t) in inputs.iter().enumerate() {
+        if concrete(program.input_shape(i), &dims) != t.shape {
+            return Err(shape_error(program, i, t));
+        }
+    }
+    Ok((inputs, dims))
+}
+
+fn shape_error(program: &Program, i: usize, t: &Tensor) -> RunError {
+    RunError::TensorFile(format!(
+        "tensor `{}` has shape {:?}, but the spec declares {}",
+        program.inputs[i].name,
+        t.shape,
+        program.input_shape(i)
+    ))
+}
+
+/// The dims' default values (after `--set`), all of which must be known.
+pub fn default_dims(program: &Program) -> Result<DimValues, RunError> {
+    program
+        .dims
+        .iter()
+        .map(|d| {
+            d.default.map(|v| (d.name.clone(), v)).ok_or_else(|| {
+                RunError::BadSetting(format!(
+                    "dim `{}` has no default; pass --set {}=VALUE",
+                    d.name, d.name
+                ))
+            })
+        })
+        .collect()
+}
+
+/// Draw every input for `--seed`: a pure function of the seed, the input's
+/// name, its distribution and its size.
+pub fn generate_inputs(program: &Program, seed: u64) -> Result<(Vec<Tensor>, DimValues), RunError> {
+    let dims = default_dims(program)?;
+    let inputs = program
+        .inputs
+        .iter()
+        .enumerate()
+        .map(|(i, input)| {
+            let shape = concrete(program.input_shape(i), &dims);
+            let mut rng = Rng::for_input(seed, &input.name);
+            let n = shape.iter().product();
+            Tensor::new(shape, (0..n).map(|_| rng.draw(&input.init)).collect())
+        })
+        .collect();
+    Ok((inputs, dims))
+}

@@ -1,0 +1,330 @@
+//! The float64 reference interpreter: the definition of what every spec
+//! means. Kernels and rewrites are tested against it, so it favours plain
+//! loops that read like the equations of `papers.md` over speed.
+
+use crate::tensor::Tensor;
+use attnc_compiler::ir::*;
+
+/// Concrete values of a program's dims.
+pub type DimValues = std::collections::BTreeMap<String, u64>;
+
+/// The concrete shape of `s` under `dims`. Every dim must be bound.
+pub fn concrete(s: &Shape, dims: &DimValues) -> Vec<usize> {
+    s.0.iter()
+        .map(|d| {
+            d.eval(&|n| dims.get(n).copied())
+                .expect("every dim is bound before evaluation") as usize
+        })
+        .collect()
+}
+
+/// Evaluate `program` on `inputs` (in declaration order); returns the outputs
+/// in declaration order.
+pub fn evaluate(program: &Program, inputs: &[Tensor], dims: &DimValues) -> Vec<Tensor> {
+    let mut values: Vec<Tensor> = Vec::with_capacity(program.nodes.len());
+    for node in &program.nodes {
+        let shape = concrete(&node.shape, dims);
+        let v = |id: NodeId| &values[id.0 as usize];
+        let out = match &node.op {
+            Op::Input { index } => inputs[*index].clone(),
+            Op::Scalar { value } => Tensor::new(vec![], vec![*value]),
+            Op::MatMul { a, b } => matmul(v(*a), v(*b), shape),
+            Op::SplitHeads { x, heads } => split_heads(v(*x), *heads as usize, shape),
+            Op::MergeHeads { x } => merge_heads(v(*x), shape),
+            Op::MixHeads { x, alpha } => mix_heads(v(*x), v(*alpha), shape),
+            Op::Interleave { x } => interleave(v(*x), shape),
+            Op::Deinterleave { x, pseudo } => deinterleave(v(*x), *pseudo as usize, shape),
+            Op::BlockDiag { r, block } => block_diag(v(*r), *block as usize),
+            Op::Collapse { x, r } => collapse(v(*x), v(*r), shape),
+            Op::Rope { x, base } => rope(v(*x), *base),
+            Op::Attention {
+                q,
+                k,
+                v: vv,
+                mask,
+                scale,
+            } => attention(v(*q), v(*k), v(*vv), mask, *scale, shape),
+            Op::Binary { op, a, b } => binary(*op, v(*a), v(*b), shape),
+            Op::Unary { op, x } => unary(*op, v(*x)),
+        };
+        debug_assert_eq!(
+            out.shape,
+            concrete(&node.shape, dims),
+            "interpreter produced a shape other than the IR's"
+        );
+        values.push(out);
+    }
+    program
+        .outputs
+        .iter()
+        .map(|(_, id)| values[id.0 as usize].clone())
+        .collect()
+}
+
+fn matmul(a: &Tensor, b: &Tensor, shape: Vec<usize>) -> Tensor {
+    let (k, f) = (b.shape[0], b.shape[1]);
+    let rows = a.len() / k;
+    let mut out = Tensor::zeros(shape);
+    for r in 0..rows {
+        for c in 0..f {
+            let mut acc = 0.0;
+            for i in 0..k {
+                acc += a.data[r * k + i] * b.data[i * f + c];
+            }
+            out.data[r * f + c] = acc;
+        }
+    }
+    out
+}
+
+fn split_heads(x: &Tensor, heads: usize, shape: Vec<usize>) -> Tensor {
+    let r = x.shape.len();
+    let (s, w) = (x.shape[r - 2], x.shape[r - 1]);
+    let d = w / heads;
+    let pre = x.len() / (s * w);
+    let mut out = Tensor::zeros(shape);
+    for p in 0..pre {
+        for si in 0..s {
+            for h in 0..heads {
+                for e in 0..d {
+                    out.data[((p * heads + h) * s + si) * d + e] =
+                        x.data[(p * s + si) * w + h * d + e];
+                }
+            }
+        }
+    }
+    out
+}
+
+fn merge_heads(x: &Tensor, shape: Vec<usize>) -> Tensor {
+    let r = x.shape.len();
+    let (heads, s, d) = (x.shape[r - 3], x.shape[r - 2], x.shape[r - 1]);
+    let pre = x.len() / (heads * s * d);
+    let mut out = Tensor::zeros(shape);
+    for p in 0..pre {
+        for h in 0..heads {
+            for si in 0..s {
+                for e in 0..d {
+                    out.data[(p * s + si) * heads * d + h * d + e] =
+                        x.data[((p * heads + h) * s + si) * d + e];
+                }
+            }
+        }
+    }
+    out
+}
+
+fn mix_heads(x: &Tensor, alpha: &Tensor, shape: Vec<usize>) -> Tensor {
+    let (b, m, s, d) = (x.shape[0], x.shape[1], x.shape[2], x.shape[3]);
+    let (h, p) = (alpha.shape[1], alpha.shape[2]);
+    let mut out = Tensor::zeros(shape);
+    for bi in 0..b {
+        for hi in 0..h {
+            for j in 0..p {
+                for si in 0..s {
+                    for e in 0..d {
+                        let mut acc = 0.0;
+                        for mi in 0..m {
+                            acc += alpha.data[(mi * h + hi) * p + j]
+                                * x.data[((bi * m + mi) * s + si) * d + e];
+                        }
+                        out.data[(((bi * h + hi) * p + j) * s + si) * d + e] = acc;
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+fn interleave(x: &Tensor, shape: Vec<usize>) -> Tensor {
+    let (b, h, p, s, d) = (x.shape[0], x.shape[1], x.shape[2], x.shape[3], x.shape[4]);
+    let mut out = Tensor::zeros(shape);
+    for bh in 0..b * h {
+        for j in 0..p {
+            for si in 0..s {
+                for e in 0..d {
+                    out.data[(bh * s * p + si * p + j) * d + e] =
+                        x.data[((bh * p + j) * s + si) * d + e];
+                }
+            }
+        }
+    }
+    out
+}
+
+fn deinterleave(x: &Tensor, p: usize, shape: Vec<usize>) -> Tensor {
+    let (b, h, sp, d) = (x.shape[0], x.shape[1], x.shape[2], x.shape[3]);
+    let s = sp / p;
+    let mut out = Tensor::zeros(shape);
+    for bh in 0..b * h {
+        for j in 0..p {
+            for si in 0..s {
+                for e in 0..d {
+                    out.data[((bh * p + j) * s + si) * d + e] =
+                        x.data[(bh * sp + si * p + j) * d + e];
+                }
+            }
+        }
+    }
+    out
+}
+
+fn block_diag(r: &Tensor, block: usize) -> Tensor {
+    let cols = r.shape[1];
+    let mut out = r.clone();
+    for (i, v) in out.data.iter_mut().enumerate() {
+        if (i % cols) / block != i / cols {
+            *v = 0.0;
+        }
+    }
+    out
+}
+
+fn collapse(x: &Tensor, r: &Tensor, shape: Vec<usize>) -> Tensor {
+    let (b, hs, p, s, d) = (x.shape[0], x.shape[1], x.shape[2], x.shape[3], x.shape[4]);
+    let h = r.shape[0];
+    let mut out = Tensor::zeros(shape);
+    for bi in 0..b {
+        for hi in 0..h {
+            for si in 0..s {
+                for e in 0..d {
+                    let mut acc = 0.0;
+                    for hp in 0..hs {
+                        for j in 0..p {
+                            acc += r.data[hi * hs * p + hp * p + j]
+                                * x.data[((((bi * hs + hp) * p + j) * s) + si) * d + e];
+                        }
+                    }
+                    out.data[((bi * h + hi) * s + si) * d + e] = acc;
+                }
+            }
+        }
+    }
+    out
+}
+
+fn rope(x: &Tensor, base: f64) -> Tensor {
+    let r = x.shape.len();
+    let (s, d) = (x.shape[r - 2], x.shape[r - 1]);
+    let half = d / 2;
+    let mut out = x.clone();
+    for row in 0..x.len() / d {
+        let pos = (row % s) as f64;
+        for i in 0..half {
+            let angle = pos * base.powf(-2.0 * i as f64 / d as f64);
+            let (sin, cos) = angle.sin_cos();
+            let (a, b) = (x.data[row * d + i], x.data[row * d + i + half]);
+            out.data[row * d + i] = a * cos - b * sin;
+            out.data[row * d + i + half] = a * sin + b * cos;
+        }
+    }
+    out
+}
+
+fn attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: &Mask,
+    scale: f64,
+    shape: Vec<usize>,
+) -> Tensor {
+    let (b, h, s, d) = (q.shape[0], q.shape[1], q.shape[2], q.shape[3]);
+    let (hk, e) = (k.shape[1], v.shape[3]);
+    let group = h / hk;
+    let mut out = Tensor::zeros(shape);
+    let mut scores = vec![0.0; s];
+    for bi in 0..b {
+        for hi in 0..h {
+            let g = hi / group;
+            for i in 0..s {
+                let qrow = &q.data[((bi * h + hi) * s + i) * d..][..d];
+                let mut max = f64::NEG_INFINITY;
+                for (j, sc) in scores.iter_mut().enumerate() {
+                    *sc = f64::NEG_INFINITY;
+                    if mask.visible(i as u64, j as u64) {
+                        let krow = &k.data[((bi * hk + g) * s + j) * d..][..d];
+                        *sc = scale * qrow.iter().zip(krow).map(|(a, b)| a * b).sum::<f64>();
+                        max = max.max(*sc);
+                    }
+                }
+                if max == f64::NEG_INFINITY {
+                    continue; // no visible key: the row is 0
+                }
+                let total: f64 = scores.iter().map(|sc| (sc - max).exp()).sum();
+                let orow = ((bi * h + hi) * s + i) * e;
+                for (j, sc) in scores.iter().enumerate() {
+                    let w = (sc - max).exp() / total;
+                    if w != 0.0 {
+                        for c in 0..e {
+                            out.data[orow + c] += w * v.data[((bi * hk + g) * s + j) * e + c];
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Row-major strides of `shape` aligned to `rank` axes, 0 on broadcast axes.
+fn broadcast_strides(shape: &[usize], out: &[usize]) -> Vec<usize> {
+    let pad = out.len() - shape.len();
+    let mut strides = vec![0; out.len()];
+    let mut acc = 1;
+    for i in (0..shape.len()).rev() {
+        strides[pad + i] = if shape[i] == 1 && out[pad + i] != 1 {
+            0
+        } else {
+            acc
+        };
+        acc *= shape[i];
+    }
+    strides
+}
+
+fn binary(op: BinaryOp, a: &Tensor, b: &Tensor, shape: Vec<usize>) -> Tensor {
+    let (sa, sb) = (
+        broadcast_strides(&a.shape, &shape),
+        broadcast_strides(&b.shape, &shape),
+    );
+    let mut out = Tensor::zeros(shape.clone());
+    let mut idx = vec![0usize; shape.len()];
+    for o in out.data.iter_mut() {
+        let ia: usize = idx.iter().zip(&sa).map(|(i, s)| i * s).sum();
+        let ib: usize = idx.iter().zip(&sb).map(|(i, s)| i * s).sum();
+        let (x, y) = (a.data[ia], b.data[ib]);
+        *o = match op {
+            BinaryOp::Add => x + y,
+            BinaryOp::Sub => x - y,
+            BinaryOp::Mul => x * y,
+            BinaryOp::Div => x / y,
+            BinaryOp::Max => x.max(y),
+            BinaryOp::Min => x.min(y),
+            BinaryOp::Ge => f64::from(u8::from(x >= y)),
+            BinaryOp::Gt => f64::from(u8::from(x > y)),
+            BinaryOp::Eq => f64::from(u8::from(x == y)),
+        };
+        for axis in (0..shape.len()).rev() {
+            idx[axis] += 1;
+            if idx[axis] < shape[axis] {
+                break;
+            }
+            idx[axis] = 0;
+        }
+    }
+    out
+}
+
+fn unary(op: UnaryOp, x: &Tensor) -> Tensor {
+    let f = match op {
+        UnaryOp::Neg => |v: f64| -v,
+        UnaryOp::Sqrt => f64::sqrt,
+        UnaryOp::Abs => f64::abs,
+    };
+    Tensor {
+        shape: x.shape.clone(),
+        data: x.data.iter().map(|v| f(*v)).collect(),
+    }
+}

@@ -1,0 +1,12 @@
+//! Executing compiled specs: host tensors, the float64 reference interpreter,
+//! tensor files and input generation.
+
+pub mod bind;
+mod error;
+pub mod interp;
+pub mod io;
+pub mod rng;
+pub mod tensor;
+
+pub use error::RunError;
+pub use tensor::{relative_error, Tensor};

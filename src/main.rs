@@ -1,0 +1,257 @@
+//! `attnc`: the command-line driver. Parsing arguments, reading and writing
+//! files, and printing diagnostics happen here; everything else is a library call.
+
+use attnc_compiler::{render, Code, Compiled, Diagnostic, Setting};
+use attnc_runtime::io::FileDtype;
+use attnc_runtime::{bind, interp, io, RunError, Tensor};
+use clap::{Parser, Subcommand, ValueEnum};
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "attnc", version, about = "Compile attention and group-advantage specs (.attn) to kernels", long_about = None)]
+#[command(after_help = "See 'attnc help <command>' for more information on a specific command.")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Check specs for errors without running them
+    Check {
+        /// The .attn files to check
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// Bind a parameter or dim: NAME=VALUE (repeatable)
+        #[arg(long = "set", value_name = "NAME=VALUE")]
+        set: Vec<String>,
+    },
+    /// Run a spec on input tensors and write its outputs
+    Run {
+        /// The .attn file to run
+        file: PathBuf,
+        /// Read input tensors by name from this safetensors file (f32 or f64)
+        #[arg(
+            long,
+            value_name = "IN.safetensors",
+            conflicts_with = "seed",
+            required_unless_present = "seed"
+        )]
+        inputs: Option<PathBuf>,
+        /// Draw deterministic random inputs instead, and write them to --out too
+        #[arg(long, value_name = "S")]
+        seed: Option<u64>,
+        /// Where to write the outputs (safetensors)
+        #[arg(long, value_name = "OUT.safetensors")]
+        out: PathBuf,
+        /// Bind a parameter or dim: NAME=VALUE (repeatable)
+        #[arg(long = "set", value_name = "NAME=VALUE")]
+        set: Vec<String>,
+        /// Where to execute
+        #[arg(long, value_enum, default_value_t = Backend::Interp)]
+        backend: Backend,
+        /// Element type of the written tensors
+        #[arg(long, value_enum, default_value_t = Dtype::F32)]
+        dtype: Dtype,
+    },
+    /// Print the typed IR a spec lowers to
+    Ir {
+        file: PathBuf,
+        /// Bind a parameter or dim: NAME=VALUE (repeatable)
+        #[arg(long = "set", value_name = "NAME=VALUE")]
+        set: Vec<String>,
+    },
+    /// Print a spec in canonical form (comments are dropped)
+    Fmt { file: PathBuf },
+    /// Explain an error code, e.g. E0301
+    ExplainError { code: String },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Backend {
+    /// The float64 reference interpreter
+    Interp,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Dtype {
+    F32,
+    F64,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Check { files, set } => check(&files, &set),
+        Command::Run {
+            file,
+            inputs,
+            seed,
+            out,
+            set,
+            backend: Backend::Interp,
+            dtype,
+        } => run(&file, inputs.as_deref(), seed, &out, &set, dtype),
+        Command::Ir { file, set } => load(&file, &set).map(|c| print!("{}", c.program.pretty())),
+        Command::Fmt { file } => fmt(&file),
+        Command::ExplainError { code } => explain_error(&code),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failed) => ExitCode::FAILURE,
+    }
+}
+
+/// The command failed and has already said why on stderr.
+struct Failed;
+
+fn report(code: Code, message: impl std::fmt::Display) -> Failed {
+    eprintln!("error[{}]: {message}", code.as_str());
+    Failed
+}
+
+fn read_source(file: &Path) -> Result<String, Failed> {
+    std::fs::read_to_string(file).map_err(|e| {
+        report(
+            Code::Syntax,
+            format_args!("cannot read `{}`: {e}", file.display()),
+        )
+    })
+}
+
+fn settings(set: &[String]) -> Result<Vec<Setting>, Failed> {
+    set.iter()
+        .map(|s| Setting::parse(s).map_err(|m| report(Code::BadSetting, m)))
+        .collect()
+}
+
+/// Compile a file, printing its diagnostics (warnings included).
+fn load(file: &Path, set: &[String]) -> Result<Compiled, Failed> {
+    let source = read_source(file)?;
+    let settings = settings(set)?;
+    let name = file.display().to_string();
+    match attnc_compiler::compile(&source, &settings) {
+        Ok(c) => {
+            if !c.warnings.is_empty() {
+                eprint!("{}", render(&name, &source, &c.warnings));
+            }
+            Ok(c)
+        }
+        Err(diags) => {
+            eprint!("{}", render(&name, &source, &diags));
+            let errors = diags.iter().filter(|d| d.is_error()).count();
+            eprintln!(
+                "error: `{name}` has {errors} error{}",
+                if errors == 1 { "" } else { "s" }
+            );
+            Err(Failed)
+        }
+    }
+}
+
+fn check(files: &[PathBuf], set: &[String]) -> Result<(), Failed> {
+    let mut ok = true;
+    for f in files {
+        ok &= load(f, set).is_ok();
+    }
+    ok.then_some(()).ok_or(Failed)
+}
+
+fn fmt(file: &Path) -> Result<(), Failed> {
+    let source = read_source(file)?;
+    match attnc_grammar::parse(&source) {
+        Ok(spec) => {
+            print!("{}", attnc_grammar::print_spec(&spec));
+            Ok(())
+        }
+        Err(e) => {
+            let d: Diagnostic = attnc_compiler::syntax_diagnostic(&e);
+            eprint!("{}", render(&file.display().to_string(), &source, &[d]));
+            Err(Failed)
+        }
+    }
+}
+
+fn explain_error(code: &str) -> Result<(), Failed> {
+    match Code::parse(code) {
+        Some(c) => {
+            println!("{}: {}\n\n{}", c.as_str(), c.title(), c.explanation());
+            Ok(())
+        }
+        None => Err(report(
+            Code::BadSetting,
+            format_args!("`{code}` is not an attnc error code; codes look like E0301"),
+        )),
+    }
+}
+
+fn same_file(a: &Path, b: &Path) -> bool {
+    match (a.canonicalize(), b.canonicalize()) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => false,
+    }
+}
+
+fn run(
+    file: &Path,
+    inputs: Option<&Path>,
+    seed: Option<u64>,
+    out: &Path,
+    set: &[String],
+    dtype: Dtype,
+) -> Result<(), Failed> {
+    let compiled = load(file, set)?;
+    let program = &compiled.program;
+    let fail = |e: RunError| report(e.code(), e);
+    if let Some(inp) = inputs {
+        if same_file(inp, out) {
+            return Err(report(
+                Code::TensorFile,
+                format_args!(
+                    "--out `{}` is the input file; refusing to overwrite it",
+                    out.display()
+                ),
+            ));
+        }
+    }
+    let explicit: BTreeSet<String> = settings(set)?
+        .into_iter()
+        .map(|s| s.name)
+        .filter(|n| program.dims.iter().any(|d| &d.name == n))
+        .collect();
+    let (tensors, dims) = match (inputs, seed) {
+        (Some(path), _) => {
+            bind::bind_inputs(program, io::read_tensors(path).map_err(fail)?, &explicit)
+                .map_err(fail)?
+        }
+        (None, Some(s)) => bind::generate_inputs(program, s).map_err(fail)?,
+        (None, None) => unreachable!("clap requires --inputs or --seed"),
+    };
+    let outputs = interp::evaluate(program, &tensors, &dims);
+    let mut named: Vec<(String, &Tensor)> = program
+        .outputs
+        .iter()
+        .map(|(n, _)| n.clone())
+        .zip(&outputs)
+        .collect();
+    if seed.is_some() {
+        named.extend(program.inputs.iter().map(|i| i.name.clone()).zip(&tensors));
+    }
+    let file_dtype = match dtype {
+        Dtype::F32 => FileDtype::F32,
+        Dtype::F64 => FileDtype::F64,
+    };
+    io::write_tensors(out, &named, file_dtype).map_err(fail)?;
+    let dims_text: Vec<String> = dims.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    for (name, t) in &named[..program.outputs.len()] {
+        eprintln!(
+            "wrote {name} {:?} ({}) to {}",
+            t.shape,
+            dims_text.join(" "),
+            out.display()
+        );
+    }
+    Ok(())
+}
