@@ -33,12 +33,7 @@ enum Command {
         /// The .attn file to run
         file: PathBuf,
         /// Read input tensors by name from this safetensors file (f32 or f64)
-        #[arg(
-            long,
-            value_name = "IN.safetensors",
-            conflicts_with = "seed",
-            required_unless_present = "seed"
-        )]
+        #[arg(long, value_name = "IN.safetensors", conflicts_with = "seed", required_unless_present = "seed")]
         inputs: Option<PathBuf>,
         /// Draw deterministic random inputs instead, and write them to --out too
         #[arg(long, value_name = "S")]
@@ -85,15 +80,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Check { files, set } => check(&files, &set),
-        Command::Run {
-            file,
-            inputs,
-            seed,
-            out,
-            set,
-            backend: Backend::Interp,
-            dtype,
-        } => run(&file, inputs.as_deref(), seed, &out, &set, dtype),
+        Command::Run { file, inputs, seed, out, set, backend: Backend::Interp, dtype } => {
+            run(&file, inputs.as_deref(), seed, &out, &set, dtype)
+        }
         Command::Ir { file, set } => load(&file, &set).map(|c| print!("{}", c.program.pretty())),
         Command::Fmt { file } => fmt(&file),
         Command::ExplainError { code } => explain_error(&code),
@@ -113,18 +102,12 @@ fn report(code: Code, message: impl std::fmt::Display) -> Failed {
 }
 
 fn read_source(file: &Path) -> Result<String, Failed> {
-    std::fs::read_to_string(file).map_err(|e| {
-        report(
-            Code::Syntax,
-            format_args!("cannot read `{}`: {e}", file.display()),
-        )
-    })
+    std::fs::read_to_string(file)
+        .map_err(|e| report(Code::Syntax, format_args!("cannot read `{}`: {e}", file.display())))
 }
 
 fn settings(set: &[String]) -> Result<Vec<Setting>, Failed> {
-    set.iter()
-        .map(|s| Setting::parse(s).map_err(|m| report(Code::BadSetting, m)))
-        .collect()
+    set.iter().map(|s| Setting::parse(s).map_err(|m| report(Code::BadSetting, m))).collect()
 }
 
 /// Compile a file, printing its diagnostics (warnings included).
@@ -142,10 +125,7 @@ fn load(file: &Path, set: &[String]) -> Result<Compiled, Failed> {
         Err(diags) => {
             eprint!("{}", render(&name, &source, &diags));
             let errors = diags.iter().filter(|d| d.is_error()).count();
-            eprintln!(
-                "error: `{name}` has {errors} error{}",
-                if errors == 1 { "" } else { "s" }
-            );
+            eprintln!("error: `{name}` has {errors} error{}", if errors == 1 { "" } else { "s" });
             Err(Failed)
         }
     }
@@ -180,10 +160,9 @@ fn explain_error(code: &str) -> Result<(), Failed> {
             println!("{}: {}\n\n{}", c.as_str(), c.title(), c.explanation());
             Ok(())
         }
-        None => Err(report(
-            Code::BadSetting,
-            format_args!("`{code}` is not an attnc error code; codes look like E0301"),
-        )),
+        None => {
+            Err(report(Code::BadSetting, format_args!("`{code}` is not an attnc error code; codes look like E0301")))
+        }
     }
 }
 
@@ -209,33 +188,21 @@ fn run(
         if same_file(inp, out) {
             return Err(report(
                 Code::TensorFile,
-                format_args!(
-                    "--out `{}` is the input file; refusing to overwrite it",
-                    out.display()
-                ),
+                format_args!("--out `{}` is the input file; refusing to overwrite it", out.display()),
             ));
         }
     }
-    let explicit: BTreeSet<String> = settings(set)?
-        .into_iter()
-        .map(|s| s.name)
-        .filter(|n| program.dims.iter().any(|d| &d.name == n))
-        .collect();
+    let explicit: BTreeSet<String> =
+        settings(set)?.into_iter().map(|s| s.name).filter(|n| program.dims.iter().any(|d| &d.name == n)).collect();
     let (tensors, dims) = match (inputs, seed) {
         (Some(path), _) => {
-            bind::bind_inputs(program, io::read_tensors(path).map_err(fail)?, &explicit)
-                .map_err(fail)?
+            bind::bind_inputs(program, io::read_tensors(path).map_err(fail)?, &explicit).map_err(fail)?
         }
         (None, Some(s)) => bind::generate_inputs(program, s).map_err(fail)?,
         (None, None) => unreachable!("clap requires --inputs or --seed"),
     };
     let outputs = interp::evaluate(program, &tensors, &dims);
-    let mut named: Vec<(String, &Tensor)> = program
-        .outputs
-        .iter()
-        .map(|(n, _)| n.clone())
-        .zip(&outputs)
-        .collect();
+    let mut named: Vec<(String, &Tensor)> = program.outputs.iter().map(|(n, _)| n.clone()).zip(&outputs).collect();
     if seed.is_some() {
         named.extend(program.inputs.iter().map(|i| i.name.clone()).zip(&tensors));
     }
@@ -246,12 +213,7 @@ fn run(
     io::write_tensors(out, &named, file_dtype).map_err(fail)?;
     let dims_text: Vec<String> = dims.iter().map(|(k, v)| format!("{k}={v}")).collect();
     for (name, t) in &named[..program.outputs.len()] {
-        eprintln!(
-            "wrote {name} {:?} ({}) to {}",
-            t.shape,
-            dims_text.join(" "),
-            out.display()
-        );
+        eprintln!("wrote {name} {:?} ({}) to {}", t.shape, dims_text.join(" "), out.display());
     }
     Ok(())
 }

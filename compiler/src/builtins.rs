@@ -38,18 +38,10 @@ struct Args<'e> {
     values: Vec<Option<(Operand, &'e Expr)>>,
 }
 
-pub(crate) fn lower_call(
-    l: &mut Lowerer,
-    call: &Expr,
-    func: &Ident,
-    args: &[Arg],
-) -> Option<Operand> {
+pub(crate) fn lower_call(l: &mut Lowerer, call: &Expr, func: &Ident, args: &[Arg]) -> Option<Operand> {
     let Some(sig) = BUILTINS.iter().find(|s| s.name == func.name) else {
-        let mut d = Diagnostic::error(
-            Code::UnknownFunction,
-            format!("unknown function `{}`", func.name),
-        )
-        .at(func.span, "not a builtin");
+        let mut d = Diagnostic::error(Code::UnknownFunction, format!("unknown function `{}`", func.name))
+            .at(func.span, "not a builtin");
         if let Some(s) = suggest(&func.name, BUILTINS.iter().map(|s| s.name)) {
             d = d.hint(format!("did you mean `{s}`?"));
         }
@@ -60,14 +52,7 @@ pub(crate) fn lower_call(
     let out = match sig.name {
         "split_heads" => {
             let (x, heads) = (args.tensor(l, 0), args.size(l, 1));
-            l.add(
-                Op::SplitHeads {
-                    x: x?,
-                    heads: heads?,
-                },
-                call.span,
-                &args.spans(&[0]),
-            )
+            l.add(Op::SplitHeads { x: x?, heads: heads? }, call.span, &args.spans(&[0]))
         }
         "merge_heads" => {
             let x = args.tensor(l, 0)?;
@@ -75,14 +60,7 @@ pub(crate) fn lower_call(
         }
         "mix_heads" => {
             let (x, alpha) = (args.tensor(l, 0), args.tensor(l, 1));
-            l.add(
-                Op::MixHeads {
-                    x: x?,
-                    alpha: alpha?,
-                },
-                call.span,
-                &args.spans(&[0, 1]),
-            )
+            l.add(Op::MixHeads { x: x?, alpha: alpha? }, call.span, &args.spans(&[0, 1]))
         }
         "interleave" => {
             let x = args.tensor(l, 0)?;
@@ -90,33 +68,15 @@ pub(crate) fn lower_call(
         }
         "deinterleave" => {
             let (x, pseudo) = (args.tensor(l, 0), args.size(l, 1));
-            l.add(
-                Op::Deinterleave {
-                    x: x?,
-                    pseudo: pseudo?,
-                },
-                call.span,
-                &args.spans(&[0]),
-            )
+            l.add(Op::Deinterleave { x: x?, pseudo: pseudo? }, call.span, &args.spans(&[0]))
         }
         "collapse" => {
             let (x, r) = (args.tensor(l, 0), args.tensor(l, 1));
-            let mode = args
-                .choice(l, 2, &["global", "per_head"])
-                .unwrap_or(Some("global"));
+            let mode = args.choice(l, 2, &["global", "per_head"]).unwrap_or(Some("global"));
             let (x, r, mode) = (x?, r?, mode?);
             let r = if mode == "per_head" {
-                let pseudo = l.nodes[x.0 as usize]
-                    .shape
-                    .0
-                    .get(2)
-                    .and_then(Dim::as_known)
-                    .unwrap_or(0);
-                l.add(
-                    Op::BlockDiag { r, block: pseudo },
-                    call.span,
-                    &args.spans(&[1]),
-                )?
+                let pseudo = l.nodes[x.0 as usize].shape.0.get(2).and_then(Dim::as_known).unwrap_or(0);
+                l.add(Op::BlockDiag { r, block: pseudo }, call.span, &args.spans(&[1]))?
             } else {
                 r
             };
@@ -126,17 +86,12 @@ pub(crate) fn lower_call(
             let x = args.tensor(l, 0)?;
             match args.opt_float(l, 1)? {
                 None => Some(x),
-                Some(base) if base > 0.0 => {
-                    l.add(Op::Rope { x, base }, call.span, &args.spans(&[0]))
-                }
+                Some(base) if base > 0.0 => l.add(Op::Rope { x, base }, call.span, &args.spans(&[0])),
                 Some(base) => {
                     let span = args.values[1].as_ref().unwrap().1.span;
                     l.diags.push(
-                        Diagnostic::error(
-                            Code::BadSize,
-                            format!("the rope base must be positive, not {base}"),
-                        )
-                        .at(span, "this base"),
+                        Diagnostic::error(Code::BadSize, format!("the rope base must be positive, not {base}"))
+                            .at(span, "this base"),
                     );
                     None
                 }
@@ -144,18 +99,11 @@ pub(crate) fn lower_call(
         }
         "attention" => {
             let (q, k, v) = (args.tensor(l, 0), args.tensor(l, 1), args.tensor(l, 2));
-            let mask = args
-                .choice(l, 3, &["none", "causal", "flat_causal", "token_causal"])
-                .unwrap_or(Some("none"));
+            let mask = args.choice(l, 3, &["none", "causal", "flat_causal", "token_causal"]).unwrap_or(Some("none"));
             let window = args.opt_size(l, 4);
-            let block = if args.values[5].is_some() {
-                args.size(l, 5)
-            } else {
-                Some(1)
-            };
+            let block = if args.values[5].is_some() { args.size(l, 5) } else { Some(1) };
             let scale = args.opt_float(l, 6);
-            let (q, k, v, mask, window, block, scale) =
-                (q?, k?, v?, mask?, window?, block?, scale?);
+            let (q, k, v, mask, window, block, scale) = (q?, k?, v?, mask?, window?, block?, scale?);
             let kind = match mask {
                 "none" => MaskKind::None,
                 "token_causal" => MaskKind::TokenCausal,
@@ -163,57 +111,36 @@ pub(crate) fn lower_call(
             };
             let scale = match scale {
                 Some(s) => s,
-                None => {
-                    match l.nodes[q.0 as usize].shape.0.last().and_then(Dim::as_known) {
-                        Some(d) => 1.0 / (d as f64).sqrt(),
-                        None => {
-                            l.diags.push(
-                            Diagnostic::error(Code::MissingArgument, "the head width is symbolic, so the default scale 1/√d is unknown")
-                                .at(call.span, "here")
-                                .hint("pass `scale = ...`"),
+                None => match l.nodes[q.0 as usize].shape.0.last().and_then(Dim::as_known) {
+                    Some(d) => 1.0 / (d as f64).sqrt(),
+                    None => {
+                        l.diags.push(
+                            Diagnostic::error(
+                                Code::MissingArgument,
+                                "the head width is symbolic, so the default scale 1/√d is unknown",
+                            )
+                            .at(call.span, "here")
+                            .hint("pass `scale = ...`"),
                         );
-                            return None;
-                        }
+                        return None;
                     }
-                }
+                },
             };
             l.add(
-                Op::Attention {
-                    q,
-                    k,
-                    v,
-                    mask: Mask {
-                        kind,
-                        window,
-                        block,
-                    },
-                    scale,
-                },
+                Op::Attention { q, k, v, mask: Mask { kind, window, block }, scale },
                 call.span,
                 &args.spans(&[0, 1, 2]),
             )
         }
         "sqrt" | "abs" => {
-            let op = if sig.name == "sqrt" {
-                UnaryOp::Sqrt
-            } else {
-                UnaryOp::Abs
-            };
+            let op = if sig.name == "sqrt" { UnaryOp::Sqrt } else { UnaryOp::Abs };
             let x = args.tensor(l, 0)?;
             l.add(Op::Unary { op, x }, call.span, &args.spans(&[0]))
         }
         "maximum" | "minimum" => {
-            let op = if sig.name == "maximum" {
-                BinaryOp::Max
-            } else {
-                BinaryOp::Min
-            };
+            let op = if sig.name == "maximum" { BinaryOp::Max } else { BinaryOp::Min };
             let (a, b) = (args.number_or_tensor(l, 0), args.number_or_tensor(l, 1));
-            l.add(
-                Op::Binary { op, a: a?, b: b? },
-                call.span,
-                &args.spans(&[0, 1]),
-            )
+            l.add(Op::Binary { op, a: a?, b: b? }, call.span, &args.spans(&[0, 1]))
         }
         other => unreachable!("builtin `{other}` has a signature but no lowering"),
     };
@@ -239,11 +166,7 @@ fn match_args<'e>(
                     l.diags.push(
                         Diagnostic::error(
                             Code::TooManyArguments,
-                            format!(
-                                "`{}` takes at most {} arguments",
-                                sig.name,
-                                sig.params.len()
-                            ),
+                            format!("`{}` takes at most {} arguments", sig.name, sig.params.len()),
                         )
                         .at(a.value.span, "extra argument")
                         .note(format!(
@@ -269,8 +192,7 @@ fn match_args<'e>(
                     if let Some(s) = suggest(&name.name, sig.params.iter().copied()) {
                         d = d.hint(format!("did you mean `{s}`?"));
                     }
-                    l.diags
-                        .push(d.note(format!("`{}({})`", sig.name, sig.params.join(", "))));
+                    l.diags.push(d.note(format!("`{}({})`", sig.name, sig.params.join(", "))));
                     ok = false;
                     continue;
                 }
@@ -280,10 +202,7 @@ fn match_args<'e>(
             l.diags.push(
                 Diagnostic::error(
                     Code::RepeatedArgument,
-                    format!(
-                        "argument `{}` of `{}` is given twice",
-                        sig.params[slot], sig.name
-                    ),
+                    format!("argument `{}` of `{}` is given twice", sig.params[slot], sig.name),
                 )
                 .at(a.value.span, "given again here"),
             );
@@ -299,15 +218,9 @@ fn match_args<'e>(
     for (i, p) in sig.params.iter().enumerate().take(sig.required) {
         if !given[i] {
             l.diags.push(
-                Diagnostic::error(
-                    Code::MissingArgument,
-                    format!("`{}` needs argument `{p}`", sig.name),
-                )
-                .at(call.span, "in this call")
-                .with(
-                    func.span,
-                    format!("`{}({})`", sig.name, sig.params.join(", ")),
-                ),
+                Diagnostic::error(Code::MissingArgument, format!("`{}` needs argument `{p}`", sig.name))
+                    .at(call.span, "in this call")
+                    .with(func.span, format!("`{}({})`", sig.name, sig.params.join(", "))),
             );
             ok = false;
         }
@@ -317,14 +230,7 @@ fn match_args<'e>(
 
 impl Args<'_> {
     fn spans(&self, which: &[usize]) -> Vec<attnc_grammar::ast::Span> {
-        which
-            .iter()
-            .map(|&i| {
-                self.values[i]
-                    .as_ref()
-                    .map_or(Default::default(), |v| v.1.span)
-            })
-            .collect()
+        which.iter().map(|&i| self.values[i].as_ref().map_or(Default::default(), |v| v.1.span)).collect()
     }
 
     fn wrong(&self, l: &mut Lowerer, i: usize, want: &str) {
@@ -341,10 +247,7 @@ impl Args<'_> {
         l.diags.push(
             Diagnostic::error(
                 code,
-                format!(
-                    "argument `{}` of `{}` must be {want}, found {found}",
-                    self.func.params[i], self.func.name
-                ),
+                format!("argument `{}` of `{}` must be {want}, found {found}", self.func.params[i], self.func.name),
             )
             .at(e.span, "this argument"),
         );
@@ -411,12 +314,7 @@ impl Args<'_> {
     /// One of `allowed`. When the argument is an enum parameter, every variant of its
     /// type must be allowed, so `check` catches values not bound by the defaults.
     /// `None`: reported error; `Some(None)` would not occur; absent gives the caller's default.
-    fn choice(
-        &self,
-        l: &mut Lowerer,
-        i: usize,
-        allowed: &[&'static str],
-    ) -> Option<Option<&'static str>> {
+    fn choice(&self, l: &mut Lowerer, i: usize, allowed: &[&'static str]) -> Option<Option<&'static str>> {
         let (v, e) = self.values[i].as_ref()?;
         let list = allowed.join(", ");
         if let ExprKind::Name(n) = &e.kind {
@@ -453,10 +351,7 @@ impl Args<'_> {
                 None => {
                     let mut d = Diagnostic::error(
                         Code::UnknownVariant,
-                        format!(
-                            "`{name}` is not a valid `{}` of `{}`",
-                            self.func.params[i], self.func.name
-                        ),
+                        format!("`{name}` is not a valid `{}` of `{}`", self.func.params[i], self.func.name),
                     )
                     .at(e.span, "unknown variant")
                     .note(format!("`{}` accepts {{{list}}}", self.func.params[i]));

@@ -37,10 +37,7 @@ impl Diagnostic {
         }
     }
     pub fn warning(code: Code, message: impl Into<String>) -> Diagnostic {
-        Diagnostic {
-            severity: Severity::Warning,
-            ..Diagnostic::error(code, message)
-        }
+        Diagnostic { severity: Severity::Warning, ..Diagnostic::error(code, message) }
     }
     pub fn at(mut self, span: Span, label: impl Into<String>) -> Diagnostic {
         self.primary = Some((span, label.into()));
@@ -65,12 +62,7 @@ impl Diagnostic {
 
 /// Sort by position (command-line errors first), as users read top to bottom.
 pub fn sort(diags: &mut [Diagnostic]) {
-    diags.sort_by_key(|d| {
-        (
-            d.primary.as_ref().map(|(s, _)| (s.start, s.end)),
-            d.severity,
-        )
-    });
+    diags.sort_by_key(|d| (d.primary.as_ref().map(|(s, _)| (s.start, s.end)), d.severity));
 }
 
 /// Render diagnostics as plain text, `file:line:col` on each, no colour.
@@ -90,11 +82,8 @@ pub fn render(file_name: &str, source: &str, diags: &[Diagnostic]) -> String {
             Severity::Error => cs::Diagnostic::error(),
             Severity::Warning => cs::Diagnostic::warning(),
         };
-        let diag = base
-            .with_code(d.code.as_str())
-            .with_message(&d.message)
-            .with_labels(labels)
-            .with_notes(d.notes.clone());
+        let diag =
+            base.with_code(d.code.as_str()).with_message(&d.message).with_labels(labels).with_notes(d.notes.clone());
         term::emit(&mut out, &config, &file, &diag).expect("writing to a Vec cannot fail");
     }
     String::from_utf8(out.into_inner()).expect("codespan writes UTF-8")

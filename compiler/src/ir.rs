@@ -19,16 +19,10 @@ pub struct Dim {
 
 impl Dim {
     pub fn known(n: u64) -> Dim {
-        Dim {
-            coeff: n,
-            syms: vec![],
-        }
+        Dim { coeff: n, syms: vec![] }
     }
     pub fn sym(name: &str) -> Dim {
-        Dim {
-            coeff: 1,
-            syms: vec![(name.to_string(), 1)],
-        }
+        Dim { coeff: 1, syms: vec![(name.to_string(), 1)] }
     }
     /// The concrete size, when no symbol is involved.
     pub fn as_known(&self) -> Option<u64> {
@@ -45,17 +39,11 @@ impl Dim {
         for (s, e) in &other.syms {
             *syms.entry(s.clone()).or_default() += e;
         }
-        Some(Dim {
-            coeff: self.coeff.checked_mul(other.coeff)?,
-            syms: syms.into_iter().collect(),
-        })
+        Some(Dim { coeff: self.coeff.checked_mul(other.coeff)?, syms: syms.into_iter().collect() })
     }
     /// `self / n` when the coefficient divides exactly.
     pub fn div_exact(&self, n: u64) -> Option<Dim> {
-        (n != 0 && self.coeff % n == 0).then(|| Dim {
-            coeff: self.coeff / n,
-            syms: self.syms.clone(),
-        })
+        (n != 0 && self.coeff % n == 0).then(|| Dim { coeff: self.coeff / n, syms: self.syms.clone() })
     }
     /// The concrete size under a binding of every symbol.
     pub fn eval(&self, bind: &impl Fn(&str) -> Option<u64>) -> Option<u64> {
@@ -153,12 +141,7 @@ impl Mask {
         let (n, m) = (i / self.block, j / self.block);
         match self.kind {
             MaskKind::None => self.window.is_none_or(|w| n.abs_diff(m) < w),
-            MaskKind::Causal => {
-                j <= i
-                    && self
-                        .window
-                        .is_none_or(|w| i - j < w.saturating_mul(self.block))
-            }
+            MaskKind::Causal => j <= i && self.window.is_none_or(|w| i - j < w.saturating_mul(self.block)),
             MaskKind::TokenCausal => m <= n && self.window.is_none_or(|w| n - m < w),
         }
     }
@@ -241,13 +224,7 @@ pub enum Op {
     /// ## Shape rules
     /// `q: [B, H, S, d]`, `k: [B, H_kv, S, d]`, `v: [B, H_kv, S, e]`, `H_kv` divides `H`,
     /// `S` a multiple of `mask.block` → `[B, H, S, e]`.
-    Attention {
-        q: NodeId,
-        k: NodeId,
-        v: NodeId,
-        mask: Mask,
-        scale: f64,
-    },
+    Attention { q: NodeId, k: NodeId, v: NodeId, mask: Mask, scale: f64 },
     /// Elementwise `op(a, b)` with numpy broadcasting.
     /// ## Shape rules
     /// Axes aligned from the end; each pair equal or one of them 1 (or missing).
@@ -278,20 +255,14 @@ fn err<T>(kind: ShapeErrorKind, message: String) -> Result<T, ShapeError> {
 
 fn want_rank(what: &str, s: &Shape, rank: usize) -> Result<(), ShapeError> {
     if s.rank() != rank {
-        return err(
-            ShapeErrorKind::Rank,
-            format!("{what} must have {rank} axes, but has shape {s}"),
-        );
+        return err(ShapeErrorKind::Rank, format!("{what} must have {rank} axes, but has shape {s}"));
     }
     Ok(())
 }
 
 fn want_min_rank(what: &str, s: &Shape, rank: usize) -> Result<(), ShapeError> {
     if s.rank() < rank {
-        return err(
-            ShapeErrorKind::Rank,
-            format!("{what} must have at least {rank} axes, but has shape {s}"),
-        );
+        return err(ShapeErrorKind::Rank, format!("{what} must have at least {rank} axes, but has shape {s}"));
     }
     Ok(())
 }
@@ -329,11 +300,7 @@ impl Op {
                 if sa.back(1) != &sb.0[0] {
                     return err(
                         Mismatch,
-                        format!(
-                            "cannot multiply {sa} by {sb}: inner sizes {} and {} differ",
-                            sa.back(1),
-                            sb.0[0]
-                        ),
+                        format!("cannot multiply {sa} by {sb}: inner sizes {} and {} differ", sa.back(1), sb.0[0]),
                     );
                 }
                 let mut out = sa.0.clone();
@@ -347,10 +314,7 @@ impl Op {
                     return err(BadSize, "the number of heads must be at least 1".into());
                 }
                 let Some(d) = s.back(1).div_exact(heads) else {
-                    return err(
-                        NotDivisible,
-                        format!("the last axis of {s} does not split into {heads} heads"),
-                    );
+                    return err(NotDivisible, format!("the last axis of {s} does not split into {heads} heads"));
                 };
                 let mut out = s.0[..s.rank() - 1].to_vec();
                 out.insert(s.rank() - 2, Dim::known(heads));
@@ -361,10 +325,8 @@ impl Op {
                 let s = shape(x);
                 want_min_rank("the operand of `merge_heads`", &s, 3)?;
                 let r = s.rank();
-                let merged = s.0[r - 3].mul(&s.0[r - 1]).ok_or(ShapeError {
-                    kind: BadSize,
-                    message: "size overflow".into(),
-                })?;
+                let merged =
+                    s.0[r - 3].mul(&s.0[r - 1]).ok_or(ShapeError { kind: BadSize, message: "size overflow".into() })?;
                 let mut out = s.0[..r - 3].to_vec();
                 out.push(s.0[r - 2].clone());
                 out.push(merged);
@@ -375,38 +337,32 @@ impl Op {
                 want_rank("the operand of `mix_heads`", &sx, 4)?;
                 want_rank("the mixing coefficients", &sa, 3)?;
                 if sa.0[0] != sx.0[1] {
-                    return err(Mismatch, format!("mixing coefficients {sa} expect {} source heads, but the operand {sx} has {}", sa.0[0], sx.0[1]));
+                    return err(
+                        Mismatch,
+                        format!(
+                            "mixing coefficients {sa} expect {} source heads, but the operand {sx} has {}",
+                            sa.0[0], sx.0[1]
+                        ),
+                    );
                 }
-                Shape(vec![
-                    sx.0[0].clone(),
-                    sa.0[1].clone(),
-                    sa.0[2].clone(),
-                    sx.0[2].clone(),
-                    sx.0[3].clone(),
-                ])
+                Shape(vec![sx.0[0].clone(), sa.0[1].clone(), sa.0[2].clone(), sx.0[2].clone(), sx.0[3].clone()])
             }
             Op::Interleave { x } => {
                 let s = shape(x);
                 want_rank("the operand of `interleave`", &s, 5)?;
-                let rows = s.0[3].mul(&s.0[2]).ok_or(ShapeError {
-                    kind: BadSize,
-                    message: "size overflow".into(),
-                })?;
+                let rows = s.0[3].mul(&s.0[2]).ok_or(ShapeError { kind: BadSize, message: "size overflow".into() })?;
                 Shape(vec![s.0[0].clone(), s.0[1].clone(), rows, s.0[4].clone()])
             }
             Op::Deinterleave { x, pseudo } => {
                 let s = shape(x);
                 want_rank("the operand of `deinterleave`", &s, 4)?;
                 let Some(n) = s.0[2].div_exact(pseudo) else {
-                    return err(NotDivisible, format!("the sequence axis {} of {s} is not a multiple of {pseudo} pseudo-heads", s.0[2]));
+                    return err(
+                        NotDivisible,
+                        format!("the sequence axis {} of {s} is not a multiple of {pseudo} pseudo-heads", s.0[2]),
+                    );
                 };
-                Shape(vec![
-                    s.0[0].clone(),
-                    s.0[1].clone(),
-                    Dim::known(pseudo),
-                    n,
-                    s.0[3].clone(),
-                ])
+                Shape(vec![s.0[0].clone(), s.0[1].clone(), Dim::known(pseudo), n, s.0[3].clone()])
             }
             Op::BlockDiag { r, block } => {
                 let s = shape(r);
@@ -414,9 +370,7 @@ impl Op {
                 if s.0[0].mul(&Dim::known(block)).as_ref() != Some(&s.0[1]) {
                     return err(
                         Mismatch,
-                        format!(
-                            "a per-head collapse matrix must be [H, H*{block}], but has shape {s}"
-                        ),
+                        format!("a per-head collapse matrix must be [H, H*{block}], but has shape {s}"),
                     );
                 }
                 s
@@ -427,14 +381,15 @@ impl Op {
                 want_rank("the collapse matrix", &sr, 2)?;
                 let cols = sx.0[1].mul(&sx.0[2]);
                 if cols.as_ref() != Some(&sr.0[1]) {
-                    return err(Mismatch, format!("collapse matrix {sr} must have {} columns (heads × pseudo-heads of {sx})", cols.map_or("?".into(), |c| c.to_string())));
+                    return err(
+                        Mismatch,
+                        format!(
+                            "collapse matrix {sr} must have {} columns (heads × pseudo-heads of {sx})",
+                            cols.map_or("?".into(), |c| c.to_string())
+                        ),
+                    );
                 }
-                Shape(vec![
-                    sx.0[0].clone(),
-                    sr.0[0].clone(),
-                    sx.0[3].clone(),
-                    sx.0[4].clone(),
-                ])
+                Shape(vec![sx.0[0].clone(), sr.0[0].clone(), sx.0[3].clone(), sx.0[4].clone()])
             }
             Op::Rope { x, .. } => {
                 let s = shape(x);
@@ -442,9 +397,7 @@ impl Op {
                 if s.back(1).as_known().is_none_or(|d| d % 2 != 0) {
                     return err(
                         NotDivisible,
-                        format!(
-                            "rope needs an even, known head width, but the operand has shape {s}"
-                        ),
+                        format!("rope needs an even, known head width, but the operand has shape {s}"),
                     );
                 }
                 s
@@ -455,16 +408,10 @@ impl Op {
                 want_rank("the keys", &sk, 4)?;
                 want_rank("the values", &sv, 4)?;
                 if sk.0[..3] != sv.0[..3] {
-                    return err(
-                        Mismatch,
-                        format!("keys {sk} and values {sv} differ in batch, heads or length"),
-                    );
+                    return err(Mismatch, format!("keys {sk} and values {sv} differ in batch, heads or length"));
                 }
                 if sq.0[0] != sk.0[0] || sq.0[2] != sk.0[2] || sq.0[3] != sk.0[3] {
-                    return err(
-                        Mismatch,
-                        format!("queries {sq} and keys {sk} differ in batch, length or width"),
-                    );
+                    return err(Mismatch, format!("queries {sq} and keys {sk} differ in batch, length or width"));
                 }
                 let (hq, hk) = (sq.0[1].as_known(), sk.0[1].as_known());
                 match (hq, hk) {
@@ -472,36 +419,23 @@ impl Op {
                     _ => {
                         return err(
                             NotDivisible,
-                            format!(
-                                "key/value heads ({}) must divide query heads ({})",
-                                sk.0[1], sq.0[1]
-                            ),
+                            format!("key/value heads ({}) must divide query heads ({})", sk.0[1], sq.0[1]),
                         )
                     }
                 }
                 if mask.block == 0 || sq.0[2].div_exact(mask.block).is_none() {
                     return err(
                         NotDivisible,
-                        format!(
-                            "the sequence axis {} is not a multiple of the block size {}",
-                            sq.0[2], mask.block
-                        ),
+                        format!("the sequence axis {} is not a multiple of the block size {}", sq.0[2], mask.block),
                     );
                 }
                 if mask.window == Some(0) {
                     return err(BadSize, "the window must be at least 1 token".into());
                 }
-                Shape(vec![
-                    sq.0[0].clone(),
-                    sq.0[1].clone(),
-                    sq.0[2].clone(),
-                    sv.0[3].clone(),
-                ])
+                Shape(vec![sq.0[0].clone(), sq.0[1].clone(), sq.0[2].clone(), sv.0[3].clone()])
             }
-            Op::Binary { a, b, op } => broadcast(&shape(a), &shape(b)).map_err(|m| ShapeError {
-                kind: Mismatch,
-                message: format!("`{op:?}`: {m}"),
-            })?,
+            Op::Binary { a, b, op } => broadcast(&shape(a), &shape(b))
+                .map_err(|m| ShapeError { kind: Mismatch, message: format!("`{op:?}`: {m}") })?,
             Op::Unary { x, .. } => shape(x),
         })
     }
@@ -513,16 +447,8 @@ pub fn broadcast(a: &Shape, b: &Shape) -> Result<Shape, String> {
     let one = Dim::known(1);
     let mut out = Vec::with_capacity(rank);
     for i in 0..rank {
-        let da = if i < rank - a.rank() {
-            &one
-        } else {
-            &a.0[i - (rank - a.rank())]
-        };
-        let db = if i < rank - b.rank() {
-            &one
-        } else {
-            &b.0[i - (rank - b.rank())]
-        };
+        let da = if i < rank - a.rank() { &one } else { &a.0[i - (rank - a.rank())] };
+        let db = if i < rank - b.rank() { &one } else { &b.0[i - (rank - b.rank())] };
         out.push(if da == db || *db == one {
             da.clone()
         } else if *da == one {
@@ -600,12 +526,7 @@ impl Program {
     pub fn pretty(&self) -> String {
         let mut out = format!("program {}\n", self.name);
         for d in &self.dims {
-            let _ = writeln!(
-                out,
-                "  dim {}{}",
-                d.name,
-                d.default.map_or(String::new(), |v| format!(" = {v}"))
-            );
+            let _ = writeln!(out, "  dim {}{}", d.name, d.default.map_or(String::new(), |v| format!(" = {v}")));
         }
         for (i, n) in self.nodes.iter().enumerate() {
             let desc = match &n.op {
@@ -620,13 +541,7 @@ impl Program {
                 Op::BlockDiag { r, block } => format!("block_diag {r}, block={block}"),
                 Op::Collapse { x, r } => format!("collapse {x}, {r}"),
                 Op::Rope { x, base } => format!("rope {x}, base={base:?}"),
-                Op::Attention {
-                    q,
-                    k,
-                    v,
-                    mask,
-                    scale,
-                } => format!(
+                Op::Attention { q, k, v, mask, scale } => format!(
                     "attention {q}, {k}, {v}, mask={}, window={}, block={}, scale={scale:?}",
                     mask.kind.name(),
                     mask.window.map_or("none".into(), |w| w.to_string()),

@@ -23,10 +23,7 @@ pub fn compile(source: &str, settings: &[Setting]) -> Result<Compiled, Vec<Diagn
     let compiled = lower(&spec, settings)?;
     let problems = valid::validate(&compiled.program);
     if !problems.is_empty() {
-        return Err(problems
-            .into_iter()
-            .map(|p| Diagnostic::error(Code::Internal, p))
-            .collect());
+        return Err(problems.into_iter().map(|p| Diagnostic::error(Code::Internal, p)).collect());
     }
     Ok(compiled)
 }

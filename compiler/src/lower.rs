@@ -20,13 +20,9 @@ pub struct Setting {
 impl Setting {
     /// Parses `NAME=VALUE`.
     pub fn parse(text: &str) -> Result<Setting, String> {
-        let (name, value) = text
-            .split_once('=')
-            .ok_or_else(|| format!("`--set {text}` must have the form NAME=VALUE"))?;
-        Ok(Setting {
-            name: name.trim().to_string(),
-            value: value.trim().to_string(),
-        })
+        let (name, value) =
+            text.split_once('=').ok_or_else(|| format!("`--set {text}` must have the form NAME=VALUE"))?;
+        Ok(Setting { name: name.trim().to_string(), value: value.trim().to_string() })
     }
 }
 
@@ -109,16 +105,12 @@ pub fn lower(spec: &ast::Spec, settings: &[Setting]) -> Result<Compiled, Vec<Dia
         if !declared.contains(&s.name.as_str()) {
             let mut d = Diagnostic::error(
                 Code::BadSetting,
-                format!(
-                    "`--set {}`: the spec has no parameter or dim `{}`",
-                    s.name, s.name
-                ),
+                format!("`--set {}`: the spec has no parameter or dim `{}`", s.name, s.name),
             );
             if let Some(x) = suggest(&s.name, declared.iter().copied()) {
                 d = d.hint(format!("did you mean `{x}`?"));
             }
-            l.diags
-                .push(d.note(format!("parameters and dims: {}", declared.join(", "))));
+            l.diags.push(d.note(format!("parameters and dims: {}", declared.join(", "))));
             continue;
         }
         let parsed = attnc_grammar::parse_expr(&s.value)
@@ -128,10 +120,7 @@ pub fn lower(spec: &ast::Spec, settings: &[Setting]) -> Result<Compiled, Vec<Dia
             Ok(v) => {
                 sets.insert(s.name.as_str(), (v, s));
             }
-            Err(m) => l.diags.push(Diagnostic::error(
-                Code::BadSetting,
-                format!("`--set {}={}`: {m}", s.name, s.value),
-            )),
+            Err(m) => l.diags.push(Diagnostic::error(Code::BadSetting, format!("`--set {}={}`: {m}", s.name, s.value))),
         }
     }
 
@@ -140,12 +129,9 @@ pub fn lower(spec: &ast::Spec, settings: &[Setting]) -> Result<Compiled, Vec<Dia
             if let Some((_, prev)) = l.scope.get(&name.name) {
                 let prev = *prev;
                 l.diags.push(
-                    Diagnostic::error(
-                        Code::Duplicate,
-                        format!("`{}` is declared twice", name.name),
-                    )
-                    .at(name.span, "declared again here")
-                    .with(prev, "first declared here"),
+                    Diagnostic::error(Code::Duplicate, format!("`{}` is declared twice", name.name))
+                        .at(name.span, "declared again here")
+                        .with(prev, "first declared here"),
                 );
                 continue;
             }
@@ -154,30 +140,20 @@ pub fn lower(spec: &ast::Spec, settings: &[Setting]) -> Result<Compiled, Vec<Dia
             ItemKind::Param { name, ty, default } => {
                 let value = match sets.get(name.name.as_str()) {
                     Some((v, s)) => conform(v.clone(), ty).map_err(|m| {
-                        Diagnostic::error(
-                            Code::BadSetting,
-                            format!("`--set {}={}`: {m}", s.name, s.value),
-                        )
-                        .with(ty.span, "the parameter's type")
+                        Diagnostic::error(Code::BadSetting, format!("`--set {}={}`: {m}", s.name, s.value))
+                            .with(ty.span, "the parameter's type")
                     }),
                     None => match default {
-                        None => Err(Diagnostic::error(
-                            Code::NoValue,
-                            format!("parameter `{}` has no value", name.name),
-                        )
-                        .at(name.span, "no default")
-                        .hint(format!(
-                            "give it a default or pass `--set {}=VALUE`",
-                            name.name
-                        ))),
+                        None => {
+                            Err(Diagnostic::error(Code::NoValue, format!("parameter `{}` has no value", name.name))
+                                .at(name.span, "no default")
+                                .hint(format!("give it a default or pass `--set {}=VALUE`", name.name)))
+                        }
                         Some(d) => eval(d, &l).and_then(|v| {
                             conform(v, ty).map_err(|m| {
-                                Diagnostic::error(
-                                    Code::TypeMismatch,
-                                    format!("default of `{}`: {m}", name.name),
-                                )
-                                .at(d.span, "this value")
-                                .with(ty.span, "the declared type")
+                                Diagnostic::error(Code::TypeMismatch, format!("default of `{}`: {m}", name.name))
+                                    .at(d.span, "this value")
+                                    .with(ty.span, "the declared type")
                             })
                         }),
                     },
@@ -185,33 +161,19 @@ pub fn lower(spec: &ast::Spec, settings: &[Setting]) -> Result<Compiled, Vec<Dia
                 match value {
                     Ok(v) => {
                         l.params.push((name.name.clone(), v.clone()));
-                        l.scope.insert(
-                            name.name.clone(),
-                            (
-                                Binding::Param {
-                                    value: v,
-                                    ty: ty.clone(),
-                                },
-                                name.span,
-                            ),
-                        );
+                        l.scope.insert(name.name.clone(), (Binding::Param { value: v, ty: ty.clone() }, name.span));
                     }
                     Err(d) => {
                         l.diags.push(d);
                         // Bind a placeholder so later uses do not cascade.
-                        l.scope.insert(
-                            name.name.clone(),
-                            (Binding::Tensor { node: None }, name.span),
-                        );
+                        l.scope.insert(name.name.clone(), (Binding::Tensor { node: None }, name.span));
                     }
                 }
             }
             ItemKind::Dim { name, default } => {
                 let value = match sets.get(name.name.as_str()) {
                     Some((v, _)) => Some(Ok((v.clone(), None))),
-                    None => default
-                        .as_ref()
-                        .map(|d| eval(d, &l).map(|v| (v, Some(d.span)))),
+                    None => default.as_ref().map(|d| eval(d, &l).map(|v| (v, Some(d.span)))),
                 };
                 let value = match value {
                     None => None,
@@ -223,10 +185,7 @@ pub fn lower(spec: &ast::Spec, settings: &[Setting]) -> Result<Compiled, Vec<Dia
                     Some(Ok((v, span))) => {
                         let d = Diagnostic::error(
                             Code::BadSize,
-                            format!(
-                                "dim `{}` must be an integer of at least 1, not `{v}`",
-                                name.name
-                            ),
+                            format!("dim `{}` must be an integer of at least 1, not `{v}`", name.name),
                         );
                         l.diags.push(match span {
                             Some(s) => d.at(s, "this value"),
@@ -235,56 +194,29 @@ pub fn lower(spec: &ast::Spec, settings: &[Setting]) -> Result<Compiled, Vec<Dia
                         None
                     }
                 };
-                l.dims.push(DimDecl {
-                    name: name.name.clone(),
-                    default: value,
-                });
-                l.scope
-                    .insert(name.name.clone(), (Binding::Dim { value }, name.span));
+                l.dims.push(DimDecl { name: name.name.clone(), default: value });
+                l.scope.insert(name.name.clone(), (Binding::Dim { value }, name.span));
             }
-            ItemKind::Input {
-                name, shape, init, ..
-            } => {
-                let dims: Option<Vec<Dim>> = shape
-                    .iter()
-                    .map(|e| l.dim_expr(e))
-                    .collect::<Vec<_>>()
-                    .into_iter()
-                    .collect();
+            ItemKind::Input { name, shape, init, .. } => {
+                let dims: Option<Vec<Dim>> =
+                    shape.iter().map(|e| l.dim_expr(e)).collect::<Vec<_>>().into_iter().collect();
                 let init = l.init(init.as_ref());
                 let node = match (dims, init) {
                     (Some(dims), Some(init)) => {
                         let index = l.inputs.len();
-                        let id = l.push(
-                            Node {
-                                op: Op::Input { index },
-                                shape: Shape(dims),
-                            },
-                            item.span,
-                        );
-                        l.inputs.push(Input {
-                            name: name.name.clone(),
-                            node: id,
-                            init,
-                        });
+                        let id = l.push(Node { op: Op::Input { index }, shape: Shape(dims) }, item.span);
+                        l.inputs.push(Input { name: name.name.clone(), node: id, init });
                         Some(id)
                     }
                     _ => None,
                 };
-                l.scope
-                    .insert(name.name.clone(), (Binding::Tensor { node }, name.span));
+                l.scope.insert(name.name.clone(), (Binding::Tensor { node }, name.span));
             }
             ItemKind::Let { name, value } | ItemKind::Output { name, value } => {
                 let node = match l.operand(value) {
                     Some(Operand::Tensor(id)) => Some(id),
                     Some(Operand::Const(v)) => match v.as_f64() {
-                        Some(x) => Some(l.push(
-                            Node {
-                                op: Op::Scalar { value: x },
-                                shape: Shape(vec![]),
-                            },
-                            value.span,
-                        )),
+                        Some(x) => Some(l.push(Node { op: Op::Scalar { value: x }, shape: Shape(vec![]) }, value.span)),
                         None => {
                             l.diags.push(
                                 Diagnostic::error(
@@ -305,32 +237,24 @@ pub fn lower(spec: &ast::Spec, settings: &[Setting]) -> Result<Compiled, Vec<Dia
                 if let (ItemKind::Output { .. }, Some(id)) = (&item.kind, node) {
                     l.outputs.push((name.name.clone(), id));
                 }
-                l.scope
-                    .insert(name.name.clone(), (Binding::Tensor { node }, name.span));
+                l.scope.insert(name.name.clone(), (Binding::Tensor { node }, name.span));
             }
             ItemKind::Require { cond, message } => match eval(cond, &l) {
                 Ok(Value::Bool(true)) => {}
                 Ok(Value::Bool(false)) => {
-                    let text = message.clone().unwrap_or_else(|| {
-                        format!(
-                            "requirement `{}` does not hold",
-                            attnc_grammar::print_expr(cond)
-                        )
-                    });
+                    let text = message
+                        .clone()
+                        .unwrap_or_else(|| format!("requirement `{}` does not hold", attnc_grammar::print_expr(cond)));
                     let mut d = Diagnostic::error(Code::RequirementFailed, text)
                         .at(cond.span, "false for the bound parameters");
-                    let bound: Vec<String> =
-                        l.params.iter().map(|(n, v)| format!("{n} = {v}")).collect();
+                    let bound: Vec<String> = l.params.iter().map(|(n, v)| format!("{n} = {v}")).collect();
                     d = d.note(format!("bound parameters: {}", bound.join(", ")));
                     l.diags.push(d);
                 }
                 Ok(v) => l.diags.push(
                     Diagnostic::error(
                         Code::TypeMismatch,
-                        format!(
-                            "a requirement must be true or false, not {} `{v}`",
-                            v.type_name()
-                        ),
+                        format!("a requirement must be true or false, not {} `{v}`", v.type_name()),
                     )
                     .at(cond.span, "this condition"),
                 ),
@@ -341,12 +265,9 @@ pub fn lower(spec: &ast::Spec, settings: &[Setting]) -> Result<Compiled, Vec<Dia
 
     if l.outputs.is_empty() && !l.diags.iter().any(Diagnostic::is_error) {
         l.diags.push(
-            Diagnostic::error(
-                Code::NoOutput,
-                format!("spec `{}` declares no output", spec.name.name),
-            )
-            .at(spec.name.span, "this spec")
-            .hint("add `output NAME = EXPR`"),
+            Diagnostic::error(Code::NoOutput, format!("spec `{}` declares no output", spec.name.name))
+                .at(spec.name.span, "this spec")
+                .hint("add `output NAME = EXPR`"),
         );
     }
     let warnings = l.unused_input_warnings(spec);
@@ -355,18 +276,9 @@ pub fn lower(spec: &ast::Spec, settings: &[Setting]) -> Result<Compiled, Vec<Dia
         crate::diag::sort(&mut l.diags);
         return Err(l.diags);
     }
-    let program = Program {
-        name: spec.name.name.clone(),
-        dims: l.dims,
-        nodes: l.nodes,
-        inputs: l.inputs,
-        outputs: l.outputs,
-    };
-    Ok(Compiled {
-        program,
-        params: l.params,
-        warnings,
-    })
+    let program =
+        Program { name: spec.name.name.clone(), dims: l.dims, nodes: l.nodes, inputs: l.inputs, outputs: l.outputs };
+    Ok(Compiled { program, params: l.params, warnings })
 }
 
 struct EmptyScope;
@@ -444,13 +356,9 @@ impl Lowerer {
                     None => bad(self, format!("{a} is not divisible by {n}")),
                 }
             }
-            _ if self.mentions_dim(e) => bad(
-                self,
-                format!(
-                    "`{}` is not a product of dims",
-                    attnc_grammar::print_expr(e)
-                ),
-            ),
+            _ if self.mentions_dim(e) => {
+                bad(self, format!("`{}` is not a product of dims", attnc_grammar::print_expr(e)))
+            }
             _ => self.const_size(e).map(Dim::known),
         }
     }
@@ -471,11 +379,8 @@ impl Lowerer {
             Ok(Value::Int(v)) if v >= 1 => Some(v as u64),
             Ok(v) => {
                 self.diags.push(
-                    Diagnostic::error(
-                        Code::BadSize,
-                        format!("a size must be an integer of at least 1, not `{v}`"),
-                    )
-                    .at(e.span, "this size"),
+                    Diagnostic::error(Code::BadSize, format!("a size must be an integer of at least 1, not `{v}`"))
+                        .at(e.span, "this size"),
                 );
                 None
             }
@@ -510,35 +415,16 @@ impl Lowerer {
             }
         }
         let nums: Vec<f64> = vals.iter().filter_map(Value::as_f64).collect();
-        let ints: Vec<i64> = vals
-            .iter()
-            .filter_map(|v| {
-                if let Value::Int(i) = v {
-                    Some(*i)
-                } else {
-                    None
-                }
-            })
-            .collect();
+        let ints: Vec<i64> = vals.iter().filter_map(|v| if let Value::Int(i) = v { Some(*i) } else { None }).collect();
         let init = match (func.name.as_str(), nums.as_slice()) {
-            ("uniform", [lo, hi]) if nums.len() == vals.len() && lo < hi => {
-                Some(Init::Uniform { lo: *lo, hi: *hi })
-            }
+            ("uniform", [lo, hi]) if nums.len() == vals.len() && lo < hi => Some(Init::Uniform { lo: *lo, hi: *hi }),
             ("normal", [mean, std]) if nums.len() == vals.len() && *std > 0.0 => {
-                Some(Init::Normal {
-                    mean: *mean,
-                    std: *std,
-                })
+                Some(Init::Normal { mean: *mean, std: *std })
             }
             ("integers", _) if ints.len() == 2 && vals.len() == 2 && ints[0] <= ints[1] => {
-                Some(Init::Integers {
-                    lo: ints[0],
-                    hi: ints[1],
-                })
+                Some(Init::Integers { lo: ints[0], hi: ints[1] })
             }
-            ("bernoulli", [p]) if vals.len() == 1 && (0.0..=1.0).contains(p) => {
-                Some(Init::Bernoulli { p: *p })
-            }
+            ("bernoulli", [p]) if vals.len() == 1 && (0.0..=1.0).contains(p) => Some(Init::Bernoulli { p: *p }),
             _ => None,
         };
         if init.is_none() {
@@ -590,16 +476,9 @@ impl Lowerer {
                 let v = self.operand(x)?;
                 match (op, v) {
                     (_, Operand::Const(_)) => self.constant(e),
-                    (UnOp::Neg, Operand::Tensor(id)) => self
-                        .add(
-                            Op::Unary {
-                                op: UnaryOp::Neg,
-                                x: id,
-                            },
-                            e.span,
-                            &[x.span],
-                        )
-                        .map(Operand::Tensor),
+                    (UnOp::Neg, Operand::Tensor(id)) => {
+                        self.add(Op::Unary { op: UnaryOp::Neg, x: id }, e.span, &[x.span]).map(Operand::Tensor)
+                    }
                     (UnOp::Not, Operand::Tensor(_)) => {
                         self.diags.push(
                             Diagnostic::error(
@@ -621,17 +500,12 @@ impl Lowerer {
                 if *op == BinOp::MatMul {
                     let (Operand::Tensor(x), Operand::Tensor(w)) = (va, vb) else {
                         self.diags.push(
-                            Diagnostic::error(
-                                Code::WrongKind,
-                                "both operands of `@` must be tensors",
-                            )
-                            .at(e.span, "here"),
+                            Diagnostic::error(Code::WrongKind, "both operands of `@` must be tensors")
+                                .at(e.span, "here"),
                         );
                         return None;
                     };
-                    return self
-                        .add(Op::MatMul { a: x, b: w }, e.span, &[a.span, b.span])
-                        .map(Operand::Tensor);
+                    return self.add(Op::MatMul { a: x, b: w }, e.span, &[a.span, b.span]).map(Operand::Tensor);
                 }
                 let (bop, swap) = match op {
                     BinOp::Add => (BinaryOp::Add, false),
@@ -654,21 +528,8 @@ impl Lowerer {
                 };
                 let x = self.materialize(va, a)?;
                 let y = self.materialize(vb, b)?;
-                let (x, y, sa, sb) = if swap {
-                    (y, x, b.span, a.span)
-                } else {
-                    (x, y, a.span, b.span)
-                };
-                self.add(
-                    Op::Binary {
-                        op: bop,
-                        a: x,
-                        b: y,
-                    },
-                    e.span,
-                    &[sa, sb],
-                )
-                .map(Operand::Tensor)
+                let (x, y, sa, sb) = if swap { (y, x, b.span, a.span) } else { (x, y, a.span, b.span) };
+                self.add(Op::Binary { op: bop, a: x, b: y }, e.span, &[sa, sb]).map(Operand::Tensor)
             }
             ExprKind::Call { func, args } => builtins::lower_call(self, e, func, args),
         }
@@ -689,21 +550,12 @@ impl Lowerer {
         match v {
             Operand::Tensor(id) => Some(id),
             Operand::Const(c) => match c.as_f64() {
-                Some(x) => Some(self.push(
-                    Node {
-                        op: Op::Scalar { value: x },
-                        shape: Shape(vec![]),
-                    },
-                    e.span,
-                )),
+                Some(x) => Some(self.push(Node { op: Op::Scalar { value: x }, shape: Shape(vec![]) }, e.span)),
                 None => {
                     self.diags.push(
                         Diagnostic::error(
                             Code::WrongKind,
-                            format!(
-                                "expected a tensor or a number, found {} `{c}`",
-                                c.type_name()
-                            ),
+                            format!("expected a tensor or a number, found {} `{c}`", c.type_name()),
                         )
                         .at(e.span, "here"),
                     );

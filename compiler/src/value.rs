@@ -88,19 +88,15 @@ fn eval_inner(e: &Expr, scope: &dyn Scope, symbol_ok: bool) -> Result<Value, Dia
             None if symbol_ok => Value::Enum(n.clone()),
             None => return Err(unknown_name(n, e, scope)),
         },
-        ExprKind::List(items) => Value::List(
-            items
-                .iter()
-                .map(|x| eval_inner(x, scope, false))
-                .collect::<Result<_, _>>()?,
-        ),
+        ExprKind::List(items) => {
+            Value::List(items.iter().map(|x| eval_inner(x, scope, false)).collect::<Result<_, _>>()?)
+        }
         ExprKind::Unary(op, x) => {
             let v = eval_inner(x, scope, false)?;
             match (op, v) {
-                (UnOp::Neg, Value::Int(i)) => Value::Int(
-                    i.checked_neg()
-                        .ok_or_else(|| arith("integer overflow".into()))?,
-                ),
+                (UnOp::Neg, Value::Int(i)) => {
+                    Value::Int(i.checked_neg().ok_or_else(|| arith("integer overflow".into()))?)
+                }
                 (UnOp::Neg, Value::Float(f)) => Value::Float(-f),
                 (UnOp::Not, Value::Bool(b)) => Value::Bool(!b),
                 (op, v) => {
@@ -127,11 +123,7 @@ fn eval_inner(e: &Expr, scope: &dyn Scope, symbol_ok: bool) -> Result<Value, Dia
                     }
                 },
                 v => {
-                    return Err(arith(format!(
-                        "`{}` needs true or false, found {} `{v}`",
-                        op.symbol(),
-                        v.type_name()
-                    )))
+                    return Err(arith(format!("`{}` needs true or false, found {} `{v}`", op.symbol(), v.type_name())))
                 }
             }
         }
@@ -142,10 +134,7 @@ fn eval_inner(e: &Expr, scope: &dyn Scope, symbol_ok: bool) -> Result<Value, Dia
             binary(*op, va, vb).map_err(arith)?
         }
         ExprKind::Call { func, args } => {
-            let vals: Vec<Value> = args
-                .iter()
-                .map(|a| eval_inner(&a.value, scope, false))
-                .collect::<Result<_, _>>()?;
+            let vals: Vec<Value> = args.iter().map(|a| eval_inner(&a.value, scope, false)).collect::<Result<_, _>>()?;
             let nums: Option<Vec<f64>> = vals.iter().map(Value::as_f64).collect();
             let one = |f: fn(f64) -> f64| -> Result<Value, Diagnostic> {
                 match nums.as_deref() {
@@ -158,10 +147,7 @@ fn eval_inner(e: &Expr, scope: &dyn Scope, symbol_ok: bool) -> Result<Value, Dia
                 "exp" => one(f64::exp)?,
                 "log" => one(f64::ln)?,
                 "abs" => match vals.as_slice() {
-                    [Value::Int(i)] => Value::Int(
-                        i.checked_abs()
-                            .ok_or_else(|| arith("integer overflow".into()))?,
-                    ),
+                    [Value::Int(i)] => Value::Int(i.checked_abs().ok_or_else(|| arith("integer overflow".into()))?),
                     _ => one(f64::abs)?,
                 },
                 "min" | "max" => {
@@ -170,9 +156,7 @@ fn eval_inner(e: &Expr, scope: &dyn Scope, symbol_ok: bool) -> Result<Value, Dia
                         return Err(arith(format!("`{}` takes two numbers", func.name)));
                     }
                     match (&vals[0], &vals[1]) {
-                        (Value::Int(x), Value::Int(y)) => {
-                            Value::Int(if is_min { *x.min(y) } else { *x.max(y) })
-                        }
+                        (Value::Int(x), Value::Int(y)) => Value::Int(if is_min { *x.min(y) } else { *x.max(y) }),
                         _ => {
                             let (x, y) = (vals[0].as_f64().unwrap(), vals[1].as_f64().unwrap());
                             Value::Float(if is_min { x.min(y) } else { x.max(y) })
@@ -180,11 +164,9 @@ fn eval_inner(e: &Expr, scope: &dyn Scope, symbol_ok: bool) -> Result<Value, Dia
                     }
                 }
                 name => {
-                    let mut d = Diagnostic::error(
-                        Code::UnknownFunction,
-                        format!("`{name}` is not a function of constants"),
-                    )
-                    .at(func.span, "in a constant expression");
+                    let mut d =
+                        Diagnostic::error(Code::UnknownFunction, format!("`{name}` is not a function of constants"))
+                            .at(func.span, "in a constant expression");
                     d = d.hint("constant expressions may call `sqrt`, `exp`, `log`, `abs`, `min` and `max`");
                     return Err(d);
                 }
@@ -208,11 +190,7 @@ fn binary(op: BinOp, a: Value, b: Value) -> Result<Value, String> {
         (BinOp::Rem, Int(x), Int(y)) => Int(x.rem_euclid(*y)),
         (BinOp::Lt | BinOp::Le | BinOp::Gt | BinOp::Ge, _, _) => {
             let (Some(x), Some(y)) = (a.as_f64(), b.as_f64()) else {
-                return Err(format!(
-                    "cannot compare {} `{a}` with {} `{b}`",
-                    a.type_name(),
-                    b.type_name()
-                ));
+                return Err(format!("cannot compare {} `{a}` with {} `{b}`", a.type_name(), b.type_name()));
             };
             Bool(match op {
                 BinOp::Lt => x < y,
@@ -221,9 +199,7 @@ fn binary(op: BinOp, a: Value, b: Value) -> Result<Value, String> {
                 _ => x >= y,
             })
         }
-        (BinOp::Add | BinOp::Sub | BinOp::Mul | BinOp::Div, _, _)
-            if a.as_f64().is_some() && b.as_f64().is_some() =>
-        {
+        (BinOp::Add | BinOp::Sub | BinOp::Mul | BinOp::Div, _, _) if a.as_f64().is_some() && b.as_f64().is_some() => {
             let (x, y) = (a.as_f64().unwrap(), b.as_f64().unwrap());
             if op == BinOp::Div && y == 0.0 {
                 return Err("division by zero".into());
@@ -268,39 +244,23 @@ pub fn conform(v: Value, ty: &Type) -> Result<Value, String> {
         return if ty.optional {
             Ok(v)
         } else {
-            Err(format!(
-                "`none` is not allowed; the type `{}` is not optional",
-                attnc_grammar::print_type(ty)
-            ))
+            Err(format!("`none` is not allowed; the type `{}` is not optional", attnc_grammar::print_type(ty)))
         };
     }
     let prim = |v: Value, p: Prim| -> Result<Value, String> {
         match (p, v) {
-            (Prim::Int, v @ Value::Int(_))
-            | (Prim::Bool, v @ Value::Bool(_))
-            | (Prim::Float, v @ Value::Float(_)) => Ok(v),
+            (Prim::Int, v @ Value::Int(_)) | (Prim::Bool, v @ Value::Bool(_)) | (Prim::Float, v @ Value::Float(_)) => {
+                Ok(v)
+            }
             (Prim::Float, Value::Int(i)) => Ok(Value::Float(i as f64)),
-            (p, v) => Err(format!(
-                "expected {}, found {} `{v}`",
-                p.keyword(),
-                v.type_name()
-            )),
+            (p, v) => Err(format!("expected {}, found {} `{v}`", p.keyword(), v.type_name())),
         }
     };
     match &ty.kind {
         TypeKind::Prim(p) => prim(v, *p),
         TypeKind::List(p) => match v {
-            Value::List(items) => Ok(Value::List(
-                items
-                    .into_iter()
-                    .map(|x| prim(x, *p))
-                    .collect::<Result<_, _>>()?,
-            )),
-            v => Err(format!(
-                "expected a list of {}, found {} `{v}`",
-                p.keyword(),
-                v.type_name()
-            )),
+            Value::List(items) => Ok(Value::List(items.into_iter().map(|x| prim(x, *p)).collect::<Result<_, _>>()?)),
+            v => Err(format!("expected a list of {}, found {} `{v}`", p.keyword(), v.type_name())),
         },
         TypeKind::Enum(names) => match v {
             Value::Enum(n) if names.iter().any(|x| x.name == n) => Ok(Value::Enum(n)),

@@ -44,20 +44,11 @@ pub struct Item {
 #[derive(Clone, Debug, PartialEq)]
 pub enum ItemKind {
     /// `param NAME: TYPE [= DEFAULT]` — bound before lowering (compile time).
-    Param {
-        name: Ident,
-        ty: Type,
-        default: Option<Expr>,
-    },
+    Param { name: Ident, ty: Type, default: Option<Expr> },
     /// `dim NAME [= DEFAULT]` — a symbolic size, bound from tensors at run time.
     Dim { name: Ident, default: Option<Expr> },
     /// `input NAME: [d0, d1, ...] [~ DISTRIBUTION]`.
-    Input {
-        name: Ident,
-        shape: Vec<Expr>,
-        shape_span: Span,
-        init: Option<Expr>,
-    },
+    Input { name: Ident, shape: Vec<Expr>, shape_span: Span, init: Option<Expr> },
     /// `let NAME = EXPR`.
     Let { name: Ident, value: Expr },
     /// `output NAME = EXPR`.
@@ -224,12 +215,7 @@ impl Spec {
                     name.span = Span::default();
                     default.iter_mut().for_each(Expr::strip_spans);
                 }
-                ItemKind::Input {
-                    name,
-                    shape,
-                    shape_span,
-                    init,
-                } => {
+                ItemKind::Input { name, shape, shape_span, init } => {
                     name.span = Span::default();
                     *shape_span = Span::default();
                     shape.iter_mut().for_each(Expr::strip_spans);
@@ -249,11 +235,7 @@ impl Expr {
     fn strip_spans(&mut self) {
         self.span = Span::default();
         match &mut self.kind {
-            ExprKind::Int(_)
-            | ExprKind::Float(_)
-            | ExprKind::Bool(_)
-            | ExprKind::None
-            | ExprKind::Name(_) => {}
+            ExprKind::Int(_) | ExprKind::Float(_) | ExprKind::Bool(_) | ExprKind::None | ExprKind::Name(_) => {}
             ExprKind::List(items) => items.iter_mut().for_each(Expr::strip_spans),
             ExprKind::Unary(_, e) => e.strip_spans(),
             ExprKind::Binary(_, a, b) => {

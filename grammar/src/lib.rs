@@ -8,7 +8,5 @@ pub mod ast;
 mod parse;
 mod print;
 
-pub use parse::{
-    parse, parse_expr, SyntaxError, SyntaxErrorKind, MAX_EXPR_DEPTH, MAX_NESTING, MAX_SOURCE_BYTES,
-};
+pub use parse::{parse, parse_expr, SyntaxError, SyntaxErrorKind, MAX_EXPR_DEPTH, MAX_NESTING, MAX_SOURCE_BYTES};
 pub use print::{print_expr, print_spec, print_type};

@@ -45,12 +45,7 @@ pub fn parse(source: &str) -> Result<Spec, SyntaxError> {
     let file = pairs.next().expect("pest yields the `file` rule");
     let mut inner = file.into_inner();
     let header = inner.next().expect("grammar: file starts with a header");
-    let name = ident(
-        header
-            .into_inner()
-            .nth(1)
-            .expect("grammar: header has a name"),
-    );
+    let name = ident(header.into_inner().nth(1).expect("grammar: header has a name"));
     let mut items = Vec::new();
     for pair in inner {
         if pair.as_rule() == Rule::EOI {
@@ -83,11 +78,7 @@ fn check_limits(source: &str) -> Result<(), SyntaxError> {
     if source.len() > MAX_SOURCE_BYTES {
         return Err(SyntaxError {
             kind: SyntaxErrorKind::TooLarge,
-            message: format!(
-                "spec is {} bytes; the limit is {} bytes",
-                source.len(),
-                MAX_SOURCE_BYTES
-            ),
+            message: format!("spec is {} bytes; the limit is {} bytes", source.len(), MAX_SOURCE_BYTES),
             span: Span::new(0, 0),
             hint: Some("split the computation into smaller specs".into()),
         });
@@ -139,10 +130,7 @@ fn span_of(pair: &Pair<Rule>) -> Span {
 
 fn ident(pair: Pair<Rule>) -> Ident {
     debug_assert_eq!(pair.as_rule(), Rule::ident);
-    Ident {
-        name: pair.as_str().to_string(),
-        span: span_of(&pair),
-    }
+    Ident { name: pair.as_str().to_string(), span: span_of(&pair) }
 }
 
 fn item(pair: Pair<Rule>) -> Result<Item, SyntaxError> {
@@ -166,17 +154,9 @@ fn item(pair: Pair<Rule>) -> Result<Item, SyntaxError> {
             let name = ident(inner.next().unwrap());
             let shape_pair = inner.next().unwrap();
             let shape_span = span_of(&shape_pair);
-            let shape = shape_pair
-                .into_inner()
-                .map(expr)
-                .collect::<Result<_, _>>()?;
+            let shape = shape_pair.into_inner().map(expr).collect::<Result<_, _>>()?;
             let init = inner.next().map(expr).transpose()?;
-            ItemKind::Input {
-                name,
-                shape,
-                shape_span,
-                init,
-            }
+            ItemKind::Input { name, shape, shape_span, init }
         }
         Rule::let_stmt | Rule::output => {
             let name = ident(inner.next().unwrap());
@@ -212,20 +192,13 @@ fn ty(pair: Pair<Rule>) -> Type {
             base.into_inner()
                 .map(|v| {
                     let inner = v.into_inner().next().unwrap();
-                    Ident {
-                        name: inner.as_str().to_string(),
-                        span: span_of(&inner),
-                    }
+                    Ident { name: inner.as_str().to_string(), span: span_of(&inner) }
                 })
                 .collect(),
         ),
         other => unreachable!("grammar: unexpected type rule {other:?}"),
     };
-    Type {
-        kind,
-        optional,
-        span,
-    }
+    Type { kind, optional, span }
 }
 
 fn prim(text: &str) -> Prim {
@@ -271,10 +244,7 @@ fn expr(pair: Pair<Rule>) -> Result<Expr, SyntaxError> {
                 let (mut e, mut depth) = primary(p)?;
                 while let Some((op, start)) = prefixes.pop() {
                     let span = Span::new(start, e.span.end);
-                    e = Expr {
-                        kind: ExprKind::Unary(op, Box::new(e)),
-                        span,
-                    };
+                    e = Expr { kind: ExprKind::Unary(op, Box::new(e)), span };
                     depth += 1;
                 }
                 check_depth(depth, whole)?;
@@ -282,10 +252,7 @@ fn expr(pair: Pair<Rule>) -> Result<Expr, SyntaxError> {
                 continue;
             }
         };
-        while operators
-            .last()
-            .is_some_and(|top| top.precedence() >= op.precedence())
-        {
+        while operators.last().is_some_and(|top| top.precedence() >= op.precedence()) {
             reduce(&mut operands, &mut operators, whole)?;
         }
         operators.push(op);
@@ -293,30 +260,17 @@ fn expr(pair: Pair<Rule>) -> Result<Expr, SyntaxError> {
     while !operators.is_empty() {
         reduce(&mut operands, &mut operators, whole)?;
     }
-    Ok(operands
-        .pop()
-        .expect("grammar: an expression has an operand")
-        .0)
+    Ok(operands.pop().expect("grammar: an expression has an operand").0)
 }
 
-fn reduce(
-    operands: &mut Vec<(Expr, usize)>,
-    operators: &mut Vec<BinOp>,
-    whole: Span,
-) -> Result<(), SyntaxError> {
+fn reduce(operands: &mut Vec<(Expr, usize)>, operators: &mut Vec<BinOp>, whole: Span) -> Result<(), SyntaxError> {
     let op = operators.pop().unwrap();
     let (b, db) = operands.pop().unwrap();
     let (a, da) = operands.pop().unwrap();
     let depth = da.max(db) + 1;
     check_depth(depth, whole)?;
     let span = a.span.to(b.span);
-    operands.push((
-        Expr {
-            kind: ExprKind::Binary(op, Box::new(a), Box::new(b)),
-            span,
-        },
-        depth,
-    ));
+    operands.push((Expr { kind: ExprKind::Binary(op, Box::new(a), Box::new(b)), span }, depth));
     Ok(())
 }
 
@@ -351,13 +305,7 @@ fn primary(pair: Pair<Rule>) -> Result<(Expr, usize), SyntaxError> {
         Rule::list => {
             let items: Vec<Expr> = pair.into_inner().map(expr).collect::<Result<_, _>>()?;
             let depth = 1 + items.iter().map(depth_of).max().unwrap_or(0);
-            Ok((
-                Expr {
-                    kind: ExprKind::List(items),
-                    span,
-                },
-                depth,
-            ))
+            Ok((Expr { kind: ExprKind::List(items), span }, depth))
         }
         Rule::call => {
             let mut inner = pair.into_inner();
@@ -367,25 +315,13 @@ fn primary(pair: Pair<Rule>) -> Result<(Expr, usize), SyntaxError> {
                 if a.as_rule() == Rule::kwarg {
                     let mut kv = a.into_inner();
                     let name = ident(kv.next().unwrap());
-                    args.push(Arg {
-                        name: Some(name),
-                        value: expr(kv.next().unwrap())?,
-                    });
+                    args.push(Arg { name: Some(name), value: expr(kv.next().unwrap())? });
                 } else {
-                    args.push(Arg {
-                        name: None,
-                        value: expr(a)?,
-                    });
+                    args.push(Arg { name: None, value: expr(a)? });
                 }
             }
             let depth = 1 + args.iter().map(|a| depth_of(&a.value)).max().unwrap_or(0);
-            Ok((
-                Expr {
-                    kind: ExprKind::Call { func, args },
-                    span,
-                },
-                depth,
-            ))
+            Ok((Expr { kind: ExprKind::Call { func, args }, span }, depth))
         }
         other => unreachable!("grammar: unexpected primary {other:?}"),
     }
@@ -397,35 +333,24 @@ fn depth_of(e: &Expr) -> usize {
         ExprKind::List(items) => 1 + items.iter().map(depth_of).max().unwrap_or(0),
         ExprKind::Unary(_, x) => 1 + depth_of(x),
         ExprKind::Binary(_, a, b) => 1 + depth_of(a).max(depth_of(b)),
-        ExprKind::Call { args, .. } => {
-            1 + args.iter().map(|a| depth_of(&a.value)).max().unwrap_or(0)
-        }
+        ExprKind::Call { args, .. } => 1 + args.iter().map(|a| depth_of(&a.value)).max().unwrap_or(0),
         _ => 1,
     }
 }
 
 fn number(text: &str, span: Span) -> Result<ExprKind, SyntaxError> {
-    let bad = |message: String| SyntaxError {
-        kind: SyntaxErrorKind::BadNumber,
-        message,
-        span,
-        hint: None,
-    };
+    let bad = |message: String| SyntaxError { kind: SyntaxErrorKind::BadNumber, message, span, hint: None };
     if text.contains(['.', 'e', 'E']) {
-        let v: f64 = text
-            .parse()
-            .map_err(|_| bad(format!("`{text}` is not a number")))?;
+        let v: f64 = text.parse().map_err(|_| bad(format!("`{text}` is not a number")))?;
         if !v.is_finite() {
             return Err(bad(format!("`{text}` is too large for a float")));
         }
         Ok(ExprKind::Float(v))
     } else {
-        text.parse::<i64>()
-            .map(ExprKind::Int)
-            .map_err(|_| SyntaxError {
-                hint: Some(format!("integers must lie within ±{}", i64::MAX)),
-                ..bad(format!("integer `{text}` is too large"))
-            })
+        text.parse::<i64>().map(ExprKind::Int).map_err(|_| SyntaxError {
+            hint: Some(format!("integers must lie within ±{}", i64::MAX)),
+            ..bad(format!("integer `{text}` is too large"))
+        })
     }
 }
 
@@ -446,9 +371,7 @@ fn describe(rule: &Rule) -> Option<&'static str> {
         Rule::shape => "a shape `[...]`",
         Rule::optional => "`?`",
         Rule::EOI => "end of file",
-        Rule::or | Rule::and | Rule::eq | Rule::ne | Rule::le | Rule::ge | Rule::lt | Rule::gt => {
-            "an operator"
-        }
+        Rule::or | Rule::and | Rule::eq | Rule::ne | Rule::le | Rule::ge | Rule::lt | Rule::gt => "an operator",
         Rule::add | Rule::sub | Rule::mul | Rule::div | Rule::rem | Rule::matmul => "an operator",
         Rule::neg | Rule::not => "an expression",
         Rule::call | Rule::list | Rule::kwarg => "an expression",
@@ -480,21 +403,10 @@ fn convert_error(source: &str, e: pest::error::Error<Rule>) -> SyntaxError {
             let expected = match names.len() {
                 0 => "something else".to_string(),
                 1 => names[0].to_string(),
-                _ => format!(
-                    "{} or {}",
-                    names[..names.len() - 1].join(", "),
-                    names[names.len() - 1]
-                ),
+                _ => format!("{} or {}", names[..names.len() - 1].join(", "), names[names.len() - 1]),
             };
-            let found_text = if found.is_empty() {
-                "end of file".to_string()
-            } else {
-                format!("`{found}`")
-            };
-            (
-                format!("expected {expected}, found {found_text}"),
-                positives.clone(),
-            )
+            let found_text = if found.is_empty() { "end of file".to_string() } else { format!("`{found}`") };
+            (format!("expected {expected}, found {found_text}"), positives.clone())
         }
         ErrorVariant::CustomError { message } => (message.clone(), vec![]),
     };
@@ -505,17 +417,9 @@ fn convert_error(source: &str, e: pest::error::Error<Rule>) -> SyntaxError {
     } else if found == "=" && expected.contains(&Rule::expr) {
         Some("compare with `==`; `=` only binds names and keyword arguments".to_string())
     } else if expected.contains(&Rule::EOI) || expected.contains(&Rule::param) {
-        Some(
-            "each item starts with `param`, `dim`, `input`, `let`, `output` or `require`"
-                .to_string(),
-        )
+        Some("each item starts with `param`, `dim`, `input`, `let`, `output` or `require`".to_string())
     } else {
         None
     };
-    SyntaxError {
-        kind: SyntaxErrorKind::Unexpected,
-        message,
-        span: Span::new(pos, found_end),
-        hint,
-    }
+    SyntaxError { kind: SyntaxErrorKind::Unexpected, message, span: Span::new(pos, found_end), hint }
 }

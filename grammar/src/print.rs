@@ -35,9 +35,7 @@ fn print_item(kind: &ItemKind, out: &mut String) {
                 let _ = write!(out, " = {}", print_expr(d));
             }
         }
-        ItemKind::Input {
-            name, shape, init, ..
-        } => {
+        ItemKind::Input { name, shape, init, .. } => {
             let dims: Vec<String> = shape.iter().map(print_expr).collect();
             let _ = write!(out, "input {}: [{}]", name.name, dims.join(", "));
             if let Some(i) = init {

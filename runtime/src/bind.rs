@@ -28,12 +28,9 @@ pub fn bind_inputs(
     let mut inputs = Vec::new();
     for (i, input) in program.inputs.iter().enumerate() {
         let declared = program.input_shape(i);
-        let t = tensors.remove(&input.name).ok_or_else(|| {
-            RunError::TensorFile(format!(
-                "missing tensor `{}` of shape {declared}",
-                input.name
-            ))
-        })?;
+        let t = tensors
+            .remove(&input.name)
+            .ok_or_else(|| RunError::TensorFile(format!("missing tensor `{}` of shape {declared}", input.name)))?;
         if t.shape.len() != declared.rank() {
             return Err(RunError::TensorFile(format!(
                 "tensor `{}` has shape {:?}, but the spec declares {declared}",
@@ -48,17 +45,11 @@ pub fn bind_inputs(
         let mut progress = false;
         for (i, t) in inputs.iter().enumerate() {
             for (axis, d) in program.input_shape(i).0.iter().enumerate() {
-                let unknown: Vec<&str> = d
-                    .symbols()
-                    .map(|(s, _)| s)
-                    .filter(|s| !dims.contains_key(*s))
-                    .collect();
+                let unknown: Vec<&str> = d.symbols().map(|(s, _)| s).filter(|s| !dims.contains_key(*s)).collect();
                 if let [sym] = unknown.as_slice() {
                     if d.symbols().find(|(s, _)| s == sym).map(|(_, e)| e) == Some(1) {
-                        let rest = d
-                            .symbols()
-                            .filter(|(s, _)| s != sym)
-                            .fold(d.coeff(), |acc, (s, e)| acc * dims[s].pow(e));
+                        let rest =
+                            d.symbols().filter(|(s, _)| s != sym).fold(d.coeff(), |acc, (s, e)| acc * dims[s].pow(e));
                         let actual = t.shape[axis] as u64;
                         if rest == 0 || actual % rest != 0 || actual == 0 {
                             return Err(shape_error(program, i, t));
@@ -116,10 +107,7 @@ pub fn default_dims(program: &Program) -> Result<DimValues, RunError> {
         .iter()
         .map(|d| {
             d.default.map(|v| (d.name.clone(), v)).ok_or_else(|| {
-                RunError::BadSetting(format!(
-                    "dim `{}` has no default; pass --set {}=VALUE",
-                    d.name, d.name
-                ))
+                RunError::BadSetting(format!("dim `{}` has no default; pass --set {}=VALUE", d.name, d.name))
             })
         })
         .collect()

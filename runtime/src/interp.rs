@@ -11,10 +11,7 @@ pub type DimValues = std::collections::BTreeMap<String, u64>;
 /// The concrete shape of `s` under `dims`. Every dim must be bound.
 pub fn concrete(s: &Shape, dims: &DimValues) -> Vec<usize> {
     s.0.iter()
-        .map(|d| {
-            d.eval(&|n| dims.get(n).copied())
-                .expect("every dim is bound before evaluation") as usize
-        })
+        .map(|d| d.eval(&|n| dims.get(n).copied()).expect("every dim is bound before evaluation") as usize)
         .collect()
 }
 
@@ -37,28 +34,14 @@ pub fn evaluate(program: &Program, inputs: &[Tensor], dims: &DimValues) -> Vec<T
             Op::BlockDiag { r, block } => block_diag(v(*r), *block as usize),
             Op::Collapse { x, r } => collapse(v(*x), v(*r), shape),
             Op::Rope { x, base } => rope(v(*x), *base),
-            Op::Attention {
-                q,
-                k,
-                v: vv,
-                mask,
-                scale,
-            } => attention(v(*q), v(*k), v(*vv), mask, *scale, shape),
+            Op::Attention { q, k, v: vv, mask, scale } => attention(v(*q), v(*k), v(*vv), mask, *scale, shape),
             Op::Binary { op, a, b } => binary(*op, v(*a), v(*b), shape),
             Op::Unary { op, x } => unary(*op, v(*x)),
         };
-        debug_assert_eq!(
-            out.shape,
-            concrete(&node.shape, dims),
-            "interpreter produced a shape other than the IR's"
-        );
+        debug_assert_eq!(out.shape, concrete(&node.shape, dims), "interpreter produced a shape other than the IR's");
         values.push(out);
     }
-    program
-        .outputs
-        .iter()
-        .map(|(_, id)| values[id.0 as usize].clone())
-        .collect()
+    program.outputs.iter().map(|(_, id)| values[id.0 as usize].clone()).collect()
 }
 
 fn matmul(a: &Tensor, b: &Tensor, shape: Vec<usize>) -> Tensor {
@@ -87,8 +70,7 @@ fn split_heads(x: &Tensor, heads: usize, shape: Vec<usize>) -> Tensor {
         for si in 0..s {
             for h in 0..heads {
                 for e in 0..d {
-                    out.data[((p * heads + h) * s + si) * d + e] =
-                        x.data[(p * s + si) * w + h * d + e];
+                    out.data[((p * heads + h) * s + si) * d + e] = x.data[(p * s + si) * w + h * d + e];
                 }
             }
         }
@@ -105,8 +87,7 @@ fn merge_heads(x: &Tensor, shape: Vec<usize>) -> Tensor {
         for h in 0..heads {
             for si in 0..s {
                 for e in 0..d {
-                    out.data[(p * s + si) * heads * d + h * d + e] =
-                        x.data[((p * heads + h) * s + si) * d + e];
+                    out.data[(p * s + si) * heads * d + h * d + e] = x.data[((p * heads + h) * s + si) * d + e];
                 }
             }
         }
@@ -125,8 +106,7 @@ fn mix_heads(x: &Tensor, alpha: &Tensor, shape: Vec<usize>) -> Tensor {
                     for e in 0..d {
                         let mut acc = 0.0;
                         for mi in 0..m {
-                            acc += alpha.data[(mi * h + hi) * p + j]
-                                * x.data[((bi * m + mi) * s + si) * d + e];
+                            acc += alpha.data[(mi * h + hi) * p + j] * x.data[((bi * m + mi) * s + si) * d + e];
                         }
                         out.data[(((bi * h + hi) * p + j) * s + si) * d + e] = acc;
                     }
@@ -144,8 +124,7 @@ fn interleave(x: &Tensor, shape: Vec<usize>) -> Tensor {
         for j in 0..p {
             for si in 0..s {
                 for e in 0..d {
-                    out.data[(bh * s * p + si * p + j) * d + e] =
-                        x.data[((bh * p + j) * s + si) * d + e];
+                    out.data[(bh * s * p + si * p + j) * d + e] = x.data[((bh * p + j) * s + si) * d + e];
                 }
             }
         }
@@ -161,8 +140,7 @@ fn deinterleave(x: &Tensor, p: usize, shape: Vec<usize>) -> Tensor {
         for j in 0..p {
             for si in 0..s {
                 for e in 0..d {
-                    out.data[((bh * p + j) * s + si) * d + e] =
-                        x.data[(bh * sp + si * p + j) * d + e];
+                    out.data[((bh * p + j) * s + si) * d + e] = x.data[(bh * sp + si * p + j) * d + e];
                 }
             }
         }
@@ -222,14 +200,7 @@ fn rope(x: &Tensor, base: f64) -> Tensor {
     out
 }
 
-fn attention(
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    mask: &Mask,
-    scale: f64,
-    shape: Vec<usize>,
-) -> Tensor {
+fn attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Mask, scale: f64, shape: Vec<usize>) -> Tensor {
     let (b, h, s, d) = (q.shape[0], q.shape[1], q.shape[2], q.shape[3]);
     let (hk, e) = (k.shape[1], v.shape[3]);
     let group = h / hk;
@@ -274,21 +245,14 @@ fn broadcast_strides(shape: &[usize], out: &[usize]) -> Vec<usize> {
     let mut strides = vec![0; out.len()];
     let mut acc = 1;
     for i in (0..shape.len()).rev() {
-        strides[pad + i] = if shape[i] == 1 && out[pad + i] != 1 {
-            0
-        } else {
-            acc
-        };
+        strides[pad + i] = if shape[i] == 1 && out[pad + i] != 1 { 0 } else { acc };
         acc *= shape[i];
     }
     strides
 }
 
 fn binary(op: BinaryOp, a: &Tensor, b: &Tensor, shape: Vec<usize>) -> Tensor {
-    let (sa, sb) = (
-        broadcast_strides(&a.shape, &shape),
-        broadcast_strides(&b.shape, &shape),
-    );
+    let (sa, sb) = (broadcast_strides(&a.shape, &shape), broadcast_strides(&b.shape, &shape));
     let mut out = Tensor::zeros(shape.clone());
     let mut idx = vec![0usize; shape.len()];
     for o in out.data.iter_mut() {
@@ -323,8 +287,5 @@ fn unary(op: UnaryOp, x: &Tensor) -> Tensor {
         UnaryOp::Sqrt => f64::sqrt,
         UnaryOp::Abs => f64::abs,
     };
-    Tensor {
-        shape: x.shape.clone(),
-        data: x.data.iter().map(|v| f(*v)).collect(),
-    }
+    Tensor { shape: x.shape.clone(), data: x.data.iter().map(|v| f(*v)).collect() }
 }

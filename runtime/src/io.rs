@@ -18,32 +18,20 @@ pub enum FileDtype {
 
 /// Every tensor of a safetensors file, by name, widened to f64.
 pub fn read_tensors(path: &Path) -> Result<BTreeMap<String, Tensor>, RunError> {
-    let bytes = std::fs::read(path)
-        .map_err(|e| RunError::Io(format!("cannot read `{}`: {e}", path.display())))?;
+    let bytes = std::fs::read(path).map_err(|e| RunError::Io(format!("cannot read `{}`: {e}", path.display())))?;
     decode(&bytes).map_err(|m| RunError::TensorFile(format!("`{}`: {m}", path.display())))
 }
 
 pub fn decode(bytes: &[u8]) -> Result<BTreeMap<String, Tensor>, String> {
-    let st = SafeTensors::deserialize(bytes)
-        .map_err(|e| format!("not a valid safetensors file ({e})"))?;
+    let st = SafeTensors::deserialize(bytes).map_err(|e| format!("not a valid safetensors file ({e})"))?;
     let mut out = BTreeMap::new();
     for (name, view) in st.tensors() {
         let data: Vec<f64> = match view.dtype() {
-            Dtype::F32 => view
-                .data()
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64)
-                .collect(),
-            Dtype::F64 => view
-                .data()
-                .chunks_exact(8)
-                .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
-                .collect(),
-            other => {
-                return Err(format!(
-                    "tensor `{name}` has dtype {other:?}; attnc reads F32 and F64"
-                ))
+            Dtype::F32 => {
+                view.data().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64).collect()
             }
+            Dtype::F64 => view.data().chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap())).collect(),
+            other => return Err(format!("tensor `{name}` has dtype {other:?}; attnc reads F32 and F64")),
         };
         out.insert(name.clone(), Tensor::new(view.shape().to_vec(), data));
     }
@@ -54,11 +42,7 @@ pub fn encode(tensors: &[(String, &Tensor)], dtype: FileDtype) -> Result<Vec<u8>
     let buffers: Vec<Vec<u8>> = tensors
         .iter()
         .map(|(_, t)| match dtype {
-            FileDtype::F32 => t
-                .data
-                .iter()
-                .flat_map(|v| (*v as f32).to_le_bytes())
-                .collect(),
+            FileDtype::F32 => t.data.iter().flat_map(|v| (*v as f32).to_le_bytes()).collect(),
             FileDtype::F64 => t.data.iter().flat_map(|v| v.to_le_bytes()).collect(),
         })
         .collect();
@@ -69,9 +53,7 @@ pub fn encode(tensors: &[(String, &Tensor)], dtype: FileDtype) -> Result<Vec<u8>
     let views = tensors
         .iter()
         .zip(&buffers)
-        .map(|((name, t), buf)| {
-            TensorView::new(st_dtype, t.shape.clone(), buf).map(|v| (name.clone(), v))
-        })
+        .map(|((name, t), buf)| TensorView::new(st_dtype, t.shape.clone(), buf).map(|v| (name.clone(), v)))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| format!("cannot encode tensors: {e}"))?;
     safetensors::serialize(views, &None).map_err(|e| format!("cannot encode tensors: {e}"))
@@ -83,31 +65,18 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), RunError> {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => std::path::PathBuf::from("."),
     };
-    let file_name = path
-        .file_name()
-        .ok_or_else(|| RunError::Io(format!("`{}` is not a file path", path.display())))?;
-    let tmp = dir.join(format!(
-        ".{}.{}.tmp",
-        file_name.to_string_lossy(),
-        std::process::id()
-    ));
+    let file_name = path.file_name().ok_or_else(|| RunError::Io(format!("`{}` is not a file path", path.display())))?;
+    let tmp = dir.join(format!(".{}.{}.tmp", file_name.to_string_lossy(), std::process::id()));
     let result = std::fs::write(&tmp, bytes).and_then(|_| std::fs::rename(&tmp, path));
     if let Err(e) = result {
         let _ = std::fs::remove_file(&tmp);
-        return Err(RunError::Io(format!(
-            "cannot write `{}`: {e}",
-            path.display()
-        )));
+        return Err(RunError::Io(format!("cannot write `{}`: {e}", path.display())));
     }
     Ok(())
 }
 
 /// Write named tensors to a safetensors file, atomically.
-pub fn write_tensors(
-    path: &Path,
-    tensors: &[(String, &Tensor)],
-    dtype: FileDtype,
-) -> Result<(), RunError> {
+pub fn write_tensors(path: &Path, tensors: &[(String, &Tensor)], dtype: FileDtype) -> Result<(), RunError> {
     let bytes = encode(tensors, dtype).map_err(RunError::Io)?;
     write_atomic(path, &bytes)
 }

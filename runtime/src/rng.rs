@@ -35,12 +35,8 @@ impl Rng {
         let v = match *init {
             Init::Uniform { lo, hi } => lo + (hi - lo) * self.unit(),
             // Irwin–Hall: the sum of 12 uniforms minus 6 has mean 0 and variance 1.
-            Init::Normal { mean, std } => {
-                mean + std * ((0..12).map(|_| self.unit()).sum::<f64>() - 6.0)
-            }
-            Init::Integers { lo, hi } => {
-                (lo + (self.next_u64() % (hi - lo + 1) as u64) as i64) as f64
-            }
+            Init::Normal { mean, std } => mean + std * ((0..12).map(|_| self.unit()).sum::<f64>() - 6.0),
+            Init::Integers { lo, hi } => (lo + (self.next_u64() % (hi - lo + 1) as u64) as i64) as f64,
             Init::Bernoulli { p } => f64::from(u8::from(self.unit() < p)),
         };
         v as f32 as f64

@@ -8,19 +8,12 @@ pub struct Tensor {
 
 impl Tensor {
     pub fn new(shape: Vec<usize>, data: Vec<f64>) -> Tensor {
-        assert_eq!(
-            shape.iter().product::<usize>(),
-            data.len(),
-            "tensor data does not fill its shape"
-        );
+        assert_eq!(shape.iter().product::<usize>(), data.len(), "tensor data does not fill its shape");
         Tensor { shape, data }
     }
     pub fn zeros(shape: Vec<usize>) -> Tensor {
         let n = shape.iter().product();
-        Tensor {
-            shape,
-            data: vec![0.0; n],
-        }
+        Tensor { shape, data: vec![0.0; n] }
     }
     pub fn len(&self) -> usize {
         self.data.len()
@@ -33,11 +26,7 @@ impl Tensor {
 /// ‖a − b‖₂ / ‖b‖₂ (with ‖b‖ = 0 giving ‖a‖); NaN anywhere gives NaN, so a
 /// `<= tol` comparison fails on it.
 pub fn relative_error(a: &[f64], b: &[f64]) -> f64 {
-    assert_eq!(
-        a.len(),
-        b.len(),
-        "relative_error of tensors of different sizes"
-    );
+    assert_eq!(a.len(), b.len(), "relative_error of tensors of different sizes");
     let (mut num, mut den) = (0.0, 0.0);
     for (x, y) in a.iter().zip(b) {
         num += (x - y) * (x - y);
