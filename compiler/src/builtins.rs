@@ -5,7 +5,7 @@ use crate::codes::Code;
 use crate::diag::{suggest, Diagnostic};
 use crate::ir::*;
 use crate::lower::{Binding, Lowerer, Operand};
-use crate::value::Value;
+use crate::value::{unknown_name, Value};
 use attnc_grammar::ast::{Arg, Expr, ExprKind, Ident, TypeKind};
 
 pub struct Signature {
@@ -166,7 +166,12 @@ fn match_args<'e>(
                     l.diags.push(
                         Diagnostic::error(
                             Code::TooManyArguments,
-                            format!("`{}` takes at most {} arguments", sig.name, sig.params.len()),
+                            format!(
+                                "`{}` takes at most {} argument{}",
+                                sig.name,
+                                sig.params.len(),
+                                if sig.params.len() == 1 { "" } else { "s" }
+                            ),
                         )
                         .at(a.value.span, "extra argument")
                         .note(format!(
@@ -210,7 +215,13 @@ fn match_args<'e>(
             continue;
         }
         given[slot] = true;
-        match l.operand(&a.value) {
+        // A bare undeclared name is an enum literal (`mask = causal`); the
+        // accessors report it as an unknown name where a value was needed.
+        let value = match &a.value.kind {
+            ExprKind::Name(n) if !l.scope.contains_key(n) => Some(Operand::Const(Value::Enum(n.clone()))),
+            _ => l.operand(&a.value),
+        };
+        match value {
             Some(v) => values[slot] = Some((v, &a.value)),
             None => ok = false,
         }
@@ -235,6 +246,13 @@ impl Args<'_> {
 
     fn wrong(&self, l: &mut Lowerer, i: usize, want: &str) {
         let (v, e) = self.values[i].as_ref().unwrap();
+        if let (Operand::Const(Value::Enum(n)), ExprKind::Name(_)) = (v, &e.kind) {
+            if !l.scope.contains_key(n) {
+                let d = unknown_name(n, e.span, l);
+                l.diags.push(d);
+                return;
+            }
+        }
         let found = match v {
             Operand::Tensor(_) => "a tensor".to_string(),
             Operand::Const(c) => format!("{} `{c}`", c.type_name()),

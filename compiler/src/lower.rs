@@ -6,7 +6,7 @@ use crate::builtins;
 use crate::codes::Code;
 use crate::diag::{suggest, Diagnostic};
 use crate::ir::*;
-use crate::value::{conform, eval, Scope, Value};
+use crate::value::{conform, eval, unknown_name, Scope, Value};
 use attnc_grammar::ast::{self, BinOp, Expr, ExprKind, ItemKind, Span, Type, UnOp};
 use std::collections::{BTreeMap, HashSet};
 
@@ -270,12 +270,12 @@ pub fn lower(spec: &ast::Spec, settings: &[Setting]) -> Result<Compiled, Vec<Dia
                 .hint("add `output NAME = EXPR`"),
         );
     }
-    let warnings = l.unused_input_warnings(spec);
     if l.diags.iter().any(Diagnostic::is_error) {
-        l.diags.extend(warnings);
+        // Unused-input warnings would only echo the errors that dropped a use.
         crate::diag::sort(&mut l.diags);
         return Err(l.diags);
     }
+    let warnings = l.unused_input_warnings(spec);
     let program =
         Program { name: spec.name.name.clone(), dims: l.dims, nodes: l.nodes, inputs: l.inputs, outputs: l.outputs };
     Ok(Compiled { program, params: l.params, warnings })
@@ -455,13 +455,7 @@ impl Lowerer {
                     None
                 }
                 None => {
-                    let names = self.names();
-                    let mut d = Diagnostic::error(Code::UnknownName, format!("unknown name `{n}`"))
-                        .at(e.span, "not declared before this point");
-                    if let Some(s) = suggest(n, names.iter().map(String::as_str)) {
-                        d = d.hint(format!("did you mean `{s}`?"));
-                    }
-                    self.diags.push(d);
+                    self.diags.push(unknown_name(n, e.span, self));
                     None
                 }
             },
@@ -597,13 +591,7 @@ impl Lowerer {
 pub(crate) fn eval_strict(e: &Expr, scope: &dyn Scope) -> Result<Value, Diagnostic> {
     if let ExprKind::Name(n) = &e.kind {
         if scope.lookup(n).is_none() {
-            let names = scope.names();
-            let mut d = Diagnostic::error(Code::UnknownName, format!("unknown name `{n}`"))
-                .at(e.span, "not declared before this point");
-            if let Some(s) = suggest(n, names.iter().map(String::as_str)) {
-                d = d.hint(format!("did you mean `{s}`?"));
-            }
-            return Err(d);
+            return Err(unknown_name(n, e.span, scope));
         }
     }
     eval(e, scope)

@@ -3,7 +3,7 @@
 
 use crate::codes::Code;
 use crate::diag::{suggest, Diagnostic};
-use attnc_grammar::ast::{BinOp, Expr, ExprKind, Prim, Type, TypeKind, UnOp};
+use attnc_grammar::ast::{BinOp, Expr, ExprKind, Prim, Span, Type, TypeKind, UnOp};
 use std::fmt;
 
 #[derive(Clone, Debug, PartialEq)]
@@ -66,10 +66,11 @@ pub fn eval(e: &Expr, scope: &dyn Scope) -> Result<Value, Diagnostic> {
     eval_inner(e, scope, true)
 }
 
-fn unknown_name(name: &str, e: &Expr, scope: &dyn Scope) -> Diagnostic {
+/// "unknown name `x`", with the closest visible name as a suggestion.
+pub(crate) fn unknown_name(name: &str, span: Span, scope: &dyn Scope) -> Diagnostic {
     let names = scope.names();
     let mut d = Diagnostic::error(Code::UnknownName, format!("unknown name `{name}`"))
-        .at(e.span, "not declared before this point");
+        .at(span, "not declared before this point");
     if let Some(s) = suggest(name, names.iter().map(String::as_str)) {
         d = d.hint(format!("did you mean `{s}`?"));
     }
@@ -86,7 +87,7 @@ fn eval_inner(e: &Expr, scope: &dyn Scope, symbol_ok: bool) -> Result<Value, Dia
         ExprKind::Name(n) => match scope.lookup(n) {
             Some(v) => v,
             None if symbol_ok => Value::Enum(n.clone()),
-            None => return Err(unknown_name(n, e, scope)),
+            None => return Err(unknown_name(n, e.span, scope)),
         },
         ExprKind::List(items) => {
             Value::List(items.iter().map(|x| eval_inner(x, scope, false)).collect::<Result<_, _>>()?)

@@ -400,6 +400,9 @@ fn convert_error(source: &str, e: pest::error::Error<Rule>) -> SyntaxError {
             let mut names: Vec<&str> = positives.iter().filter_map(describe).collect();
             names.sort();
             names.dedup();
+            if names.contains(&"an expression") {
+                names.retain(|n| *n != "a name" && *n != "a number");
+            }
             let expected = match names.len() {
                 0 => "something else".to_string(),
                 1 => names[0].to_string(),
@@ -414,7 +417,7 @@ fn convert_error(source: &str, e: pest::error::Error<Rule>) -> SyntaxError {
         Some("a spec starts with `spec NAME`".to_string())
     } else if expected.contains(&Rule::ty) || expected.contains(&Rule::prim_ty) {
         Some("a type is `int`, `float`, `bool`, `{a, b, ...}` or `[float]`, optionally followed by `?`".to_string())
-    } else if found == "=" && expected.contains(&Rule::expr) {
+    } else if found == "=" {
         Some("compare with `==`; `=` only binds names and keyword arguments".to_string())
     } else if expected.contains(&Rule::EOI) || expected.contains(&Rule::param) {
         Some("each item starts with `param`, `dim`, `input`, `let`, `output` or `require`".to_string())

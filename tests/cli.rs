@@ -1,0 +1,198 @@
+//! The `attnc` command line, run as a user would: exit codes, messages, and
+//! that a failed run writes nothing.
+
+mod common;
+
+use attnc_runtime::io::{decode, encode, FileDtype};
+use attnc_runtime::Tensor;
+use common::root;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn attnc(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_attnc")).args(args).current_dir(root()).output().expect("attnc runs")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("attnc-cli-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+#[test]
+fn check_accepts_every_stdlib_spec() {
+    let mut specs: Vec<String> =
+        std::fs::read_dir(root().join("stdlib")).unwrap().map(|e| e.unwrap().path().display().to_string()).collect();
+    specs.sort();
+    assert!(specs.len() >= 4);
+    let mut args = vec!["check"];
+    args.extend(specs.iter().map(String::as_str));
+    let o = attnc(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).is_empty(), "stdlib specs have diagnostics:\n{}", stderr(&o));
+}
+
+#[test]
+fn check_reports_every_error_fixture_with_location_and_exit_1() {
+    for entry in std::fs::read_dir(root().join("tests/fixtures/err")).unwrap() {
+        let path = entry.unwrap().path();
+        let source = std::fs::read_to_string(&path).unwrap();
+        let mut args = vec!["check".to_string(), path.display().to_string()];
+        for set in source.lines().filter_map(|l| l.strip_prefix("// set:")) {
+            args.push("--set".into());
+            args.push(set.trim().into());
+        }
+        let o = attnc(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        let err = stderr(&o);
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        let code = name.split('_').next().unwrap();
+        assert_eq!(o.status.code(), Some(1), "{name}: {err}");
+        assert!(err.contains(&format!("error[{code}]")), "{name} did not report {code}:\n{err}");
+        assert!(!err.contains("panicked"), "{name} panicked:\n{err}");
+        if !code.starts_with("E05") {
+            // Spec errors point at file:line:col.
+            assert!(err.contains(&format!("{}:", path.display())), "{name}: no file:line:col in\n{err}");
+        }
+    }
+}
+
+#[test]
+fn seeded_runs_are_reproducible_and_can_be_fed_back() {
+    let dir = scratch("seed");
+    let (a, b, c) = (dir.join("a.safetensors"), dir.join("b.safetensors"), dir.join("c.safetensors"));
+    let args = |out: &Path| {
+        vec!["run", "stdlib/iha.attn", "--seed", "3", "--set", "N=5", "--set", "H=2", "--set", "d=4", "--out"]
+            .into_iter()
+            .map(String::from)
+            .chain([s(out).to_string()])
+            .collect::<Vec<_>>()
+    };
+    for out in [&a, &b] {
+        let o = attnc(&args(out).iter().map(String::as_str).collect::<Vec<_>>());
+        assert!(o.status.success(), "{}", stderr(&o));
+    }
+    let bytes = std::fs::read(&a).unwrap();
+    assert_eq!(bytes, std::fs::read(&b).unwrap(), "two runs with the same seed differ");
+    let tensors = decode(&bytes).unwrap();
+    let names: Vec<&str> = tensors.keys().map(String::as_str).collect();
+    assert_eq!(names, ["alpha_k", "alpha_q", "alpha_v", "r", "w_k", "w_o", "w_q", "w_v", "x", "y"]);
+    assert_eq!(tensors["y"].shape, [1, 5, 8]);
+    assert!(tensors["x"].data.iter().any(|v| *v != tensors["x"].data[0]), "inputs are constant");
+    // Feeding the file back (y is ignored as an output) reproduces y bit for bit.
+    let o = attnc(&["run", "stdlib/iha.attn", "--inputs", s(&a), "--out", s(&c), "--set", "H=2", "--set", "d=4"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(decode(&std::fs::read(&c).unwrap()).unwrap()["y"], tensors["y"]);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Writes `tensors` as an input file, runs mha on it, and returns the failure text;
+/// asserts the run failed and wrote nothing.
+fn failing_run(name: &str, bytes: Vec<u8>, extra: &[&str]) -> String {
+    let dir = scratch(name);
+    let (inp, out) = (dir.join("in.safetensors"), dir.join("out.safetensors"));
+    std::fs::write(&inp, bytes).unwrap();
+    let mut args =
+        vec!["run", "stdlib/mha.attn", "--inputs", s(&inp), "--out", s(&out), "--set", "H=2", "--set", "d=4"];
+    args.extend_from_slice(extra);
+    let o = attnc(&args);
+    assert!(!o.status.success(), "{name}: the run succeeded");
+    assert!(!out.exists(), "{name}: a failed run wrote its output");
+    let leftovers: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(leftovers.len(), 1, "{name}: temporary files left behind: {leftovers:?}");
+    std::fs::remove_dir_all(&dir).ok();
+    let err = stderr(&o);
+    assert!(!err.contains("panicked"), "{name} panicked: {err}");
+    err
+}
+
+fn mha_inputs(n: usize, skip: Option<&str>) -> Vec<(String, Tensor)> {
+    let t = |shape: Vec<usize>| {
+        let len = shape.iter().product::<usize>();
+        Tensor::new(shape, (0..len).map(|i| (i as f64 * 0.37).sin()).collect())
+    };
+    [("x", vec![1, n, 8]), ("w_q", vec![8, 8]), ("w_k", vec![8, 8]), ("w_v", vec![8, 8]), ("w_o", vec![8, 8])]
+        .into_iter()
+        .filter(|(name, _)| Some(*name) != skip)
+        .map(|(name, shape)| (name.to_string(), t(shape)))
+        .collect()
+}
+
+fn file(tensors: &[(String, Tensor)]) -> Vec<u8> {
+    encode(&tensors.iter().map(|(n, t)| (n.clone(), t)).collect::<Vec<_>>(), FileDtype::F32).unwrap()
+}
+
+#[test]
+fn run_errors_name_the_tensor_and_write_nothing() {
+    let err = failing_run("missing", file(&mha_inputs(3, Some("w_k"))), &[]);
+    assert!(err.contains("missing tensor `w_k`") && err.contains("error[E0601]"), "{err}");
+
+    let mut extra = mha_inputs(3, None);
+    extra.push(("bias".into(), Tensor::zeros(vec![2])));
+    let err = failing_run("extra", file(&extra), &[]);
+    assert!(err.contains("unexpected tensor `bias`"), "{err}");
+
+    let mut wrong = mha_inputs(3, None);
+    wrong[1].1 = Tensor::zeros(vec![8, 6]);
+    let err = failing_run("shape", file(&wrong), &[]);
+    assert!(err.contains("`w_q`") && err.contains("[8, 6]") && err.contains("[D, 8]"), "{err}");
+
+    let mut rank = mha_inputs(3, None);
+    rank[0].1 = Tensor::zeros(vec![3, 8]);
+    let err = failing_run("rank", file(&rank), &[]);
+    assert!(err.contains("`x`") && err.contains("[3, 8]") && err.contains("[B, N, D]"), "{err}");
+
+    let mut bytes = file(&mha_inputs(3, None));
+    let header = String::from_utf8_lossy(&bytes[8..]).into_owned();
+    let pos = header.find("\"F32\"").unwrap() + 8;
+    bytes[pos..pos + 5].copy_from_slice(b"\"I32\"");
+    let err = failing_run("dtype", bytes, &[]);
+    assert!(err.contains("I32") && err.contains("F32 and F64"), "{err}");
+
+    let bytes = file(&mha_inputs(3, None));
+    let err = failing_run("truncated", bytes[..bytes.len() - 10].to_vec(), &[]);
+    assert!(err.contains("not a valid safetensors file"), "{err}");
+
+    let err = failing_run("set", file(&mha_inputs(3, None)), &["--set", "N=4"]);
+    assert!(err.contains("--set N=4") && err.contains("N = 3"), "{err}");
+
+    let err = failing_run("unknown-set", file(&mha_inputs(3, None)), &["--set", "heads=2"]);
+    assert!(err.contains("no parameter or dim `heads`"), "{err}");
+
+    let err = failing_run("typed-set", file(&mha_inputs(3, None)), &["--set", "mask=causl"]);
+    assert!(err.contains("did you mean `causal`"), "{err}");
+}
+
+#[test]
+fn run_refuses_to_overwrite_its_input() {
+    let dir = scratch("overwrite");
+    let inp = dir.join("in.safetensors");
+    let bytes = file(&mha_inputs(2, None));
+    std::fs::write(&inp, &bytes).unwrap();
+    let o = attnc(&["run", "stdlib/mha.attn", "--inputs", s(&inp), "--out", s(&inp), "--set", "H=2", "--set", "d=4"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("refusing to overwrite"), "{}", stderr(&o));
+    assert_eq!(std::fs::read(&inp).unwrap(), bytes);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn help_lists_the_commands() {
+    let o = attnc(&["--help"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    for cmd in ["check", "run", "ir", "fmt", "explain-error"] {
+        assert!(out.contains(cmd), "--help does not mention `{cmd}`:\n{out}");
+    }
+    let o = attnc(&["help", "run"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("--inputs") && out.contains("--seed") && out.contains("--set"), "{out}");
+    let o = attnc(&["explain-error", "E0301"]);
+    assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).contains("shape mismatch"));
+}
