@@ -48,6 +48,11 @@ fn expr() -> impl Strategy<Value = Expr> {
             (prop::sample::select(vec![UnOp::Neg, UnOp::Not]), inner.clone())
                 .prop_map(|(op, x)| e(ExprKind::Unary(op, Box::new(x)))),
             prop::collection::vec(inner.clone(), 0..3).prop_map(|v| e(ExprKind::List(v))),
+            (inner.clone(), inner.clone(), inner.clone()).prop_map(|(c, a, b)| e(ExprKind::If(
+                Box::new(c),
+                Box::new(a),
+                Box::new(b)
+            ))),
             (ident(), prop::collection::vec((prop::option::of(ident()), inner), 0..4)).prop_map(|(func, args)| e(
                 ExprKind::Call { func, args: args.into_iter().map(|(name, value)| Arg { name, value }).collect() }
             )),
@@ -70,8 +75,9 @@ fn item() -> impl Strategy<Value = Item> {
     let kind = prop_oneof![
         (ident(), ty(), prop::option::of(expr())).prop_map(|(name, ty, default)| ItemKind::Param { name, ty, default }),
         (ident(), prop::option::of(expr())).prop_map(|(name, default)| ItemKind::Dim { name, default }),
-        (ident(), prop::collection::vec(expr(), 0..4), prop::option::of(expr()))
-            .prop_map(|(name, shape, init)| ItemKind::Input { name, shape, shape_span: Span::default(), init }),
+        (ident(), prop::collection::vec(expr(), 0..4), prop::option::of(expr()), prop::option::of(expr())).prop_map(
+            |(name, shape, domain, init)| ItemKind::Input { name, shape, shape_span: Span::default(), domain, init }
+        ),
         (ident(), expr()).prop_map(|(name, value)| ItemKind::Let { name, value }),
         (ident(), expr()).prop_map(|(name, value)| ItemKind::Output { name, value }),
         (expr(), prop::option::of("[a-zA-Z0-9 ,.:=*/+-]{0,20}"))

@@ -30,6 +30,17 @@ pub const BUILTINS: &[Signature] = &[
     Signature { name: "abs",          params: &["x"], required: 1, summary: "elementwise absolute value" },
     Signature { name: "maximum",      params: &["a", "b"], required: 2, summary: "elementwise maximum, broadcasting" },
     Signature { name: "minimum",      params: &["a", "b"], required: 2, summary: "elementwise minimum, broadcasting" },
+    Signature { name: "where",        params: &["cond", "a", "b"], required: 3, summary: "elementwise cond != 0 ? a : b, broadcasting" },
+    Signature { name: "sum",          params: &["x", "axis", "keepdim"], required: 2, summary: "sum over an axis (or `all`)" },
+    Signature { name: "mean",         params: &["x", "axis", "keepdim"], required: 2, summary: "mean over an axis (or `all`)" },
+    Signature { name: "max",          params: &["x", "axis", "keepdim"], required: 2, summary: "maximum over an axis (or `all`)" },
+    Signature { name: "min",          params: &["x", "axis", "keepdim"], required: 2, summary: "minimum over an axis (or `all`)" },
+    Signature { name: "count",        params: &["x", "axis", "keepdim"], required: 2, summary: "number of non-zero entries over an axis (or `all`)" },
+    Signature { name: "var",          params: &["x", "axis", "bessel", "keepdim"], required: 2, summary: "variance over an axis; bessel divides by n - 1" },
+    Signature { name: "std",          params: &["x", "axis", "bessel", "keepdim"], required: 2, summary: "standard deviation over an axis; bessel divides by n - 1" },
+    Signature { name: "loo_mean",     params: &["x", "axis"], required: 2, summary: "leave-one-out mean along an axis (needs 2 or more entries)" },
+    Signature { name: "thresholds",   params: &["x", "levels"], required: 2, summary: "ratings 1..K -> [.., K-1] indicators 1[x >= tau], tau = 2..K" },
+    Signature { name: "vector",       params: &["values", "length", "fill"], required: 2, summary: "a constant vector: `values`, or `length` copies of `fill` when values is none" },
 ];
 
 /// The arguments of one call, matched to the signature's parameters.
@@ -141,6 +152,74 @@ pub(crate) fn lower_call(l: &mut Lowerer, call: &Expr, func: &Ident, args: &[Arg
             let op = if sig.name == "maximum" { BinaryOp::Max } else { BinaryOp::Min };
             let (a, b) = (args.number_or_tensor(l, 0), args.number_or_tensor(l, 1));
             l.add(Op::Binary { op, a: a?, b: b? }, call.span, &args.spans(&[0, 1]))
+        }
+        "where" => {
+            let (c, a, b) = (args.number_or_tensor(l, 0), args.number_or_tensor(l, 1), args.number_or_tensor(l, 2));
+            l.add(Op::Where { cond: c?, a: a?, b: b? }, call.span, &args.spans(&[0, 1, 2]))
+        }
+        "sum" | "mean" | "max" | "min" | "count" | "var" | "std" => {
+            let x = args.tensor(l, 0)?;
+            let rank = l.nodes[x.0 as usize].shape.rank();
+            let axes = args.axes(l, 1, rank);
+            let has_bessel = matches!(sig.name, "var" | "std");
+            let bessel = if has_bessel { args.opt_bool(l, 2, false) } else { Some(false) };
+            let keepdim = args.opt_bool(l, if has_bessel { 3 } else { 2 }, true);
+            let (axes, bessel, keepdim) = (axes?, bessel?, keepdim?);
+            let kind = match sig.name {
+                "sum" => ReduceKind::Sum,
+                "mean" => ReduceKind::Mean,
+                "max" => ReduceKind::Max,
+                "min" => ReduceKind::Min,
+                "count" => ReduceKind::Count,
+                _ => ReduceKind::Var { bessel },
+            };
+            let r = l.add(Op::Reduce { x, kind, axes, keepdim }, call.span, &args.spans(&[0]))?;
+            if sig.name == "std" {
+                l.add(Op::Unary { op: UnaryOp::Sqrt, x: r }, call.span, &[])
+            } else {
+                Some(r)
+            }
+        }
+        "loo_mean" => {
+            let x = args.tensor(l, 0)?;
+            let rank = l.nodes[x.0 as usize].shape.rank();
+            match args.axes(l, 1, rank)?.as_slice() {
+                [axis] => l.add(Op::LooMean { x, axis: *axis }, call.span, &args.spans(&[0])),
+                _ => {
+                    args.wrong(l, 1, "a single axis");
+                    None
+                }
+            }
+        }
+        "thresholds" => {
+            let (x, levels) = (args.tensor(l, 0), args.size(l, 1));
+            l.add(Op::Thresholds { x: x?, levels: levels? }, call.span, &args.spans(&[0]))
+        }
+        "vector" => {
+            let length = args.size(l, 1)?;
+            let fill = args.opt_float(l, 2)?.unwrap_or(1.0);
+            let (v, e) = args.values[0].clone()?;
+            let values = match v {
+                Operand::Const(Value::None) => vec![fill; length as usize],
+                Operand::Const(Value::List(items)) if items.iter().all(|i| i.as_f64().is_some()) => {
+                    if items.len() as u64 != length {
+                        l.diags.push(
+                            Diagnostic::error(
+                                Code::ShapeMismatch,
+                                format!("`vector` needs {length} values, but the list has {}", items.len()),
+                            )
+                            .at(e.span, format!("{} values", items.len())),
+                        );
+                        return None;
+                    }
+                    items.iter().filter_map(Value::as_f64).collect()
+                }
+                _ => {
+                    args.wrong(l, 0, "a list of numbers or `none`");
+                    return None;
+                }
+            };
+            l.add(Op::Constant { values }, call.span, &[])
         }
         other => unreachable!("builtin `{other}` has a signature but no lowering"),
     };
@@ -315,6 +394,43 @@ impl Args<'_> {
         match self.values[i].as_ref() {
             None | Some((Operand::Const(Value::None), _)) => Some(None),
             Some(_) => self.size(l, i).map(Some),
+        }
+    }
+
+    fn opt_bool(&self, l: &mut Lowerer, i: usize, default: bool) -> Option<bool> {
+        match self.values[i].as_ref() {
+            None => Some(default),
+            Some((Operand::Const(Value::Bool(b)), _)) => Some(*b),
+            Some(_) => {
+                self.wrong(l, i, "true or false");
+                None
+            }
+        }
+    }
+
+    /// Reduction axes: an axis (negative counts from the end) or `all`.
+    fn axes(&self, l: &mut Lowerer, i: usize, rank: usize) -> Option<Vec<usize>> {
+        match self.values[i].as_ref()? {
+            (Operand::Const(Value::Enum(n)), _) if n == "all" => Some((0..rank).collect()),
+            (Operand::Const(Value::Int(a)), e) => {
+                let axis = if *a < 0 { *a + rank as i64 } else { *a };
+                if (0..rank as i64).contains(&axis) {
+                    Some(vec![axis as usize])
+                } else {
+                    l.diags.push(
+                        Diagnostic::error(
+                            Code::RankMismatch,
+                            format!("axis {a} is out of range for a tensor with {rank} axes"),
+                        )
+                        .at(e.span, "this axis"),
+                    );
+                    None
+                }
+            }
+            _ => {
+                self.wrong(l, i, "an axis (an integer or `all`)");
+                None
+            }
         }
     }
 

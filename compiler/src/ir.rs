@@ -164,6 +164,21 @@ pub enum BinaryOp {
     Eq,
 }
 
+/// What a `Reduce` computes over its axes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReduceKind {
+    Sum,
+    Mean,
+    Max,
+    Min,
+    /// The number of non-zero entries.
+    Count,
+    /// Population variance, or Bessel-corrected (divides by n − 1; n = 1 gives NaN).
+    Var {
+        bessel: bool,
+    },
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum UnaryOp {
     Neg,
@@ -233,6 +248,29 @@ pub enum Op {
     /// ## Shape rules
     /// Same shape.
     Unary { op: UnaryOp, x: NodeId },
+    /// A constant vector.
+    /// ## Shape rules
+    /// `[len(values)]`.
+    Constant { values: Vec<f64> },
+    /// A reduction over `axes` (sorted, distinct).
+    /// ## Shape rules
+    /// The reduced axes become 1 with `keepdim`, else disappear.
+    Reduce { x: NodeId, kind: ReduceKind, axes: Vec<usize>, keepdim: bool },
+    /// Leave-one-out mean along `axis`: `out[.., i, ..] = (Σ_j x[.., j, ..] − x[.., i, ..]) / (n − 1)`;
+    /// the axis must have at least 2 entries at run time.
+    /// ## Shape rules
+    /// Same shape.
+    LooMean { x: NodeId, axis: usize },
+    /// Elementwise `cond ≠ 0 ? a : b` (the other branch is never evaluated for the result,
+    /// so a NaN there does not leak).
+    /// ## Shape rules
+    /// The broadcast of the three shapes.
+    Where { cond: NodeId, a: NodeId, b: NodeId },
+    /// Ordinal decomposition of ratings into `levels − 1` indicators:
+    /// `out[.., t] = 1[x ≥ t + 2]` for thresholds τ = t + 2 = 2..levels.
+    /// ## Shape rules
+    /// `x: [...]` → `[..., levels − 1]`.
+    Thresholds { x: NodeId, levels: u64 },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -271,7 +309,9 @@ impl Op {
     /// Operands in order.
     pub fn operands(&self) -> Vec<NodeId> {
         match *self {
-            Op::Input { .. } | Op::Scalar { .. } => vec![],
+            Op::Input { .. } | Op::Scalar { .. } | Op::Constant { .. } => vec![],
+            Op::Reduce { x, .. } | Op::LooMean { x, .. } | Op::Thresholds { x, .. } => vec![x],
+            Op::Where { cond, a, b } => vec![cond, a, b],
             Op::MatMul { a, b } | Op::Binary { a, b, .. } => vec![a, b],
             Op::SplitHeads { x, .. }
             | Op::MergeHeads { x }
@@ -283,6 +323,36 @@ impl Op {
             Op::BlockDiag { r, .. } => vec![r],
             Op::Collapse { x, r } => vec![x, r],
             Op::Attention { q, k, v, .. } => vec![q, k, v],
+        }
+    }
+
+    /// Rewrites every operand handle through `f`.
+    pub fn map_operands(&mut self, mut f: impl FnMut(NodeId) -> NodeId) {
+        match self {
+            Op::Input { .. } | Op::Scalar { .. } | Op::Constant { .. } => {}
+            Op::MatMul { a, b } | Op::Binary { a, b, .. } => {
+                *a = f(*a);
+                *b = f(*b);
+            }
+            Op::SplitHeads { x, .. }
+            | Op::MergeHeads { x }
+            | Op::Interleave { x }
+            | Op::Deinterleave { x, .. }
+            | Op::Rope { x, .. }
+            | Op::Unary { x, .. }
+            | Op::Reduce { x, .. }
+            | Op::LooMean { x, .. }
+            | Op::Thresholds { x, .. }
+            | Op::BlockDiag { r: x, .. } => *x = f(*x),
+            Op::MixHeads { x, alpha: y } | Op::Collapse { x, r: y } => {
+                *x = f(*x);
+                *y = f(*y);
+            }
+            Op::Attention { q: a, k: b, v: c, .. } | Op::Where { cond: a, a: b, b: c } => {
+                *a = f(*a);
+                *b = f(*b);
+                *c = f(*c);
+            }
         }
     }
 
@@ -437,6 +507,39 @@ impl Op {
             Op::Binary { a, b, op } => broadcast(&shape(a), &shape(b))
                 .map_err(|m| ShapeError { kind: Mismatch, message: format!("`{op:?}`: {m}") })?,
             Op::Unary { x, .. } => shape(x),
+            Op::Constant { ref values } => Shape(vec![Dim::known(values.len() as u64)]),
+            Op::Reduce { x, ref axes, keepdim, .. } => {
+                let s = shape(x);
+                if axes.is_empty() || axes.windows(2).any(|w| w[0] >= w[1]) || axes.iter().any(|a| *a >= s.rank()) {
+                    return err(Rank, format!("cannot reduce axes {axes:?} of {s}"));
+                }
+                let dims = s.0.iter().enumerate().filter_map(|(i, d)| match (axes.contains(&i), keepdim) {
+                    (false, _) => Some(d.clone()),
+                    (true, true) => Some(Dim::known(1)),
+                    (true, false) => None,
+                });
+                Shape(dims.collect())
+            }
+            Op::LooMean { x, axis } => {
+                let s = shape(x);
+                if axis >= s.rank() {
+                    return err(Rank, format!("axis {axis} is out of range for {s}"));
+                }
+                s
+            }
+            Op::Where { cond, a, b } => {
+                let mismatch = |m| ShapeError { kind: Mismatch, message: format!("`where`: {m}") };
+                let ab = broadcast(&shape(a), &shape(b)).map_err(mismatch)?;
+                broadcast(&shape(cond), &ab).map_err(mismatch)?
+            }
+            Op::Thresholds { x, levels } => {
+                if levels < 2 {
+                    return err(BadSize, format!("an ordinal decomposition needs at least 2 levels, not {levels}"));
+                }
+                let mut s = shape(x);
+                s.0.push(Dim::known(levels - 1));
+                s
+            }
         })
     }
 }
@@ -488,11 +591,26 @@ pub enum Init {
     },
 }
 
+/// The values an input may hold (`input r: [B, G] in integers(1, K)`); checked
+/// before a run, with the offending index named.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Domain {
+    /// Anything, NaN and infinities included (they propagate per IEEE).
+    Any,
+    /// Finite numbers.
+    Finite,
+    /// Integers `lo..=hi`.
+    Integers { lo: i64, hi: i64 },
+    /// 0 or 1.
+    Binary,
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct Input {
     pub name: String,
     pub node: NodeId,
     pub init: Init,
+    pub domain: Domain,
 }
 
 /// A symbolic size and the value it takes when no tensor fixes it (`--seed`).
@@ -522,6 +640,39 @@ impl Program {
         self.shape(self.inputs[index].node)
     }
 
+    /// Removes nodes no output depends on (inputs always stay: they are the
+    /// spec's interface), renumbering the rest in order.
+    pub fn prune_dead(&mut self) {
+        let mut live = vec![false; self.nodes.len()];
+        for (_, id) in &self.outputs {
+            live[id.0 as usize] = true;
+        }
+        for input in &self.inputs {
+            live[input.node.0 as usize] = true;
+        }
+        for i in (0..self.nodes.len()).rev() {
+            if live[i] {
+                for operand in self.nodes[i].op.operands() {
+                    live[operand.0 as usize] = true;
+                }
+            }
+        }
+        let mut new_id = vec![NodeId(u32::MAX); self.nodes.len()];
+        let mut kept = Vec::new();
+        for (i, node) in std::mem::take(&mut self.nodes).into_iter().enumerate() {
+            if live[i] {
+                new_id[i] = NodeId(kept.len() as u32);
+                kept.push(node);
+            }
+        }
+        for node in &mut kept {
+            node.op.map_operands(|id| new_id[id.0 as usize]);
+        }
+        self.nodes = kept;
+        self.inputs.iter_mut().for_each(|i| i.node = new_id[i.node.0 as usize]);
+        self.outputs.iter_mut().for_each(|o| o.1 = new_id[o.1 .0 as usize]);
+    }
+
     /// A readable listing, one node per line; stable text for snapshots.
     pub fn pretty(&self) -> String {
         let mut out = format!("program {}\n", self.name);
@@ -530,7 +681,15 @@ impl Program {
         }
         for (i, n) in self.nodes.iter().enumerate() {
             let desc = match &n.op {
-                Op::Input { index } => format!("input {}", self.inputs[*index].name),
+                Op::Input { index } => {
+                    let input = &self.inputs[*index];
+                    match input.domain {
+                        Domain::Any => format!("input {}", input.name),
+                        Domain::Finite => format!("input {} in finite", input.name),
+                        Domain::Binary => format!("input {} in binary", input.name),
+                        Domain::Integers { lo, hi } => format!("input {} in integers({lo}, {hi})", input.name),
+                    }
+                }
                 Op::Scalar { value } => format!("scalar {value:?}"),
                 Op::MatMul { a, b } => format!("matmul {a}, {b}"),
                 Op::SplitHeads { x, heads } => format!("split_heads {x}, heads={heads}"),
@@ -549,6 +708,18 @@ impl Program {
                 ),
                 Op::Binary { op, a, b } => format!("{} {a}, {b}", format!("{op:?}").to_lowercase()),
                 Op::Unary { op, x } => format!("{} {x}", format!("{op:?}").to_lowercase()),
+                Op::Constant { values } => format!("constant {values:?}"),
+                Op::Reduce { x, kind, axes, keepdim } => {
+                    let kind = match kind {
+                        ReduceKind::Var { bessel: true } => "var_bessel".to_string(),
+                        ReduceKind::Var { bessel: false } => "var".to_string(),
+                        k => format!("{k:?}").to_lowercase(),
+                    };
+                    format!("reduce_{kind} {x}, axes={axes:?}, keepdim={keepdim}")
+                }
+                Op::LooMean { x, axis } => format!("loo_mean {x}, axis={axis}"),
+                Op::Where { cond, a, b } => format!("where {cond}, {a}, {b}"),
+                Op::Thresholds { x, levels } => format!("thresholds {x}, levels={levels}"),
             };
             let _ = writeln!(out, "  %{i} = {desc} : {}", n.shape);
         }

@@ -6,7 +6,7 @@ use crate::builtins;
 use crate::codes::Code;
 use crate::diag::{suggest, Diagnostic};
 use crate::ir::*;
-use crate::value::{conform, eval, unknown_name, Scope, Value};
+use crate::value::{conform, eval, unknown_name, Scope, Value, SCALAR_FUNCTIONS};
 use attnc_grammar::ast::{self, BinOp, Expr, ExprKind, ItemKind, Span, Type, UnOp};
 use std::collections::{BTreeMap, HashSet};
 
@@ -61,8 +61,6 @@ pub(crate) struct Lowerer {
     pub scope: BTreeMap<String, (Binding, Span)>,
     pub diags: Vec<Diagnostic>,
     pub nodes: Vec<Node>,
-    /// Side table: the source span of each node.
-    pub spans: Vec<Span>,
     dims: Vec<DimDecl>,
     inputs: Vec<Input>,
     outputs: Vec<(String, NodeId)>,
@@ -88,7 +86,6 @@ pub fn lower(spec: &ast::Spec, settings: &[Setting]) -> Result<Compiled, Vec<Dia
         scope: BTreeMap::new(),
         diags: vec![],
         nodes: vec![],
-        spans: vec![],
         dims: vec![],
         inputs: vec![],
         outputs: vec![],
@@ -197,15 +194,16 @@ pub fn lower(spec: &ast::Spec, settings: &[Setting]) -> Result<Compiled, Vec<Dia
                 l.dims.push(DimDecl { name: name.name.clone(), default: value });
                 l.scope.insert(name.name.clone(), (Binding::Dim { value }, name.span));
             }
-            ItemKind::Input { name, shape, init, .. } => {
+            ItemKind::Input { name, shape, domain, init, .. } => {
                 let dims: Option<Vec<Dim>> =
                     shape.iter().map(|e| l.dim_expr(e)).collect::<Vec<_>>().into_iter().collect();
-                let init = l.init(init.as_ref());
-                let node = match (dims, init) {
-                    (Some(dims), Some(init)) => {
+                let domain = l.domain(domain.as_ref());
+                let init = domain.as_ref().and_then(|d| l.init(init.as_ref(), d));
+                let node = match (dims, init, domain) {
+                    (Some(dims), Some(init), Some(domain)) => {
                         let index = l.inputs.len();
-                        let id = l.push(Node { op: Op::Input { index }, shape: Shape(dims) }, item.span);
-                        l.inputs.push(Input { name: name.name.clone(), node: id, init });
+                        let id = l.push(Node { op: Op::Input { index }, shape: Shape(dims) });
+                        l.inputs.push(Input { name: name.name.clone(), node: id, init, domain });
                         Some(id)
                     }
                     _ => None,
@@ -216,7 +214,7 @@ pub fn lower(spec: &ast::Spec, settings: &[Setting]) -> Result<Compiled, Vec<Dia
                 let node = match l.operand(value) {
                     Some(Operand::Tensor(id)) => Some(id),
                     Some(Operand::Const(v)) => match v.as_f64() {
-                        Some(x) => Some(l.push(Node { op: Op::Scalar { value: x }, shape: Shape(vec![]) }, value.span)),
+                        Some(x) => Some(l.push(Node { op: Op::Scalar { value: x }, shape: Shape(vec![]) })),
                         None => {
                             l.diags.push(
                                 Diagnostic::error(
@@ -278,6 +276,8 @@ pub fn lower(spec: &ast::Spec, settings: &[Setting]) -> Result<Compiled, Vec<Dia
     let warnings = l.unused_input_warnings(spec);
     let program =
         Program { name: spec.name.name.clone(), dims: l.dims, nodes: l.nodes, inputs: l.inputs, outputs: l.outputs };
+    let mut program = program;
+    program.prune_dead();
     Ok(Compiled { program, params: l.params, warnings })
 }
 
@@ -292,9 +292,8 @@ impl Scope for EmptyScope {
 }
 
 impl Lowerer {
-    pub(crate) fn push(&mut self, node: Node, span: Span) -> NodeId {
+    pub(crate) fn push(&mut self, node: Node) -> NodeId {
         self.nodes.push(node);
-        self.spans.push(span);
         NodeId(self.nodes.len() as u32 - 1)
     }
 
@@ -307,7 +306,7 @@ impl Lowerer {
             op.infer(&|id| nodes[id.0 as usize].shape.clone())
         };
         match shape {
-            Ok(shape) => Some(self.push(Node { op, shape }, span)),
+            Ok(shape) => Some(self.push(Node { op, shape })),
             Err(e) => {
                 let code = match e.kind {
                     ShapeErrorKind::Mismatch => Code::ShapeMismatch,
@@ -391,10 +390,46 @@ impl Lowerer {
         }
     }
 
-    /// The `~ DISTRIBUTION` of an input (default `uniform(-1, 1)`).
-    fn init(&mut self, e: Option<&Expr>) -> Option<Init> {
+    /// The `in DOMAIN` of an input: `any` (the default), `finite`, `binary` or `integers(lo, hi)`.
+    fn domain(&mut self, e: Option<&Expr>) -> Option<Domain> {
+        let Some(e) = e else { return Some(Domain::Any) };
+        let domain = match &e.kind {
+            ExprKind::Name(n) if n == "any" => Some(Domain::Any),
+            ExprKind::Name(n) if n == "finite" => Some(Domain::Finite),
+            ExprKind::Name(n) if n == "binary" => Some(Domain::Binary),
+            ExprKind::Call { func, args } if func.name == "integers" && args.len() == 2 => {
+                let lo = eval_strict(&args[0].value, self);
+                let hi = eval_strict(&args[1].value, self);
+                match (lo, hi) {
+                    (Ok(Value::Int(lo)), Ok(Value::Int(hi))) if lo <= hi => Some(Domain::Integers { lo, hi }),
+                    (Err(d), _) | (_, Err(d)) => {
+                        self.diags.push(d);
+                        return None;
+                    }
+                    _ => None,
+                }
+            }
+            _ => None,
+        };
+        if domain.is_none() {
+            self.diags.push(
+                Diagnostic::error(Code::TypeMismatch, format!("`{}` is not a domain", attnc_grammar::print_expr(e)))
+                    .at(e.span, "here")
+                    .hint("use `any`, `finite`, `binary` or `integers(lo, hi)` with lo <= hi"),
+            );
+        }
+        domain
+    }
+
+    /// The `~ DISTRIBUTION` of an input; by default drawn from the domain
+    /// (`uniform(-1, 1)` for real numbers).
+    fn init(&mut self, e: Option<&Expr>, domain: &Domain) -> Option<Init> {
         let Some(e) = e else {
-            return Some(Init::Uniform { lo: -1.0, hi: 1.0 });
+            return Some(match *domain {
+                Domain::Integers { lo, hi } => Init::Integers { lo, hi },
+                Domain::Binary => Init::Bernoulli { p: 0.5 },
+                Domain::Any | Domain::Finite => Init::Uniform { lo: -1.0, hi: 1.0 },
+            });
         };
         let ExprKind::Call { func, args } = &e.kind else {
             self.diags.push(
@@ -427,14 +462,30 @@ impl Lowerer {
             ("bernoulli", [p]) if vals.len() == 1 && (0.0..=1.0).contains(p) => Some(Init::Bernoulli { p: *p }),
             _ => None,
         };
-        if init.is_none() {
+        let Some(init) = init else {
             self.diags.push(
                 Diagnostic::error(Code::TypeMismatch, format!("`{}` is not a valid distribution", attnc_grammar::print_expr(e)))
                     .at(e.span, "here")
                     .hint("use `uniform(lo, hi)` with lo < hi, `normal(mean, std)` with std > 0, `integers(lo, hi)` or `bernoulli(p)` with 0 ≤ p ≤ 1"),
             );
+            return None;
+        };
+        let fits = match (*domain, &init) {
+            (Domain::Any | Domain::Finite, _) => true,
+            (Domain::Binary, Init::Bernoulli { .. }) => true,
+            (Domain::Binary, Init::Integers { lo, hi }) => *lo >= 0 && *hi <= 1,
+            (Domain::Integers { lo, hi }, Init::Integers { lo: a, hi: b }) => lo <= *a && *b <= hi,
+            (Domain::Integers { lo, hi }, Init::Bernoulli { .. }) => lo <= 0 && 1 <= hi,
+            _ => false,
+        };
+        if !fits {
+            self.diags.push(
+                Diagnostic::error(Code::TypeMismatch, "the distribution draws values outside the input's domain")
+                    .at(e.span, "this distribution"),
+            );
+            return None;
         }
-        init
+        Some(init)
     }
 
     /// Lower a tensor-level expression. `None` means an error was reported.
@@ -459,6 +510,7 @@ impl Lowerer {
                     None
                 }
             },
+            _ if self.is_constant(e) => self.constant(e),
             ExprKind::List(_) => match eval_strict(e, self) {
                 Ok(v) => Some(Operand::Const(v)),
                 Err(d) => {
@@ -526,6 +578,45 @@ impl Lowerer {
                 self.add(Op::Binary { op: bop, a: x, b: y }, e.span, &[sa, sb]).map(Operand::Tensor)
             }
             ExprKind::Call { func, args } => builtins::lower_call(self, e, func, args),
+            ExprKind::If(c, a, b) => match eval_strict(c, self) {
+                Ok(Value::Bool(true)) => self.operand(a),
+                Ok(Value::Bool(false)) => self.operand(b),
+                Ok(v) => {
+                    self.diags.push(
+                        Diagnostic::error(
+                            Code::TypeMismatch,
+                            format!("the condition of `if` must be true or false, not {} `{v}`", v.type_name()),
+                        )
+                        .at(c.span, "this condition")
+                        .hint("conditions are on parameters; for elementwise choices use `where(cond, a, b)`"),
+                    );
+                    None
+                }
+                Err(d) => {
+                    self.diags.push(d);
+                    None
+                }
+            },
+        }
+    }
+
+    /// Whether `e` folds to a constant: its names are parameters (or enum
+    /// literals compared with `==`/`!=`) and it calls only scalar functions.
+    fn is_constant(&self, e: &Expr) -> bool {
+        let symbol = |x: &Expr| matches!(&x.kind, ExprKind::Name(n) if !self.scope.contains_key(n));
+        match &e.kind {
+            ExprKind::Int(_) | ExprKind::Float(_) | ExprKind::Bool(_) | ExprKind::None => true,
+            ExprKind::Name(n) => matches!(self.scope.get(n), Some((Binding::Param { .. }, _))),
+            ExprKind::List(items) => items.iter().all(|x| self.is_constant(x)),
+            ExprKind::Unary(_, x) => self.is_constant(x),
+            ExprKind::Binary(BinOp::Eq | BinOp::Ne, a, b) => {
+                (symbol(a) || self.is_constant(a)) && (symbol(b) || self.is_constant(b))
+            }
+            ExprKind::Binary(_, a, b) => self.is_constant(a) && self.is_constant(b),
+            ExprKind::If(c, a, b) => self.is_constant(c) && self.is_constant(a) && self.is_constant(b),
+            ExprKind::Call { func, args } => {
+                SCALAR_FUNCTIONS.contains(&func.name.as_str()) && args.iter().all(|a| self.is_constant(&a.value))
+            }
         }
     }
 
@@ -544,7 +635,7 @@ impl Lowerer {
         match v {
             Operand::Tensor(id) => Some(id),
             Operand::Const(c) => match c.as_f64() {
-                Some(x) => Some(self.push(Node { op: Op::Scalar { value: x }, shape: Shape(vec![]) }, e.span)),
+                Some(x) => Some(self.push(Node { op: Op::Scalar { value: x }, shape: Shape(vec![]) })),
                 None => {
                     self.diags.push(
                         Diagnostic::error(

@@ -62,6 +62,9 @@ pub trait Scope {
 
 /// Evaluate a constant expression. A bare unknown name at the top or as an
 /// operand of `==`/`!=` is an enum literal; anywhere else it is an error.
+/// The functions constant expressions may call.
+pub const SCALAR_FUNCTIONS: &[&str] = &["sqrt", "exp", "log", "abs", "min", "max"];
+
 pub fn eval(e: &Expr, scope: &dyn Scope) -> Result<Value, Diagnostic> {
     eval_inner(e, scope, true)
 }
@@ -134,6 +137,11 @@ fn eval_inner(e: &Expr, scope: &dyn Scope, symbol_ok: bool) -> Result<Value, Dia
             let vb = eval_inner(b, scope, eq)?;
             binary(*op, va, vb).map_err(arith)?
         }
+        ExprKind::If(c, a, b) => match eval_inner(c, scope, false)? {
+            Value::Bool(true) => eval_inner(a, scope, symbol_ok)?,
+            Value::Bool(false) => eval_inner(b, scope, symbol_ok)?,
+            v => return Err(arith(format!("`if` needs true or false, found {} `{v}`", v.type_name()))),
+        },
         ExprKind::Call { func, args } => {
             let vals: Vec<Value> = args.iter().map(|a| eval_inner(&a.value, scope, false)).collect::<Result<_, _>>()?;
             let nums: Option<Vec<f64>> = vals.iter().map(Value::as_f64).collect();

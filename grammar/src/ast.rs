@@ -47,8 +47,8 @@ pub enum ItemKind {
     Param { name: Ident, ty: Type, default: Option<Expr> },
     /// `dim NAME [= DEFAULT]` — a symbolic size, bound from tensors at run time.
     Dim { name: Ident, default: Option<Expr> },
-    /// `input NAME: [d0, d1, ...] [~ DISTRIBUTION]`.
-    Input { name: Ident, shape: Vec<Expr>, shape_span: Span, init: Option<Expr> },
+    /// `input NAME: [d0, d1, ...] [in DOMAIN] [~ DISTRIBUTION]`.
+    Input { name: Ident, shape: Vec<Expr>, shape_span: Span, domain: Option<Expr>, init: Option<Expr> },
     /// `let NAME = EXPR`.
     Let { name: Ident, value: Expr },
     /// `output NAME = EXPR`.
@@ -121,7 +121,12 @@ pub enum ExprKind {
     List(Vec<Expr>),
     Unary(UnOp, Box<Expr>),
     Binary(BinOp, Box<Expr>, Box<Expr>),
-    Call { func: Ident, args: Vec<Arg> },
+    Call {
+        func: Ident,
+        args: Vec<Arg>,
+    },
+    /// `if COND then A else B`: the condition is a constant, so only one branch is lowered.
+    If(Box<Expr>, Box<Expr>, Box<Expr>),
 }
 
 /// A call argument: positional (`name == None`) or keyword (`key = value`).
@@ -215,10 +220,11 @@ impl Spec {
                     name.span = Span::default();
                     default.iter_mut().for_each(Expr::strip_spans);
                 }
-                ItemKind::Input { name, shape, shape_span, init } => {
+                ItemKind::Input { name, shape, shape_span, domain, init } => {
                     name.span = Span::default();
                     *shape_span = Span::default();
                     shape.iter_mut().for_each(Expr::strip_spans);
+                    domain.iter_mut().for_each(Expr::strip_spans);
                     init.iter_mut().for_each(Expr::strip_spans);
                 }
                 ItemKind::Let { name, value } | ItemKind::Output { name, value } => {
@@ -242,6 +248,11 @@ impl Expr {
                 a.strip_spans();
                 b.strip_spans();
             }
+            ExprKind::If(c, a, b) => {
+                c.strip_spans();
+                a.strip_spans();
+                b.strip_spans();
+            }
             ExprKind::Call { func, args } => {
                 func.span = Span::default();
                 for arg in args {
@@ -261,6 +272,11 @@ impl Expr {
             ExprKind::List(items) => items.iter().for_each(|e| e.walk(f)),
             ExprKind::Unary(_, e) => e.walk(f),
             ExprKind::Binary(_, a, b) => {
+                a.walk(f);
+                b.walk(f);
+            }
+            ExprKind::If(c, a, b) => {
+                c.walk(f);
                 a.walk(f);
                 b.walk(f);
             }

@@ -155,8 +155,17 @@ fn item(pair: Pair<Rule>) -> Result<Item, SyntaxError> {
             let shape_pair = inner.next().unwrap();
             let shape_span = span_of(&shape_pair);
             let shape = shape_pair.into_inner().map(expr).collect::<Result<_, _>>()?;
-            let init = inner.next().map(expr).transpose()?;
-            ItemKind::Input { name, shape, shape_span, init }
+            let (mut domain, mut init) = (None, None);
+            for clause in inner {
+                let rule = clause.as_rule();
+                let value = expr(clause.into_inner().last().unwrap())?;
+                if rule == Rule::domain {
+                    domain = Some(value);
+                } else {
+                    init = Some(value);
+                }
+            }
+            ItemKind::Input { name, shape, shape_span, domain, init }
         }
         Rule::let_stmt | Rule::output => {
             let name = ident(inner.next().unwrap());
@@ -302,6 +311,12 @@ fn primary(pair: Pair<Rule>) -> Result<(Expr, usize), SyntaxError> {
             let depth = depth_of(&e);
             Ok((e, depth))
         }
+        Rule::if_expr => {
+            let mut parts = pair.into_inner().filter(|p| p.as_rule() == Rule::expr);
+            let (c, a, b) = (expr(parts.next().unwrap())?, expr(parts.next().unwrap())?, expr(parts.next().unwrap())?);
+            let depth = 1 + depth_of(&c).max(depth_of(&a)).max(depth_of(&b));
+            Ok((Expr { kind: ExprKind::If(Box::new(c), Box::new(a), Box::new(b)), span }, depth))
+        }
         Rule::list => {
             let items: Vec<Expr> = pair.into_inner().map(expr).collect::<Result<_, _>>()?;
             let depth = 1 + items.iter().map(depth_of).max().unwrap_or(0);
@@ -334,6 +349,7 @@ fn depth_of(e: &Expr) -> usize {
         ExprKind::Unary(_, x) => 1 + depth_of(x),
         ExprKind::Binary(_, a, b) => 1 + depth_of(a).max(depth_of(b)),
         ExprKind::Call { args, .. } => 1 + args.iter().map(|a| depth_of(&a.value)).max().unwrap_or(0),
+        ExprKind::If(c, a, b) => 1 + depth_of(c).max(depth_of(a)).max(depth_of(b)),
         _ => 1,
     }
 }
@@ -374,7 +390,11 @@ fn describe(rule: &Rule) -> Option<&'static str> {
         Rule::or | Rule::and | Rule::eq | Rule::ne | Rule::le | Rule::ge | Rule::lt | Rule::gt => "an operator",
         Rule::add | Rule::sub | Rule::mul | Rule::div | Rule::rem | Rule::matmul => "an operator",
         Rule::neg | Rule::not => "an expression",
-        Rule::call | Rule::list | Rule::kwarg => "an expression",
+        Rule::call | Rule::list | Rule::kwarg | Rule::if_expr => "an expression",
+        Rule::domain | Rule::kw_in => "`in DOMAIN`",
+        Rule::init => "`~ DISTRIBUTION`",
+        Rule::kw_then => "`then`",
+        Rule::kw_else => "`else`",
         Rule::kw_none | Rule::kw_true | Rule::kw_false => "an expression",
         _ => return None,
     })

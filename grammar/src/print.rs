@@ -35,9 +35,12 @@ fn print_item(kind: &ItemKind, out: &mut String) {
                 let _ = write!(out, " = {}", print_expr(d));
             }
         }
-        ItemKind::Input { name, shape, init, .. } => {
+        ItemKind::Input { name, shape, domain, init, .. } => {
             let dims: Vec<String> = shape.iter().map(print_expr).collect();
             let _ = write!(out, "input {}: [{}]", name.name, dims.join(", "));
+            if let Some(d) = domain {
+                let _ = write!(out, " in {}", print_expr(d));
+            }
             if let Some(i) = init {
                 let _ = write!(out, " ~ {}", print_expr(i));
             }
@@ -83,6 +86,8 @@ fn precedence(e: &Expr) -> u8 {
     match &e.kind {
         ExprKind::Binary(op, ..) => op.precedence(),
         ExprKind::Unary(..) => UNARY_PRECEDENCE,
+        // `if` extends as far right as it can: parenthesised inside any operator.
+        ExprKind::If(..) => 0,
         _ => u8::MAX,
     }
 }
@@ -120,6 +125,14 @@ fn write_expr(e: &Expr, min: u8, out: &mut String) {
             let _ = write!(out, " {} ", op.symbol());
             // Left-associative: an equal-precedence right operand needs parentheses.
             write_expr(b, op.precedence() + 1, out);
+        }
+        ExprKind::If(c, a, b) => {
+            out.push_str("if ");
+            write_expr(c, 0, out);
+            out.push_str(" then ");
+            write_expr(a, 0, out);
+            out.push_str(" else ");
+            write_expr(b, 0, out);
         }
         ExprKind::Call { func, args } => {
             out.push_str(&func.name);

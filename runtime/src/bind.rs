@@ -5,7 +5,7 @@ use crate::error::RunError;
 use crate::interp::{concrete, DimValues};
 use crate::rng::Rng;
 use crate::tensor::Tensor;
-use attnc_compiler::ir::Program;
+use attnc_compiler::ir::{Domain, Op, Program};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// Match `tensors` to the program's inputs and solve every dim.
@@ -87,8 +87,63 @@ pub fn bind_inputs(
         if concrete(program.input_shape(i), &dims) != t.shape {
             return Err(shape_error(program, i, t));
         }
+        check_domain(&program.inputs[i].name, program.inputs[i].domain, t)?;
     }
+    check_sizes(program, &dims)?;
     Ok((inputs, dims))
+}
+
+/// Names index `[i, j, ...]` of a reward-shaped tensor as a person reads it.
+fn describe_index(index: &[usize]) -> String {
+    let roles = ["group", "sample", "component"];
+    let parts: Vec<String> = match index.len() {
+        2 | 3 => index.iter().zip(roles).map(|(i, r)| format!("{r} {i}")).collect(),
+        _ => vec![format!("index {index:?}")],
+    };
+    parts.join(", ")
+}
+
+/// Every value of `t` must lie in `domain`.
+pub fn check_domain(name: &str, domain: Domain, t: &Tensor) -> Result<(), RunError> {
+    let ok = |v: f64| match domain {
+        Domain::Any => true,
+        Domain::Finite => v.is_finite(),
+        Domain::Binary => v == 0.0 || v == 1.0,
+        Domain::Integers { lo, hi } => v.fract() == 0.0 && v >= lo as f64 && v <= hi as f64,
+    };
+    let Some(flat) = t.data.iter().position(|v| !ok(*v)) else { return Ok(()) };
+    let mut index = vec![0; t.shape.len()];
+    let mut rest = flat;
+    for axis in (0..t.shape.len()).rev() {
+        index[axis] = rest % t.shape[axis];
+        rest /= t.shape[axis];
+    }
+    let want = match domain {
+        Domain::Any => unreachable!(),
+        Domain::Finite => "a finite number".to_string(),
+        Domain::Binary => "0 or 1".to_string(),
+        Domain::Integers { lo, hi } => format!("an integer in {lo}..={hi}"),
+    };
+    Err(RunError::BadInputValue(format!(
+        "`{name}`{index:?} ({}) is {}, but must be {want}",
+        describe_index(&index),
+        t.data[flat]
+    )))
+}
+
+/// Size conditions that only the bound dims can decide.
+pub fn check_sizes(program: &Program, dims: &DimValues) -> Result<(), RunError> {
+    for node in &program.nodes {
+        if let Op::LooMean { x, axis } = &node.op {
+            let n = concrete(program.shape(*x), dims)[*axis];
+            if n < 2 {
+                return Err(RunError::BadSetting(format!(
+                    "a leave-one-out mean needs at least 2 entries along axis {axis}, but it has {n} (a group of one sample has no other samples to average)"
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 fn shape_error(program: &Program, i: usize, t: &Tensor) -> RunError {
@@ -128,5 +183,6 @@ pub fn generate_inputs(program: &Program, seed: u64) -> Result<(Vec<Tensor>, Dim
             Tensor::new(shape, (0..n).map(|_| rng.draw(&input.init)).collect())
         })
         .collect();
+    check_sizes(program, &dims)?;
     Ok((inputs, dims))
 }

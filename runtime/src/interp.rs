@@ -37,6 +37,11 @@ pub fn evaluate(program: &Program, inputs: &[Tensor], dims: &DimValues) -> Vec<T
             Op::Attention { q, k, v: vv, mask, scale } => attention(v(*q), v(*k), v(*vv), mask, *scale, shape),
             Op::Binary { op, a, b } => binary(*op, v(*a), v(*b), shape),
             Op::Unary { op, x } => unary(*op, v(*x)),
+            Op::Constant { values } => Tensor::new(vec![values.len()], values.clone()),
+            Op::Reduce { x, kind, axes, .. } => reduce(v(*x), *kind, axes, shape),
+            Op::LooMean { x, axis } => loo_mean(v(*x), *axis),
+            Op::Where { cond, a, b } => select(v(*cond), v(*a), v(*b), shape),
+            Op::Thresholds { x, levels } => thresholds(v(*x), *levels as usize, shape),
         };
         debug_assert_eq!(out.shape, concrete(&node.shape, dims), "interpreter produced a shape other than the IR's");
         values.push(out);
@@ -251,25 +256,17 @@ fn broadcast_strides(shape: &[usize], out: &[usize]) -> Vec<usize> {
     strides
 }
 
-fn binary(op: BinaryOp, a: &Tensor, b: &Tensor, shape: Vec<usize>) -> Tensor {
-    let (sa, sb) = (broadcast_strides(&a.shape, &shape), broadcast_strides(&b.shape, &shape));
+/// `out[i] = f(operands at i)` under numpy broadcasting.
+fn broadcast_map(shape: Vec<usize>, operands: &[&Tensor], f: impl Fn(&[f64]) -> f64) -> Tensor {
+    let strides: Vec<Vec<usize>> = operands.iter().map(|t| broadcast_strides(&t.shape, &shape)).collect();
     let mut out = Tensor::zeros(shape.clone());
     let mut idx = vec![0usize; shape.len()];
+    let mut args = vec![0.0; operands.len()];
     for o in out.data.iter_mut() {
-        let ia: usize = idx.iter().zip(&sa).map(|(i, s)| i * s).sum();
-        let ib: usize = idx.iter().zip(&sb).map(|(i, s)| i * s).sum();
-        let (x, y) = (a.data[ia], b.data[ib]);
-        *o = match op {
-            BinaryOp::Add => x + y,
-            BinaryOp::Sub => x - y,
-            BinaryOp::Mul => x * y,
-            BinaryOp::Div => x / y,
-            BinaryOp::Max => x.max(y),
-            BinaryOp::Min => x.min(y),
-            BinaryOp::Ge => f64::from(u8::from(x >= y)),
-            BinaryOp::Gt => f64::from(u8::from(x > y)),
-            BinaryOp::Eq => f64::from(u8::from(x == y)),
-        };
+        for ((arg, t), st) in args.iter_mut().zip(operands).zip(&strides) {
+            *arg = t.data[idx.iter().zip(st).map(|(i, s)| i * s).sum::<usize>()];
+        }
+        *o = f(&args);
         for axis in (0..shape.len()).rev() {
             idx[axis] += 1;
             if idx[axis] < shape[axis] {
@@ -279,6 +276,106 @@ fn binary(op: BinaryOp, a: &Tensor, b: &Tensor, shape: Vec<usize>) -> Tensor {
         }
     }
     out
+}
+
+fn binary(op: BinaryOp, a: &Tensor, b: &Tensor, shape: Vec<usize>) -> Tensor {
+    broadcast_map(shape, &[a, b], |v| {
+        let (x, y) = (v[0], v[1]);
+        match op {
+            BinaryOp::Add => x + y,
+            BinaryOp::Sub => x - y,
+            BinaryOp::Mul => x * y,
+            BinaryOp::Div => x / y,
+            BinaryOp::Max => x.max(y),
+            BinaryOp::Min => x.min(y),
+            BinaryOp::Ge => f64::from(u8::from(x >= y)),
+            BinaryOp::Gt => f64::from(u8::from(x > y)),
+            BinaryOp::Eq => f64::from(u8::from(x == y)),
+        }
+    })
+}
+
+fn select(cond: &Tensor, a: &Tensor, b: &Tensor, shape: Vec<usize>) -> Tensor {
+    broadcast_map(shape, &[cond, a, b], |v| if v[0] != 0.0 { v[1] } else { v[2] })
+}
+
+/// For each element of a tensor of `shape`, the flat index of the reduction
+/// slot it falls into when `axes` are reduced.
+fn reduction_slots(shape: &[usize], axes: &[usize]) -> Vec<usize> {
+    let n: usize = shape.iter().product();
+    let mut slots = Vec::with_capacity(n);
+    let mut idx = vec![0usize; shape.len()];
+    for _ in 0..n {
+        let mut slot = 0;
+        for (axis, (&i, &len)) in idx.iter().zip(shape).enumerate() {
+            if !axes.contains(&axis) {
+                slot = slot * len + i;
+            }
+        }
+        slots.push(slot);
+        for axis in (0..shape.len()).rev() {
+            idx[axis] += 1;
+            if idx[axis] < shape[axis] {
+                break;
+            }
+            idx[axis] = 0;
+        }
+    }
+    slots
+}
+
+fn reduce(x: &Tensor, kind: ReduceKind, axes: &[usize], shape: Vec<usize>) -> Tensor {
+    let slots = reduction_slots(&x.shape, axes);
+    let count: usize = axes.iter().map(|a| x.shape[*a]).product();
+    let mut out = Tensor::zeros(shape);
+    match kind {
+        ReduceKind::Sum | ReduceKind::Mean | ReduceKind::Var { .. } => {
+            for (v, s) in x.data.iter().zip(&slots) {
+                out.data[*s] += v;
+            }
+            if kind != ReduceKind::Sum {
+                out.data.iter_mut().for_each(|v| *v /= count as f64);
+            }
+            if let ReduceKind::Var { bessel } = kind {
+                let mean = out.data.clone();
+                out.data.iter_mut().for_each(|v| *v = 0.0);
+                for (v, s) in x.data.iter().zip(&slots) {
+                    out.data[*s] += (v - mean[*s]) * (v - mean[*s]);
+                }
+                let n = if bessel { count as f64 - 1.0 } else { count as f64 };
+                out.data.iter_mut().for_each(|v| *v /= n);
+            }
+        }
+        ReduceKind::Max | ReduceKind::Min => {
+            let max = kind == ReduceKind::Max;
+            out.data.iter_mut().for_each(|v| *v = if max { f64::NEG_INFINITY } else { f64::INFINITY });
+            for (v, s) in x.data.iter().zip(&slots) {
+                out.data[*s] = if max { out.data[*s].max(*v) } else { out.data[*s].min(*v) };
+            }
+        }
+        ReduceKind::Count => {
+            for (v, s) in x.data.iter().zip(&slots) {
+                out.data[*s] += f64::from(u8::from(*v != 0.0));
+            }
+        }
+    }
+    out
+}
+
+fn loo_mean(x: &Tensor, axis: usize) -> Tensor {
+    let slots = reduction_slots(&x.shape, &[axis]);
+    let n = x.shape[axis] as f64;
+    let mut sums = vec![0.0; x.len() / x.shape[axis].max(1)];
+    for (v, s) in x.data.iter().zip(&slots) {
+        sums[*s] += v;
+    }
+    let data = x.data.iter().zip(&slots).map(|(v, s)| (sums[*s] - v) / (n - 1.0)).collect();
+    Tensor { shape: x.shape.clone(), data }
+}
+
+fn thresholds(x: &Tensor, levels: usize, shape: Vec<usize>) -> Tensor {
+    let data = x.data.iter().flat_map(|v| (2..=levels).map(move |tau| f64::from(u8::from(*v >= tau as f64)))).collect();
+    Tensor::new(shape, data)
 }
 
 fn unary(op: UnaryOp, x: &Tensor) -> Tensor {
