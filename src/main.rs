@@ -1,6 +1,7 @@
 //! `attnc`: the command-line driver. Parsing arguments, reading and writing
 //! files, and printing diagnostics happen here; everything else is a library call.
 
+use attnc_compiler::opt::{self, cost, cost::Mode, cost::Target};
 use attnc_compiler::{render, Code, Compiled, Diagnostic, Setting};
 use attnc_runtime::io::FileDtype;
 use attnc_runtime::{bind, interp, io, RunError, Tensor};
@@ -50,6 +51,28 @@ enum Command {
         /// Element type of the written tensors
         #[arg(long, value_enum, default_value_t = Dtype::F32)]
         dtype: Dtype,
+        /// Run the program the optimizer chooses (see `attnc explain`)
+        #[arg(long)]
+        optimize: bool,
+        /// With --optimize: the machine the cost model predicts for
+        #[arg(long, value_enum, default_value_t = TargetArg::H200)]
+        target: TargetArg,
+        /// With --optimize: inference or training
+        #[arg(long, value_enum, default_value_t = ModeArg::Inference)]
+        mode: ModeArg,
+    },
+    /// Optimize a spec for a target and explain the choice
+    Explain {
+        file: PathBuf,
+        /// Bind a parameter or dim: NAME=VALUE (repeatable)
+        #[arg(long = "set", value_name = "NAME=VALUE")]
+        set: Vec<String>,
+        /// The machine the cost model predicts for
+        #[arg(long, value_enum, default_value_t = TargetArg::H200)]
+        target: TargetArg,
+        /// Inference folds weight-only work once; training pays it every call
+        #[arg(long, value_enum, default_value_t = ModeArg::Inference)]
+        mode: ModeArg,
     },
     /// Print the typed IR a spec lowers to
     Ir {
@@ -71,6 +94,38 @@ enum Backend {
 }
 
 #[derive(Clone, Copy, ValueEnum)]
+enum TargetArg {
+    /// NVIDIA H200 (f32 roofline)
+    H200,
+    /// A 2-core CPU through lavapipe
+    Cpu,
+}
+
+impl TargetArg {
+    fn target(self) -> Target {
+        match self {
+            TargetArg::H200 => cost::H200,
+            TargetArg::Cpu => cost::CPU,
+        }
+    }
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum ModeArg {
+    Inference,
+    Training,
+}
+
+impl ModeArg {
+    fn mode(self) -> Mode {
+        match self {
+            ModeArg::Inference => Mode::Inference,
+            ModeArg::Training => Mode::Training,
+        }
+    }
+}
+
+#[derive(Clone, Copy, ValueEnum)]
 enum Dtype {
     F32,
     F64,
@@ -80,9 +135,12 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Check { files, set } => check(&files, &set),
-        Command::Run { file, inputs, seed, out, set, backend: Backend::Interp, dtype } => {
-            run(&file, inputs.as_deref(), seed, &out, &set, dtype)
+        Command::Run { file, inputs, seed, out, set, backend: Backend::Interp, dtype, optimize, target, mode } => {
+            let opt =
+                optimize.then(|| opt::Config { target: target.target(), mode: mode.mode(), ..Default::default() });
+            run(&file, inputs.as_deref(), seed, &out, &set, dtype, opt)
         }
+        Command::Explain { file, set, target, mode } => explain(&file, &set, target.target(), mode.mode()),
         Command::Ir { file, set } => load(&file, &set).map(|c| print!("{}", c.program.pretty())),
         Command::Fmt { file } => fmt(&file),
         Command::ExplainError { code } => explain_error(&code),
@@ -173,6 +231,15 @@ fn same_file(a: &Path, b: &Path) -> bool {
     }
 }
 
+fn explain(file: &Path, set: &[String], target: Target, mode: Mode) -> Result<(), Failed> {
+    let compiled = load(file, set)?;
+    let dims = bind::default_dims(&compiled.program).map_err(|e| report(e.code(), e))?;
+    let cfg = opt::Config { target, mode, explain: true, ..Default::default() };
+    let optimized = opt::optimize(&compiled.program, &dims, &cfg);
+    print!("{}", optimized.report(&target, mode, &dims));
+    Ok(())
+}
+
 fn run(
     file: &Path,
     inputs: Option<&Path>,
@@ -180,6 +247,7 @@ fn run(
     out: &Path,
     set: &[String],
     dtype: Dtype,
+    optimize: Option<opt::Config>,
 ) -> Result<(), Failed> {
     let compiled = load(file, set)?;
     let program = &compiled.program;
@@ -201,7 +269,16 @@ fn run(
         (None, Some(s)) => bind::generate_inputs(program, s).map_err(fail)?,
         (None, None) => unreachable!("clap requires --inputs or --seed"),
     };
-    let outputs = interp::evaluate(program, &tensors, &dims);
+    let outputs = match optimize {
+        Some(cfg) => {
+            let optimized = opt::optimize(program, &dims, &cfg);
+            if optimized.hit_limit {
+                eprintln!("note: the optimizer stopped early: {}", optimized.stop);
+            }
+            interp::evaluate(&optimized.chosen, &tensors, &dims)
+        }
+        None => interp::evaluate(program, &tensors, &dims),
+    };
     let mut named: Vec<(String, &Tensor)> = program.outputs.iter().map(|(n, _)| n.clone()).zip(&outputs).collect();
     if seed.is_some() {
         named.extend(program.inputs.iter().map(|i| i.name.clone()).zip(&tensors));

@@ -187,7 +187,7 @@ fn run_refuses_to_overwrite_its_input() {
 fn help_lists_the_commands() {
     let o = attnc(&["--help"]);
     let out = String::from_utf8_lossy(&o.stdout);
-    for cmd in ["check", "run", "ir", "fmt", "explain-error"] {
+    for cmd in ["check", "run", "explain", "ir", "fmt", "explain-error"] {
         assert!(out.contains(cmd), "--help does not mention `{cmd}`:\n{out}");
     }
     let o = attnc(&["help", "run"]);
@@ -195,4 +195,24 @@ fn help_lists_the_commands() {
     assert!(out.contains("--inputs") && out.contains("--seed") && out.contains("--set"), "{out}");
     let o = attnc(&["explain-error", "E0301"]);
     assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).contains("shape mismatch"));
+}
+
+#[test]
+fn optimized_runs_match_and_explain_reports_the_choice() {
+    let dir = scratch("optimize");
+    let (a, b) = (dir.join("a.safetensors"), dir.join("b.safetensors"));
+    let base =
+        ["run", "stdlib/iha.attn", "--seed", "5", "--set", "N=1", "--set", "P=3", "--set", "H=4", "--set", "d=8"];
+    let o = attnc(&[&base[..], &["--out", s(&a)]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = attnc(&[&base[..], &["--out", s(&b), "--optimize", "--target", "cpu"]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let (ya, yb) =
+        (&decode(&std::fs::read(&a).unwrap()).unwrap()["y"], &decode(&std::fs::read(&b).unwrap()).unwrap()["y"]);
+    let e = attnc_runtime::relative_error(&yb.data, &ya.data);
+    assert!(e <= 1e-5, "optimized run differs: relative error {e:e}");
+    let o = attnc(&["explain", "stdlib/iha.attn", "--set", "N=1", "--target", "cpu"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success() && out.contains("chosen:") && out.contains("mix_cols"), "{out}");
+    std::fs::remove_dir_all(&dir).ok();
 }

@@ -75,9 +75,21 @@ fn item() -> impl Strategy<Value = Item> {
     let kind = prop_oneof![
         (ident(), ty(), prop::option::of(expr())).prop_map(|(name, ty, default)| ItemKind::Param { name, ty, default }),
         (ident(), prop::option::of(expr())).prop_map(|(name, default)| ItemKind::Dim { name, default }),
-        (ident(), prop::collection::vec(expr(), 0..4), prop::option::of(expr()), prop::option::of(expr())).prop_map(
-            |(name, shape, domain, init)| ItemKind::Input { name, shape, shape_span: Span::default(), domain, init }
-        ),
+        (
+            ident(),
+            any::<bool>(),
+            prop::collection::vec(expr(), 0..4),
+            prop::option::of(expr()),
+            prop::option::of(expr())
+        )
+            .prop_map(|(name, weight, shape, domain, init)| ItemKind::Input {
+                name,
+                weight,
+                shape,
+                shape_span: Span::default(),
+                domain,
+                init
+            }),
         (ident(), expr()).prop_map(|(name, value)| ItemKind::Let { name, value }),
         (ident(), expr()).prop_map(|(name, value)| ItemKind::Output { name, value }),
         (expr(), prop::option::of("[a-zA-Z0-9 ,.:=*/+-]{0,20}"))

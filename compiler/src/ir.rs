@@ -271,6 +271,38 @@ pub enum Op {
     /// ## Shape rules
     /// `x: [...]` → `[..., levels − 1]`.
     Thresholds { x: NodeId, levels: u64 },
+    /// Head mixing as a linear map on the last axis (columns), with `d = cols / M`:
+    /// `out[.., (h·P + j)·d + e] = Σ_m alpha[m,h,j] · y[.., m·d + e]`. Applied to a
+    /// weight matrix it gives the folded projection W̃ of papers.md §2.
+    /// ## Shape rules
+    /// `y: [..., M·d]`, `alpha: [M, H, P]` → `[..., H·P·d]`.
+    MixCols { y: NodeId, alpha: NodeId },
+    /// Collapse as a linear map on the last axis, with `d = cols / C`:
+    /// `out[.., h·d + e] = Σ_c r[h, c] · y[.., c·d + e]`.
+    /// ## Shape rules
+    /// `y: [..., C·d]`, `r: [H, C]` → `[..., H·d]`.
+    CollapseCols { y: NodeId, r: NodeId },
+    /// Collapse folded into the rows of an output projection, with `d = rows / H`:
+    /// `out[c·d + e, f] = Σ_h r[h, c] · w[h·d + e, f]` (W̃_O of papers.md §2).
+    /// ## Shape rules
+    /// `w: [H·d, F]`, `r: [H, C]` → `[C·d, F]`.
+    CollapseRows { w: NodeId, r: NodeId },
+    /// Splits the head axis into (head, pseudo): `out[b, h, j, ..] = x[b, h·P + j, ..]`.
+    /// ## Shape rules
+    /// `x: [B, H·P, S, d]` → `[B, H, P, S, d]`.
+    UnflattenHeads { x: NodeId, pseudo: u64 },
+    /// The inverse of `UnflattenHeads`.
+    /// ## Shape rules
+    /// `x: [B, H, P, S, d]` → `[B, H·P, S, d]`.
+    FlattenHeads { x: NodeId },
+    /// Concatenation of two matrices' columns.
+    /// ## Shape rules
+    /// `a: [K, F1]`, `b: [K, F2]` → `[K, F1 + F2]` (known sizes).
+    ConcatCols { a: NodeId, b: NodeId },
+    /// Columns `start .. start + len` of the last axis.
+    /// ## Shape rules
+    /// `x: [..., F]` with `start + len ≤ F` (known) → `[..., len]`.
+    SliceCols { x: NodeId, start: u64, len: u64 },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -312,6 +344,11 @@ impl Op {
             Op::Input { .. } | Op::Scalar { .. } | Op::Constant { .. } => vec![],
             Op::Reduce { x, .. } | Op::LooMean { x, .. } | Op::Thresholds { x, .. } => vec![x],
             Op::Where { cond, a, b } => vec![cond, a, b],
+            Op::MixCols { y, alpha } => vec![y, alpha],
+            Op::CollapseCols { y, r } => vec![y, r],
+            Op::CollapseRows { w, r } => vec![w, r],
+            Op::UnflattenHeads { x, .. } | Op::FlattenHeads { x } | Op::SliceCols { x, .. } => vec![x],
+            Op::ConcatCols { a, b } => vec![a, b],
             Op::MatMul { a, b } | Op::Binary { a, b, .. } => vec![a, b],
             Op::SplitHeads { x, .. }
             | Op::MergeHeads { x }
@@ -330,10 +367,15 @@ impl Op {
     pub fn map_operands(&mut self, mut f: impl FnMut(NodeId) -> NodeId) {
         match self {
             Op::Input { .. } | Op::Scalar { .. } | Op::Constant { .. } => {}
-            Op::MatMul { a, b } | Op::Binary { a, b, .. } => {
+            Op::MatMul { a, b } | Op::Binary { a, b, .. } | Op::ConcatCols { a, b } => {
                 *a = f(*a);
                 *b = f(*b);
             }
+            Op::MixCols { y: x, alpha: y } | Op::CollapseCols { y: x, r: y } | Op::CollapseRows { w: x, r: y } => {
+                *x = f(*x);
+                *y = f(*y);
+            }
+            Op::UnflattenHeads { x, .. } | Op::FlattenHeads { x } | Op::SliceCols { x, .. } => *x = f(*x),
             Op::SplitHeads { x, .. }
             | Op::MergeHeads { x }
             | Op::Interleave { x }
@@ -532,6 +574,81 @@ impl Op {
                 let ab = broadcast(&shape(a), &shape(b)).map_err(mismatch)?;
                 broadcast(&shape(cond), &ab).map_err(mismatch)?
             }
+            Op::MixCols { y, alpha } => {
+                let (sy, sa) = (shape(y), shape(alpha));
+                want_min_rank("the operand of a column mix", &sy, 1)?;
+                want_rank("the mixing coefficients", &sa, 3)?;
+                let (Some(m), Some(h), Some(p)) = (sa.0[0].as_known(), sa.0[1].as_known(), sa.0[2].as_known()) else {
+                    return err(NotDivisible, format!("mixing coefficients {sa} must have known sizes"));
+                };
+                let Some(d) = sy.back(1).div_exact(m) else {
+                    return err(NotDivisible, format!("the last axis of {sy} does not split into {m} heads"));
+                };
+                let mut out = sy.0.clone();
+                *out.last_mut().unwrap() = d.mul(&Dim::known(h * p)).unwrap();
+                Shape(out)
+            }
+            Op::CollapseCols { y, r } => {
+                let (sy, sr) = (shape(y), shape(r));
+                want_min_rank("the operand of a column collapse", &sy, 1)?;
+                want_rank("the collapse matrix", &sr, 2)?;
+                let (Some(h), Some(c)) = (sr.0[0].as_known(), sr.0[1].as_known()) else {
+                    return err(NotDivisible, format!("collapse matrix {sr} must have known sizes"));
+                };
+                let Some(d) = sy.back(1).div_exact(c) else {
+                    return err(NotDivisible, format!("the last axis of {sy} does not split into {c} pseudo-heads"));
+                };
+                let mut out = sy.0.clone();
+                *out.last_mut().unwrap() = d.mul(&Dim::known(h)).unwrap();
+                Shape(out)
+            }
+            Op::CollapseRows { w, r } => {
+                let (sw, sr) = (shape(w), shape(r));
+                want_rank("the projection", &sw, 2)?;
+                want_rank("the collapse matrix", &sr, 2)?;
+                let (Some(h), Some(c)) = (sr.0[0].as_known(), sr.0[1].as_known()) else {
+                    return err(NotDivisible, format!("collapse matrix {sr} must have known sizes"));
+                };
+                let Some(d) = sw.0[0].div_exact(h) else {
+                    return err(NotDivisible, format!("the rows of {sw} do not split into {h} heads"));
+                };
+                Shape(vec![d.mul(&Dim::known(c)).unwrap(), sw.0[1].clone()])
+            }
+            Op::UnflattenHeads { x, pseudo } => {
+                let s = shape(x);
+                want_rank("the operand of `unflatten_heads`", &s, 4)?;
+                let Some(h) = s.0[1].div_exact(pseudo) else {
+                    return err(NotDivisible, format!("the head axis of {s} is not a multiple of {pseudo}"));
+                };
+                Shape(vec![s.0[0].clone(), h, Dim::known(pseudo), s.0[2].clone(), s.0[3].clone()])
+            }
+            Op::FlattenHeads { x } => {
+                let s = shape(x);
+                want_rank("the operand of `flatten_heads`", &s, 5)?;
+                let hp = s.0[1].mul(&s.0[2]).ok_or(ShapeError { kind: BadSize, message: "size overflow".into() })?;
+                Shape(vec![s.0[0].clone(), hp, s.0[3].clone(), s.0[4].clone()])
+            }
+            Op::ConcatCols { a, b } => {
+                let (sa, sb) = (shape(a), shape(b));
+                want_rank("a concatenated matrix", &sa, 2)?;
+                want_rank("a concatenated matrix", &sb, 2)?;
+                match (sa.0[1].as_known(), sb.0[1].as_known()) {
+                    (Some(x), Some(y)) if sa.0[0] == sb.0[0] => Shape(vec![sa.0[0].clone(), Dim::known(x + y)]),
+                    _ => return err(Mismatch, format!("cannot concatenate the columns of {sa} and {sb}")),
+                }
+            }
+            Op::SliceCols { x, start, len } => {
+                let s = shape(x);
+                want_min_rank("a sliced tensor", &s, 1)?;
+                match s.back(1).as_known() {
+                    Some(f) if len >= 1 && start.checked_add(len).is_some_and(|end| end <= f) => {
+                        let mut out = s.0.clone();
+                        *out.last_mut().unwrap() = Dim::known(len);
+                        Shape(out)
+                    }
+                    _ => return err(Mismatch, format!("columns {start}..{} are out of range for {s}", start + len)),
+                }
+            }
             Op::Thresholds { x, levels } => {
                 if levels < 2 {
                     return err(BadSize, format!("an ordinal decomposition needs at least 2 levels, not {levels}"));
@@ -611,6 +728,8 @@ pub struct Input {
     pub node: NodeId,
     pub init: Init,
     pub domain: Domain,
+    /// Declared with `weight`: fixed across calls in inference.
+    pub weight: bool,
 }
 
 /// A symbolic size and the value it takes when no tensor fixes it (`--seed`).
@@ -683,11 +802,12 @@ impl Program {
             let desc = match &n.op {
                 Op::Input { index } => {
                     let input = &self.inputs[*index];
+                    let kind = if input.weight { "weight" } else { "input" };
                     match input.domain {
-                        Domain::Any => format!("input {}", input.name),
-                        Domain::Finite => format!("input {} in finite", input.name),
-                        Domain::Binary => format!("input {} in binary", input.name),
-                        Domain::Integers { lo, hi } => format!("input {} in integers({lo}, {hi})", input.name),
+                        Domain::Any => format!("{kind} {}", input.name),
+                        Domain::Finite => format!("{kind} {} in finite", input.name),
+                        Domain::Binary => format!("{kind} {} in binary", input.name),
+                        Domain::Integers { lo, hi } => format!("{kind} {} in integers({lo}, {hi})", input.name),
                     }
                 }
                 Op::Scalar { value } => format!("scalar {value:?}"),
@@ -720,6 +840,13 @@ impl Program {
                 Op::LooMean { x, axis } => format!("loo_mean {x}, axis={axis}"),
                 Op::Where { cond, a, b } => format!("where {cond}, {a}, {b}"),
                 Op::Thresholds { x, levels } => format!("thresholds {x}, levels={levels}"),
+                Op::MixCols { y, alpha } => format!("mix_cols {y}, {alpha}"),
+                Op::CollapseCols { y, r } => format!("collapse_cols {y}, {r}"),
+                Op::CollapseRows { w, r } => format!("collapse_rows {w}, {r}"),
+                Op::UnflattenHeads { x, pseudo } => format!("unflatten_heads {x}, pseudo={pseudo}"),
+                Op::FlattenHeads { x } => format!("flatten_heads {x}"),
+                Op::ConcatCols { a, b } => format!("concat_cols {a}, {b}"),
+                Op::SliceCols { x, start, len } => format!("slice_cols {x}, start={start}, len={len}"),
             };
             let _ = writeln!(out, "  %{i} = {desc} : {}", n.shape);
         }

@@ -9,6 +9,7 @@ pub mod codes;
 pub mod diag;
 pub mod ir;
 mod lower;
+pub mod opt;
 pub mod valid;
 pub mod value;
 

@@ -194,7 +194,7 @@ pub fn lower(spec: &ast::Spec, settings: &[Setting]) -> Result<Compiled, Vec<Dia
                 l.dims.push(DimDecl { name: name.name.clone(), default: value });
                 l.scope.insert(name.name.clone(), (Binding::Dim { value }, name.span));
             }
-            ItemKind::Input { name, shape, domain, init, .. } => {
+            ItemKind::Input { name, weight, shape, domain, init, .. } => {
                 let dims: Option<Vec<Dim>> =
                     shape.iter().map(|e| l.dim_expr(e)).collect::<Vec<_>>().into_iter().collect();
                 let domain = l.domain(domain.as_ref());
@@ -203,7 +203,7 @@ pub fn lower(spec: &ast::Spec, settings: &[Setting]) -> Result<Compiled, Vec<Dia
                     (Some(dims), Some(init), Some(domain)) => {
                         let index = l.inputs.len();
                         let id = l.push(Node { op: Op::Input { index }, shape: Shape(dims) });
-                        l.inputs.push(Input { name: name.name.clone(), node: id, init, domain });
+                        l.inputs.push(Input { name: name.name.clone(), node: id, init, domain, weight: *weight });
                         Some(id)
                     }
                     _ => None,

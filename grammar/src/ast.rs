@@ -47,8 +47,10 @@ pub enum ItemKind {
     Param { name: Ident, ty: Type, default: Option<Expr> },
     /// `dim NAME [= DEFAULT]` — a symbolic size, bound from tensors at run time.
     Dim { name: Ident, default: Option<Expr> },
-    /// `input NAME: [d0, d1, ...] [in DOMAIN] [~ DISTRIBUTION]`.
-    Input { name: Ident, shape: Vec<Expr>, shape_span: Span, domain: Option<Expr>, init: Option<Expr> },
+    /// `input NAME: [d0, d1, ...] [in DOMAIN] [~ DISTRIBUTION]`, or `weight NAME: ...`:
+    /// a weight is an input that stays fixed across calls in inference, so
+    /// computations on weights alone may be folded once.
+    Input { name: Ident, weight: bool, shape: Vec<Expr>, shape_span: Span, domain: Option<Expr>, init: Option<Expr> },
     /// `let NAME = EXPR`.
     Let { name: Ident, value: Expr },
     /// `output NAME = EXPR`.
@@ -220,7 +222,7 @@ impl Spec {
                     name.span = Span::default();
                     default.iter_mut().for_each(Expr::strip_spans);
                 }
-                ItemKind::Input { name, shape, shape_span, domain, init } => {
+                ItemKind::Input { name, shape, shape_span, domain, init, .. } => {
                     name.span = Span::default();
                     *shape_span = Span::default();
                     shape.iter_mut().for_each(Expr::strip_spans);

@@ -137,7 +137,7 @@ fn item(pair: Pair<Rule>) -> Result<Item, SyntaxError> {
     let span = span_of(&pair);
     let rule = pair.as_rule();
     let mut inner = pair.into_inner();
-    inner.next(); // the keyword
+    let keyword = inner.next().expect("grammar: items start with a keyword");
     let kind = match rule {
         Rule::param => {
             let name = ident(inner.next().unwrap());
@@ -151,6 +151,7 @@ fn item(pair: Pair<Rule>) -> Result<Item, SyntaxError> {
             ItemKind::Dim { name, default }
         }
         Rule::input => {
+            let weight = keyword.as_str() == "weight";
             let name = ident(inner.next().unwrap());
             let shape_pair = inner.next().unwrap();
             let shape_span = span_of(&shape_pair);
@@ -165,7 +166,7 @@ fn item(pair: Pair<Rule>) -> Result<Item, SyntaxError> {
                     init = Some(value);
                 }
             }
-            ItemKind::Input { name, shape, shape_span, domain, init }
+            ItemKind::Input { name, weight, shape, shape_span, domain, init }
         }
         Rule::let_stmt | Rule::output => {
             let name = ident(inner.next().unwrap());
@@ -376,6 +377,7 @@ fn describe(rule: &Rule) -> Option<&'static str> {
         Rule::param | Rule::kw_param => "`param`",
         Rule::dim_decl | Rule::kw_dim => "`dim`",
         Rule::input | Rule::kw_input => "`input`",
+        Rule::kw_weight => "`weight`",
         Rule::let_stmt | Rule::kw_let => "`let`",
         Rule::output | Rule::kw_output => "`output`",
         Rule::require | Rule::kw_require => "`require`",

@@ -35,9 +35,10 @@ fn print_item(kind: &ItemKind, out: &mut String) {
                 let _ = write!(out, " = {}", print_expr(d));
             }
         }
-        ItemKind::Input { name, shape, domain, init, .. } => {
+        ItemKind::Input { name, weight, shape, domain, init, .. } => {
             let dims: Vec<String> = shape.iter().map(print_expr).collect();
-            let _ = write!(out, "input {}: [{}]", name.name, dims.join(", "));
+            let keyword = if *weight { "weight" } else { "input" };
+            let _ = write!(out, "{keyword} {}: [{}]", name.name, dims.join(", "));
             if let Some(d) = domain {
                 let _ = write!(out, " in {}", print_expr(d));
             }

@@ -42,6 +42,13 @@ pub fn evaluate(program: &Program, inputs: &[Tensor], dims: &DimValues) -> Vec<T
             Op::LooMean { x, axis } => loo_mean(v(*x), *axis),
             Op::Where { cond, a, b } => select(v(*cond), v(*a), v(*b), shape),
             Op::Thresholds { x, levels } => thresholds(v(*x), *levels as usize, shape),
+            Op::MixCols { y, alpha } => mix_cols(v(*y), v(*alpha), shape),
+            Op::CollapseCols { y, r } => collapse_cols(v(*y), v(*r), shape),
+            Op::CollapseRows { w, r } => collapse_rows(v(*w), v(*r), shape),
+            // Row-major data is unchanged by these: only the shape differs.
+            Op::UnflattenHeads { x, .. } | Op::FlattenHeads { x } => Tensor::new(shape, v(*x).data.clone()),
+            Op::ConcatCols { a, b } => concat_cols(v(*a), v(*b), shape),
+            Op::SliceCols { x, start, len } => slice_cols(v(*x), *start as usize, *len as usize, shape),
         };
         debug_assert_eq!(out.shape, concrete(&node.shape, dims), "interpreter produced a shape other than the IR's");
         values.push(out);
@@ -385,4 +392,78 @@ fn unary(op: UnaryOp, x: &Tensor) -> Tensor {
         UnaryOp::Abs => f64::abs,
     };
     Tensor { shape: x.shape.clone(), data: x.data.iter().map(|v| f(*v)).collect() }
+}
+
+fn mix_cols(y: &Tensor, alpha: &Tensor, shape: Vec<usize>) -> Tensor {
+    let (m, h, p) = (alpha.shape[0], alpha.shape[1], alpha.shape[2]);
+    let cols = *y.shape.last().unwrap();
+    let d = cols / m;
+    let out_cols = h * p * d;
+    let mut out = Tensor::zeros(shape);
+    for row in 0..y.len() / cols {
+        for hi in 0..h {
+            for j in 0..p {
+                for e in 0..d {
+                    let mut acc = 0.0;
+                    for mi in 0..m {
+                        acc += alpha.data[(mi * h + hi) * p + j] * y.data[row * cols + mi * d + e];
+                    }
+                    out.data[row * out_cols + (hi * p + j) * d + e] = acc;
+                }
+            }
+        }
+    }
+    out
+}
+
+fn collapse_cols(y: &Tensor, r: &Tensor, shape: Vec<usize>) -> Tensor {
+    let (h, c) = (r.shape[0], r.shape[1]);
+    let cols = *y.shape.last().unwrap();
+    let d = cols / c;
+    let mut out = Tensor::zeros(shape);
+    for row in 0..y.len() / cols {
+        for hi in 0..h {
+            for e in 0..d {
+                let mut acc = 0.0;
+                for ci in 0..c {
+                    acc += r.data[hi * c + ci] * y.data[row * cols + ci * d + e];
+                }
+                out.data[row * h * d + hi * d + e] = acc;
+            }
+        }
+    }
+    out
+}
+
+fn collapse_rows(w: &Tensor, r: &Tensor, shape: Vec<usize>) -> Tensor {
+    let (h, c) = (r.shape[0], r.shape[1]);
+    let (rows, f) = (w.shape[0], w.shape[1]);
+    let d = rows / h;
+    let mut out = Tensor::zeros(shape);
+    for ci in 0..c {
+        for e in 0..d {
+            for col in 0..f {
+                let mut acc = 0.0;
+                for hi in 0..h {
+                    acc += r.data[hi * c + ci] * w.data[(hi * d + e) * f + col];
+                }
+                out.data[(ci * d + e) * f + col] = acc;
+            }
+        }
+    }
+    out
+}
+
+fn concat_cols(a: &Tensor, b: &Tensor, shape: Vec<usize>) -> Tensor {
+    let (fa, fb) = (a.shape[1], b.shape[1]);
+    let data = (0..a.shape[0])
+        .flat_map(|r| a.data[r * fa..(r + 1) * fa].iter().chain(&b.data[r * fb..(r + 1) * fb]).copied())
+        .collect();
+    Tensor::new(shape, data)
+}
+
+fn slice_cols(x: &Tensor, start: usize, len: usize, shape: Vec<usize>) -> Tensor {
+    let f = *x.shape.last().unwrap();
+    let data = (0..x.len() / f).flat_map(|r| x.data[r * f + start..r * f + start + len].iter().copied()).collect();
+    Tensor::new(shape, data)
 }

@@ -1,0 +1,172 @@
+//! The cost model: a roofline per kernel launch,
+//! `time = max(flops / peak, bytes / bandwidth) + launches × launch overhead`,
+//! on a target profile, for f32 tensors.
+//!
+//! Layout operations (`split_heads`, `merge_heads`, `interleave`, …) are views:
+//! their consumers read through them, so they cost nothing. In inference,
+//! operations on weights alone are computed once at load time and cost nothing
+//! per call; in training they are charged every call.
+
+use crate::ir::{Mask, MaskKind, Op, Program};
+use std::collections::BTreeMap;
+
+/// A machine described by its ceilings.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Target {
+    pub name: &'static str,
+    /// f32 FLOP/s.
+    pub peak_flops: f64,
+    /// Bytes/s of device memory.
+    pub bandwidth: f64,
+    /// Seconds per kernel launch.
+    pub launch: f64,
+}
+
+/// NVIDIA H200: ~60 TFLOP/s f32 (790 TFLOP/s is bf16 matrix work, which f32
+/// kernels do not use), 4.3 TB/s HBM3e, ~3 µs per launch.
+pub const H200: Target = Target { name: "h200", peak_flops: 60e12, bandwidth: 4.3e12, launch: 3e-6 };
+
+/// This project's CI machine through lavapipe: 2 cores, AVX2 FMA (≈ 150 GFLOP/s
+/// f32), ≈ 20 GB/s, and ≈ 100 µs per launch through Vulkan.
+pub const CPU: Target = Target { name: "cpu", peak_flops: 150e9, bandwidth: 20e9, launch: 100e-6 };
+
+pub const TARGETS: &[Target] = &[H200, CPU];
+
+impl Target {
+    pub fn by_name(name: &str) -> Option<Target> {
+        TARGETS.iter().copied().find(|t| t.name == name)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Mode {
+    /// Weights are frozen: weight-only work is done once, at load time.
+    Inference,
+    /// Weights change every step: everything is charged every call.
+    Training,
+}
+
+/// The work of one operation.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct OpCost {
+    pub flops: f64,
+    pub bytes: f64,
+    pub launches: u32,
+}
+
+impl OpCost {
+    pub fn time(&self, t: &Target) -> f64 {
+        (self.flops / t.peak_flops).max(self.bytes / t.bandwidth) + f64::from(self.launches) * t.launch
+    }
+    pub fn add(&mut self, o: OpCost) {
+        self.flops += o.flops;
+        self.bytes += o.bytes;
+        self.launches += o.launches;
+    }
+}
+
+fn numel(s: &[usize]) -> f64 {
+    s.iter().map(|&d| d as f64).product()
+}
+
+/// Query/key pairs a mask lets through over a sequence of `s` rows.
+pub fn visible_pairs(mask: &Mask, s: usize) -> f64 {
+    let block = mask.block.max(1) as usize;
+    let tokens = s / block;
+    let mut pairs = 0.0;
+    for i in 0..s {
+        let n = i / block;
+        let row = match (mask.kind, mask.window.map(|w| w as usize)) {
+            (MaskKind::None, None) => s,
+            (MaskKind::None, Some(w)) => ((n + w).min(tokens) - (n + 1).saturating_sub(w)) * block,
+            (MaskKind::Causal, None) => i + 1,
+            (MaskKind::Causal, Some(w)) => (i + 1).min(w * block),
+            (MaskKind::TokenCausal, None) => (n + 1) * block,
+            (MaskKind::TokenCausal, Some(w)) => (n + 1).min(w) * block,
+        };
+        pairs += row as f64;
+    }
+    pairs
+}
+
+/// The roofline work of `op` given its output shape and its operands' shapes.
+pub fn op_cost(op: &Op, out: &[usize], operands: &[Vec<usize>]) -> OpCost {
+    let io_bytes = 4.0 * (numel(out) + operands.iter().map(|s| numel(s)).sum::<f64>());
+    let kernel = |flops: f64| OpCost { flops, bytes: io_bytes, launches: 1 };
+    match op {
+        Op::Input { .. }
+        | Op::Scalar { .. }
+        | Op::Constant { .. }
+        | Op::SplitHeads { .. }
+        | Op::MergeHeads { .. }
+        | Op::Interleave { .. }
+        | Op::Deinterleave { .. }
+        | Op::UnflattenHeads { .. }
+        | Op::FlattenHeads { .. }
+        | Op::SliceCols { .. } => OpCost::default(),
+        Op::MatMul { .. } => kernel(2.0 * numel(out) * operands[0].last().copied().unwrap_or(1) as f64),
+        Op::MixHeads { .. } | Op::MixCols { .. } => kernel(2.0 * numel(out) * operands[1][0] as f64),
+        Op::Collapse { .. } | Op::CollapseCols { .. } => kernel(2.0 * numel(out) * operands[1][1] as f64),
+        Op::CollapseRows { .. } => kernel(2.0 * numel(out) * operands[1][0] as f64),
+        Op::Rope { .. } => kernel(6.0 * numel(out)),
+        Op::Attention { mask, .. } => {
+            let (q, v) = (&operands[0], &operands[2]);
+            let (b, h, s, d, e) = (q[0], q[1], q[2], q[3], v[3]);
+            let pairs = (b * h) as f64 * visible_pairs(mask, s);
+            kernel(pairs * (2.0 * d as f64 + 2.0 * e as f64 + 5.0))
+        }
+        Op::LooMean { .. } => kernel(2.0 * numel(out)),
+        Op::Reduce { .. } => kernel(numel(&operands[0])),
+        Op::Binary { .. }
+        | Op::Unary { .. }
+        | Op::Where { .. }
+        | Op::Thresholds { .. }
+        | Op::BlockDiag { .. }
+        | Op::ConcatCols { .. } => kernel(numel(out)),
+    }
+}
+
+/// Which nodes depend on weights (and constants) alone.
+pub fn weight_only(p: &Program) -> Vec<bool> {
+    let mut w = Vec::with_capacity(p.nodes.len());
+    for node in &p.nodes {
+        let v = match &node.op {
+            Op::Input { index } => p.inputs[*index].weight,
+            Op::Scalar { .. } | Op::Constant { .. } => true,
+            op => op.operands().iter().all(|o| w[o.0 as usize]),
+        };
+        w.push(v);
+    }
+    w
+}
+
+/// The predicted cost of a whole program, node by node.
+#[derive(Clone, Debug)]
+pub struct ProgramCost {
+    pub total: OpCost,
+    pub seconds: f64,
+    /// `(node index, cost, seconds)` for every node that costs something.
+    pub nodes: Vec<(usize, OpCost, f64)>,
+}
+
+pub fn program_cost(p: &Program, dims: &BTreeMap<String, u64>, target: &Target, mode: Mode) -> ProgramCost {
+    let concrete = |s: &crate::ir::Shape| -> Vec<usize> {
+        s.0.iter().map(|d| d.eval(&|n| dims.get(n).copied()).expect("every dim has a value") as usize).collect()
+    };
+    let weights = weight_only(p);
+    let mut out = ProgramCost { total: OpCost::default(), seconds: 0.0, nodes: vec![] };
+    for (i, node) in p.nodes.iter().enumerate() {
+        if mode == Mode::Inference && weights[i] {
+            continue;
+        }
+        let operands: Vec<Vec<usize>> = node.op.operands().iter().map(|o| concrete(p.shape(*o))).collect();
+        let c = op_cost(&node.op, &concrete(&node.shape), &operands);
+        if c.launches > 0 || c.bytes > 0.0 {
+            let t = c.time(target);
+            out.total.add(c);
+            out.seconds += t;
+            out.nodes.push((i, c, t));
+        }
+    }
+    out
+}

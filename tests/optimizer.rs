@@ -1,0 +1,372 @@
+//! The egg optimizer: proofs that each rule family reaches its goal, the
+//! soundness of every rewrite against the float64 interpreter, the cost model
+//! against a hand computation, and golden `explain` reports.
+
+mod common;
+
+use attnc_compiler::opt::analysis::TensorAnalysis;
+use attnc_compiler::opt::cost::{self, Mode};
+use attnc_compiler::opt::lang::TensorLang;
+use attnc_compiler::opt::{self, rules, Config, DimValues};
+use attnc_compiler::{compile, valid};
+use attnc_runtime::rng::Rng;
+use attnc_runtime::{bind, interp, Tensor};
+use common::*;
+use egg::{Pattern, RecExpr, Runner, Searcher};
+use proptest::prelude::*;
+use std::collections::BTreeMap;
+
+/// Inputs for the proofs: activations `x`, `o`, weights `w`, `w2`, `alpha`, `r`, `w_o`.
+const PROOF_SPEC: &str = "spec proof
+dim N = 5
+input x: [1, N, 6]
+weight w: [6, 8]
+weight w2: [6, 8]
+weight alpha: [2, 3, 2]
+input o: [1, 3, 2, N, 4]
+weight r: [3, 6]
+weight w_o: [12, 6]
+output y = x @ w
+";
+
+/// egg's `test_fn!`, with this project's analysis: rewriting `start` with the
+/// named rules reaches every goal (and the analysis never sees a shape conflict).
+fn prove(rule_names: &[&str], start: &str, goals: &[&str]) {
+    let program = compile(PROOF_SPEC, &[]).expect("proof spec compiles").program;
+    let rules: Vec<rules::Rule> =
+        rules::rules().into_iter().filter(|r| rule_names.contains(&r.name.as_str())).collect();
+    assert_eq!(rules.len(), rule_names.len(), "unknown rule name in {rule_names:?}");
+    let start: RecExpr<TensorLang> = start.parse().unwrap();
+    let runner: Runner<TensorLang, TensorAnalysis> = Runner::new(TensorAnalysis::new(&program))
+        .with_iter_limit(10)
+        .with_node_limit(5_000)
+        .with_expr(&start)
+        .run(&rules);
+    let root = runner.egraph.find(runner.roots[0]);
+    for goal in goals {
+        let pattern: Pattern<TensorLang> = goal.parse().unwrap();
+        assert!(
+            pattern.search_eclass(&runner.egraph, root).is_some(),
+            "{rule_names:?} did not prove\n  {start}\n= {goal}"
+        );
+    }
+}
+
+fn refute(rule_names: &[&str], start: &str, not_goal: &str) {
+    let program = compile(PROOF_SPEC, &[]).unwrap().program;
+    let rules: Vec<rules::Rule> =
+        rules::rules().into_iter().filter(|r| rule_names.contains(&r.name.as_str())).collect();
+    let start: RecExpr<TensorLang> = start.parse().unwrap();
+    let runner: Runner<TensorLang, TensorAnalysis> =
+        Runner::new(TensorAnalysis::new(&program)).with_iter_limit(10).with_expr(&start).run(&rules);
+    let root = runner.egraph.find(runner.roots[0]);
+    let pattern: Pattern<TensorLang> = not_goal.parse().unwrap();
+    assert!(
+        pattern.search_eclass(&runner.egraph, root).is_none(),
+        "{rule_names:?} wrongly proved {start} = {not_goal}"
+    );
+}
+
+const MIXED: &str = "(outputs (mix_heads (split_heads (matmul $x $w) 2) $alpha))";
+const FOLDED: &str = "(outputs (unflatten_heads (split_heads (matmul $x (mix_cols $w $alpha)) 6) 2))";
+const COLLAPSED: &str = "(outputs (matmul (merge_heads (collapse $o $r)) $w_o))";
+const FOLDED_O: &str = "(outputs (matmul (merge_heads (flatten_heads $o)) (collapse_rows $w_o $r)))";
+
+#[test]
+fn mixing_folds_into_the_projection_weight() {
+    prove(&["mix-heads-to-cols", "fold-mix-into-weight"], MIXED, &[FOLDED]);
+}
+
+#[test]
+fn folded_projection_unfolds_into_mixing() {
+    prove(&["cols-to-mix-heads", "unfold-mix-from-weight"], FOLDED, &[MIXED]);
+}
+
+#[test]
+fn collapse_folds_into_the_output_weight() {
+    prove(&["collapse-to-cols", "fold-collapse-into-weight"], COLLAPSED, &[FOLDED_O]);
+}
+
+#[test]
+fn folded_output_weight_unfolds_into_collapse() {
+    prove(&["cols-to-collapse", "unfold-collapse-from-weight"], FOLDED_O, &[COLLAPSED]);
+}
+
+#[test]
+fn projections_merge_into_one_gemm_and_split_back() {
+    prove(
+        &["merge-projections"],
+        "(outputs (matmul $x $w) (matmul $x $w2))",
+        &["(outputs (slice_cols (matmul $x (concat_cols $w $w2)) 0 8) (slice_cols (matmul $x (concat_cols $w $w2)) 8 8))"],
+    );
+    prove(
+        &["slice-into-matmul", "slice-concat-left"],
+        "(outputs (slice_cols (matmul $x (concat_cols $w $w2)) 0 8))",
+        &["(outputs (matmul $x $w))"],
+    );
+    prove(
+        &["slice-into-matmul", "slice-concat-right"],
+        "(outputs (slice_cols (matmul $x (concat_cols $w $w2)) 8 8))",
+        &["(outputs (matmul $x $w2))"],
+    );
+    prove(
+        &["slice-out-of-matmul"],
+        "(outputs (matmul $x (slice_cols $w 0 4)))",
+        &["(outputs (slice_cols (matmul $x $w) 0 4))"],
+    );
+}
+
+#[test]
+fn guards_stop_unsound_slices() {
+    // Columns 0..4 of [w | w2] are not w (8 columns).
+    refute(
+        &["slice-concat-left", "slice-concat-right"],
+        "(outputs (slice_cols (concat_cols $w $w2) 0 4))",
+        "(outputs $w)",
+    );
+    refute(
+        &["slice-concat-left", "slice-concat-right"],
+        "(outputs (slice_cols (concat_cols $w $w2) 4 8))",
+        "(outputs $w2)",
+    );
+}
+
+// ---- soundness --------------------------------------------------------------
+
+#[derive(Clone, Debug)]
+struct Case {
+    spec: &'static str,
+    b: usize,
+    n: usize,
+    dm: usize,
+    h: usize,
+    p: usize,
+    d: usize,
+    mask: usize,
+    per_head: bool,
+    seed: u64,
+}
+
+fn case() -> impl Strategy<Value = Case> {
+    (
+        prop::sample::select(vec!["iha", "iha", "mha", "gqa", "mqa"]),
+        1..=2usize,
+        1..=6usize,
+        1..=8usize,
+        1..=4usize,
+        1..=3usize,
+        1..=3usize,
+        0..3usize,
+        any::<bool>(),
+        any::<u64>(),
+    )
+        .prop_map(|(spec, b, n, dm, h, p, hd, mask, per_head, seed)| Case {
+            spec,
+            b,
+            n,
+            dm,
+            h,
+            p,
+            d: 2 * hd,
+            mask,
+            per_head,
+            seed,
+        })
+}
+
+fn setup(c: &Case) -> (attnc_compiler::Compiled, BTreeMap<String, Tensor>) {
+    let mut sets = vec![("H", c.h.to_string()), ("d", c.d.to_string())];
+    let hkv = match c.spec {
+        "mqa" => 1,
+        "gqa" if c.h % 2 == 0 => c.h / 2,
+        _ => c.h,
+    };
+    match c.spec {
+        "iha" => {
+            sets.push(("P", c.p.to_string()));
+            sets.push(("mask", ["none", "flat_causal", "token_causal"][c.mask].to_string()));
+            sets.push(("collapse", if c.per_head { "per_head" } else { "global" }.to_string()));
+        }
+        "gqa" => sets.push(("H_kv", hkv.to_string())),
+        _ => {}
+    }
+    let compiled = compile_stdlib(c.spec, &sets);
+    let mut rng = Rng::for_input(c.seed, "opt");
+    let mut inputs = BTreeMap::new();
+    for (i, input) in compiled.program.inputs.iter().enumerate() {
+        let shape: Vec<usize> = compiled
+            .program
+            .input_shape(i)
+            .0
+            .iter()
+            .map(|d| {
+                d.eval(&|s| {
+                    Some(match s {
+                        "B" => c.b as u64,
+                        "N" => c.n as u64,
+                        _ => c.dm as u64,
+                    })
+                })
+                .unwrap() as usize
+            })
+            .collect();
+        inputs.insert(input.name.clone(), random(&mut rng, &shape));
+    }
+    (compiled, inputs)
+}
+
+fn run(p: &attnc_compiler::ir::Program, inputs: &BTreeMap<String, Tensor>) -> Tensor {
+    let (tensors, dims) = bind::bind_inputs(p, inputs.clone(), &Default::default()).unwrap();
+    interp::evaluate(p, &tensors, &dims).remove(0)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    /// interp(optimized) ≈ interp(original) and cost(chosen) ≤ cost(original), for
+    /// the programs chosen at prefill and decode sizes on both targets and modes,
+    /// and for alternatives extracted to favour each rewritten form.
+    #[test]
+    fn optimization_preserves_meaning(c in case()) {
+        let (compiled, inputs) = setup(&c);
+        let p = &compiled.program;
+        let want = run(p, &inputs);
+        let mut programs = opt::alternatives(p, &rules::rules());
+        for target in cost::TARGETS {
+            for mode in [Mode::Inference, Mode::Training] {
+                for n in [1u64, 8192] {
+                    let dims: DimValues = [("B", 1u64), ("N", n), ("D", c.dm as u64)].into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+                    let o = opt::optimize(p, &dims, &Config { target: *target, mode, ..Default::default() });
+                    prop_assert!(o.chosen_cost.seconds <= o.original_cost.seconds, "chosen is predicted slower");
+                    prop_assert!(!o.hit_limit, "the optimizer did not saturate: {}", o.stop);
+                    programs.push(o.chosen);
+                }
+            }
+        }
+        for alt in &programs {
+            prop_assert!(valid::validate(alt).is_empty(), "invalid optimized IR: {:?}\n{}", valid::validate(alt), alt.pretty());
+            let got = run(alt, &inputs);
+            let e = attnc_runtime::relative_error(&got.data, &want.data);
+            prop_assert!(e <= 1e-9, "relative error {:e} for\n{}", e, alt.pretty());
+        }
+        // The rewritten forms were really exercised for IHA.
+        if c.spec == "iha" {
+            prop_assert!(programs.iter().any(|q| q.pretty().contains("mix_cols")) && programs.iter().any(|q| q.pretty().contains("collapse_rows")));
+        }
+    }
+}
+
+// ---- the cost model ------------------------------------------------------------
+
+/// The roofline of papers.md's arithmetic, written out by hand for IHA with
+/// H = 8, P = 8, d = 64, D = 512, B = 1 on the h200 profile (60 TFLOP/s f32,
+/// 4.3 TB/s, 3 µs per launch), inference (weight-only work is free).
+fn roofline(flops: f64, bytes: f64) -> f64 {
+    (flops / 60e12).max(bytes / 4.3e12) + 3e-6
+}
+
+fn iha_h8_p8(n: u64) -> opt::Optimized {
+    let compiled =
+        compile_stdlib("iha", &[("H", "8".into()), ("P", "8".into()), ("d", "64".into()), ("N", n.to_string())]);
+    let dims = bind::default_dims(&compiled.program).unwrap();
+    opt::optimize(&compiled.program, &dims, &Config::default())
+}
+
+fn attention_time(n: f64) -> f64 {
+    let s = 8.0 * n; // virtual rows
+    let pairs = 8.0 * s * (s + 1.0) / 2.0; // flat_causal, 8 heads
+    roofline(pairs * (2.0 * 64.0 + 2.0 * 64.0 + 5.0), 4.0 * 4.0 * (8.0 * s * 64.0))
+}
+
+#[test]
+fn decode_folds_and_prefill_does_not_as_hand_computed() {
+    let (d_model, hd, hpd) = (512.0, 512.0, 4096.0);
+    // Decode, N = 1: three folded projections x[1, 512] @ W̃[512, 4096], attention,
+    // and the folded output projection [1, 4096] @ W̃_O[4096, 512].
+    let n = 1.0;
+    let folded_qkv = roofline(2.0 * n * d_model * hpd, 4.0 * (n * d_model + d_model * hpd + n * hpd));
+    let folded_o = roofline(2.0 * n * hpd * d_model, 4.0 * (n * hpd + hpd * d_model + n * d_model));
+    let decode = iha_h8_p8(1);
+    let want = 3.0 * folded_qkv + attention_time(n) + folded_o;
+    assert!(
+        (decode.chosen_cost.seconds - want).abs() <= 1e-9 * want,
+        "decode: {} vs hand {want}",
+        decode.chosen_cost.seconds
+    );
+    // Unfolded at N = 1: 3 GEMMs, 3 mixes, attention, collapse, output GEMM.
+    let gemm = |n: f64| roofline(2.0 * n * d_model * hd, 4.0 * (n * d_model + d_model * hd + n * hd));
+    let mix =
+        |n: f64| roofline(2.0 * (8.0 * 8.0 * n * 64.0) * 8.0, 4.0 * (8.0 * n * 64.0 + 512.0 + 8.0 * 8.0 * n * 64.0));
+    let collapse =
+        |n: f64| roofline(2.0 * (8.0 * n * 64.0) * 64.0, 4.0 * (8.0 * 8.0 * n * 64.0 + 8.0 * 64.0 + 8.0 * n * 64.0));
+    let unfolded = |n: f64| 4.0 * gemm(n) + 3.0 * mix(n) + attention_time(n) + collapse(n);
+    assert!((decode.original_cost.seconds - unfolded(1.0)).abs() <= 1e-9 * unfolded(1.0));
+    assert!(decode.chosen.pretty().contains("mix_cols") && decode.chosen.pretty().contains("collapse_rows"));
+    assert!(!decode.chosen.pretty().contains("mix_heads"));
+
+    // Prefill, N = 4096: folding would multiply GEMM work by P·d/(d+P) ≈ 7.1, so the
+    // mixing stays; the three projections merge into one GEMM on [w_q | w_k | w_v].
+    let n = 4096.0;
+    let prefill = iha_h8_p8(4096);
+    assert!((prefill.original_cost.seconds - unfolded(n)).abs() <= 1e-9 * unfolded(n));
+    let merged = roofline(2.0 * n * d_model * 3.0 * hd, 4.0 * (n * d_model + d_model * 3.0 * hd + n * 3.0 * hd));
+    let want = merged + 3.0 * mix(n) + attention_time(n) + collapse(n) + gemm(n);
+    assert!(
+        (prefill.chosen_cost.seconds - want).abs() <= 1e-9 * want,
+        "prefill: {} vs hand {want}",
+        prefill.chosen_cost.seconds
+    );
+    assert!(prefill.chosen.pretty().contains("mix_heads") && !prefill.chosen.pretty().contains("mix_cols"));
+    assert_ne!(decode.chosen.pretty(), prefill.chosen.pretty());
+}
+
+#[test]
+fn training_pays_for_the_fold_every_call() {
+    let compiled =
+        compile_stdlib("iha", &[("H", "8".into()), ("P", "8".into()), ("d", "64".into()), ("N", "1".into())]);
+    let dims = bind::default_dims(&compiled.program).unwrap();
+    let training = opt::optimize(&compiled.program, &dims, &Config { mode: Mode::Training, ..Default::default() });
+    let inference = opt::optimize(&compiled.program, &dims, &Config::default());
+    assert!(training.chosen_cost.seconds > inference.chosen_cost.seconds);
+    // Folding W̃ = mix_cols(w, α) each call costs more than it saves.
+    assert!(!training.chosen.pretty().contains("mix_cols"), "{}", training.chosen.pretty());
+}
+
+#[test]
+fn limits_stop_the_run_with_a_report() {
+    let compiled = compile_stdlib("iha", &[]);
+    let dims = bind::default_dims(&compiled.program).unwrap();
+    let o = opt::optimize(&compiled.program, &dims, &Config { iter_limit: 1, ..Default::default() });
+    assert!(o.hit_limit && o.stop.contains("iteration limit"), "{}", o.stop);
+    assert!(valid::validate(&o.chosen).is_empty() && o.chosen_cost.seconds <= o.original_cost.seconds);
+    let o = opt::optimize(&compiled.program, &dims, &Config { node_limit: 10, ..Default::default() });
+    assert!(o.hit_limit && o.stop.contains("node limit"), "{}", o.stop);
+}
+
+// ---- golden reports ------------------------------------------------------------
+
+#[test]
+fn explain_reports_for_every_stdlib_spec() {
+    let mut specs: Vec<String> = std::fs::read_dir(root().join("stdlib"))
+        .unwrap()
+        .map(|e| e.unwrap().path().file_stem().unwrap().to_string_lossy().into_owned())
+        .collect();
+    specs.sort();
+    for spec in specs {
+        let attention = ["iha", "mha", "gqa", "mqa"].contains(&spec.as_str());
+        let sizes: [(&str, Vec<(&str, String)>); 2] = if attention {
+            [("prefill", vec![("N", "8192".into())]), ("decode", vec![("N", "1".into())])]
+        } else {
+            [("small", vec![]), ("large", vec![("B", "1024".into()), ("G", "64".into())])]
+        };
+        for (label, sets) in sizes {
+            let compiled = compile_stdlib(&spec, &sets);
+            let dims = bind::default_dims(&compiled.program).unwrap();
+            let cfg = Config { explain: true, ..Default::default() };
+            let report = opt::optimize(&compiled.program, &dims, &cfg).report(&cfg.target, cfg.mode, &dims);
+            let again = opt::optimize(&compiled.program, &dims, &cfg).report(&cfg.target, cfg.mode, &dims);
+            assert_eq!(report, again, "explain is not deterministic for {spec}");
+            insta::assert_snapshot!(format!("explain_{spec}_{label}"), report);
+        }
+    }
+}
