@@ -4,7 +4,7 @@
 use attnc_compiler::opt::{self, cost, cost::Mode, cost::Target};
 use attnc_compiler::{render, Code, Compiled, Diagnostic, Setting};
 use attnc_runtime::io::FileDtype;
-use attnc_runtime::{bind, interp, io, RunError, Tensor};
+use attnc_runtime::{bind, gpu, interp, io, RunError, Tensor};
 use clap::{Parser, Subcommand, ValueEnum};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -91,6 +91,10 @@ enum Command {
 enum Backend {
     /// The float64 reference interpreter
     Interp,
+    /// Generated kernels on wgpu (Vulkan, Metal, DX12; lavapipe on a CPU)
+    Wgpu,
+    /// Generated kernels on CUDA (needs the `cuda` build feature and a driver)
+    Cuda,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -135,10 +139,10 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Check { files, set } => check(&files, &set),
-        Command::Run { file, inputs, seed, out, set, backend: Backend::Interp, dtype, optimize, target, mode } => {
+        Command::Run { file, inputs, seed, out, set, backend, dtype, optimize, target, mode } => {
             let opt =
                 optimize.then(|| opt::Config { target: target.target(), mode: mode.mode(), ..Default::default() });
-            run(&file, inputs.as_deref(), seed, &out, &set, dtype, opt)
+            run(&file, inputs.as_deref(), seed, &out, &set, dtype, opt, backend)
         }
         Command::Explain { file, set, target, mode } => explain(&file, &set, target.target(), mode.mode()),
         Command::Ir { file, set } => load(&file, &set).map(|c| print!("{}", c.program.pretty())),
@@ -248,6 +252,7 @@ fn run(
     set: &[String],
     dtype: Dtype,
     optimize: Option<opt::Config>,
+    backend: Backend,
 ) -> Result<(), Failed> {
     let compiled = load(file, set)?;
     let program = &compiled.program;
@@ -269,15 +274,27 @@ fn run(
         (None, Some(s)) => bind::generate_inputs(program, s).map_err(fail)?,
         (None, None) => unreachable!("clap requires --inputs or --seed"),
     };
-    let outputs = match optimize {
+    let optimized;
+    let chosen = match optimize {
         Some(cfg) => {
-            let optimized = opt::optimize(program, &dims, &cfg);
+            optimized = opt::optimize(program, &dims, &cfg);
             if optimized.hit_limit {
                 eprintln!("note: the optimizer stopped early: {}", optimized.stop);
             }
-            interp::evaluate(&optimized.chosen, &tensors, &dims)
+            &optimized.chosen
         }
-        None => interp::evaluate(program, &tensors, &dims),
+        None => program,
+    };
+    let outputs = match backend {
+        Backend::Interp => interp::evaluate(chosen, &tensors, &dims),
+        Backend::Wgpu | Backend::Cuda => {
+            let gpu = if matches!(backend, Backend::Wgpu) { gpu::exec::Gpu::wgpu() } else { gpu::exec::Gpu::cuda() };
+            let gpu = gpu.map_err(|e| report(Code::Backend, e))?;
+            let named: std::collections::BTreeMap<String, Tensor> =
+                program.inputs.iter().map(|i| i.name.clone()).zip(tensors.iter().cloned()).collect();
+            let plan = gpu::plan::plan(chosen, &dims);
+            gpu.run(&plan, &named).map_err(|e| report(Code::Backend, e))?.0
+        }
     };
     let mut named: Vec<(String, &Tensor)> = program.outputs.iter().map(|(n, _)| n.clone()).zip(&outputs).collect();
     if seed.is_some() {

@@ -10,3 +10,4 @@ pub mod tensor;
 
 pub use error::RunError;
 pub use tensor::{relative_error, Tensor};
+pub mod gpu;

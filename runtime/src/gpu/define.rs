@@ -1,0 +1,193 @@
+//! Kernels built at run time: one `CubeKernel` type whose `define` turns a
+//! plan's [`KernelSpec`] into cubecl IR by calling the `#[cube]` bodies'
+//! `expand` functions. Entry points carry the plan's names, so emitted source
+//! is the same in debug and release builds.
+
+use super::kernels as k;
+use super::plan::{KernelSpec, View};
+use cubecl::prelude::*;
+use std::sync::Arc;
+
+pub struct IrKernel {
+    pub name: String,
+    pub spec: KernelSpec,
+    pub settings: KernelSettings,
+    pub props: Arc<DeviceProperties>,
+    pub target: Arc<TargetProperties>,
+}
+
+impl IrKernel {
+    pub fn new(name: &str, spec: &KernelSpec, props: Arc<DeviceProperties>, target: Arc<TargetProperties>) -> IrKernel {
+        let ((x, y, z), _) = spec.grid();
+        let settings = KernelSettings::new(CubeDim::new_3d(x, y, z).into(), ExecutionMode::Checked, AddressType::U32)
+            .kernel_name(name);
+        IrKernel { name: name.to_string(), spec: spec.clone(), settings, props, target }
+    }
+
+    /// Buffers this kernel binds before its output.
+    pub fn operand_count(&self) -> usize {
+        match self.spec {
+            KernelSpec::Gather { .. } | KernelSpec::Unary { .. } | KernelSpec::Thresholds { .. } => 1,
+            KernelSpec::Reduce { .. } | KernelSpec::LooMean { .. } | KernelSpec::BlockDiag { .. } => 1,
+            KernelSpec::Where { .. } | KernelSpec::Attention { .. } => 3,
+            _ => 2,
+        }
+    }
+}
+
+impl KernelMetadata for IrKernel {
+    fn id(&self) -> KernelId {
+        KernelId::new::<Self>()
+            .address_type(self.settings.address_type)
+            .cube_dim(self.settings.cube_dim)
+            .mode(self.settings.execution_mode)
+            .info(format!("{}:{:?}", self.name, self.spec))
+    }
+
+    fn address_type(&self) -> ElemType {
+        self.settings.address_type.unsigned_type()
+    }
+}
+
+fn view(scope: &Scope, i: NativeExpand<usize>, v: &View) -> NativeExpand<usize> {
+    let mut acc = k::const_index::expand(scope, v.offset);
+    for &(div, modulo, stride) in &v.terms {
+        let t = k::view_term::expand(scope, i, div, modulo, stride);
+        acc = k::add_index::expand(scope, acc, t);
+    }
+    acc
+}
+
+fn binary_code(op: &str) -> u32 {
+    match op {
+        "add" => k::ADD,
+        "sub" => k::SUB,
+        "mul" => k::MUL,
+        "div" => k::DIV,
+        "max" => k::MAX,
+        "min" => k::MIN,
+        "ge" => k::GE,
+        "gt" => k::GT,
+        _ => k::EQ,
+    }
+}
+
+fn reduce_code(op: &str) -> u32 {
+    match op {
+        "sum" => k::RED_SUM,
+        "mean" => k::RED_MEAN,
+        "max" => k::RED_MAX,
+        "min" => k::RED_MIN,
+        "count" => k::RED_COUNT,
+        "var" => k::RED_VAR,
+        _ => k::RED_VAR_BESSEL,
+    }
+}
+
+pub fn mask_code(mask: &str) -> u32 {
+    match mask {
+        "causal" => k::MASK_CAUSAL,
+        "token_causal" => k::MASK_TOKEN_CAUSAL,
+        _ => k::MASK_NONE,
+    }
+}
+
+impl CubeKernel for IrKernel {
+    fn define(&self) -> KernelDefinition {
+        let mut builder = KernelBuilder::new(self.settings.clone());
+        builder.runtime_properties(self.target.as_ref().clone());
+        builder.device_properties(&self.props);
+        let arg = BufferCompilationArg { inplace: None };
+        let mut bufs: Vec<NativeExpand<[f32]>> =
+            (0..=self.operand_count()).map(|_| <[f32] as LaunchArg>::expand(&arg, &mut builder)).collect();
+        let scale = match self.spec {
+            KernelSpec::Attention { .. } => Some(<f32 as LaunchArg>::expand(&(), &mut builder)),
+            _ => None,
+        };
+        let mut out = bufs.pop().expect("an output buffer");
+        let scope: &Scope = &builder.scope;
+        let spec = &self.spec;
+        if let KernelSpec::MatMul { rows, k: kk, f } = *spec {
+            k::matmul_tiled::expand(scope, &bufs[0], &bufs[1], &mut out, rows, kk, f);
+        } else if let KernelSpec::Attention { h, hk, s, d, e, ref mask, window, block, .. } = *spec {
+            let scale = scale.expect("attention takes a scale");
+            let (q, kb, v) = (&bufs[0], &bufs[1], &bufs[2]);
+            k::attention::expand(
+                scope,
+                q,
+                kb,
+                v,
+                &mut out,
+                scale,
+                h,
+                hk,
+                s,
+                d,
+                e,
+                mask_code(mask),
+                window.unwrap_or(0),
+                block,
+            );
+        } else {
+            let i = ABSOLUTE_POS::expand(scope);
+            let len = match spec {
+                KernelSpec::Rope { rows, d, .. } => rows * d / 2,
+                other => other.len(),
+            };
+            let inside = k::below::expand(scope, i, len);
+            if_expand(scope, inside, |scope| match spec {
+                KernelSpec::Gather { x, .. } => {
+                    let ix = view(scope, i, x);
+                    k::gather::expand(scope, &bufs[0], &mut out, i, ix);
+                }
+                KernelSpec::Binary { op, a, b, .. } => {
+                    let (ia, ib) = (view(scope, i, a), view(scope, i, b));
+                    k::binary::expand(scope, &bufs[0], &bufs[1], &mut out, i, ia, ib, binary_code(op));
+                }
+                KernelSpec::Unary { op, .. } => {
+                    let code = match op.as_str() {
+                        "sqrt" => k::SQRT,
+                        "abs" => k::ABS,
+                        _ => k::NEG,
+                    };
+                    k::unary::expand(scope, &bufs[0], &mut out, i, code);
+                }
+                KernelSpec::Where { cond, a, b, .. } => {
+                    let (ic, ia, ib) = (view(scope, i, cond), view(scope, i, a), view(scope, i, b));
+                    k::select::expand(scope, &bufs[0], &bufs[1], &bufs[2], &mut out, i, ic, ia, ib);
+                }
+                KernelSpec::Thresholds { levels, .. } => k::thresholds::expand(scope, &bufs[0], &mut out, i, *levels),
+                KernelSpec::MixHeads { m, h, p, s, d, .. } => {
+                    k::mix_heads::expand(scope, &bufs[0], &bufs[1], &mut out, i, *m, *h, *p, *s, *d)
+                }
+                KernelSpec::MixCols { m, h, p, d, .. } => {
+                    k::mix_cols::expand(scope, &bufs[0], &bufs[1], &mut out, i, *m, *h, *p, *d)
+                }
+                KernelSpec::Collapse { h, c, s, d, .. } => {
+                    k::collapse::expand(scope, &bufs[0], &bufs[1], &mut out, i, *h, *c, *s, *d)
+                }
+                KernelSpec::CollapseCols { h, c, d, .. } => {
+                    k::collapse_cols::expand(scope, &bufs[0], &bufs[1], &mut out, i, *h, *c, *d)
+                }
+                KernelSpec::CollapseRows { h, c, d, f } => {
+                    k::collapse_rows::expand(scope, &bufs[0], &bufs[1], &mut out, i, *h, *c, *d, *f)
+                }
+                KernelSpec::BlockDiag { cols, block, .. } => {
+                    k::block_diag::expand(scope, &bufs[0], &mut out, i, *cols, *block)
+                }
+                KernelSpec::Concat { f1, f2, .. } => {
+                    k::concat::expand(scope, &bufs[0], &bufs[1], &mut out, i, *f1, *f2)
+                }
+                KernelSpec::Rope { s, d, .. } => k::rope::expand(scope, &bufs[0], &bufs[1], &mut out, i, *s, *d),
+                KernelSpec::Reduce { op, count, base, inner, .. } => {
+                    let b = view(scope, i, base);
+                    let stride = inner.terms.first().map_or(0, |t| t.2);
+                    k::reduce::expand(scope, &bufs[0], &mut out, i, b, *count, stride, reduce_code(op));
+                }
+                KernelSpec::LooMean { n, stride, .. } => k::loo_mean::expand(scope, &bufs[0], &mut out, i, *n, *stride),
+                KernelSpec::MatMul { .. } | KernelSpec::Attention { .. } => unreachable!(),
+            });
+        }
+        builder.build()
+    }
+}

@@ -1,0 +1,136 @@
+//! Executing a plan on a CubeCL client: upload inputs and constants, launch
+//! in order, free temporaries after their last reader, read outputs back.
+//! The executor keeps its own accounting of device bytes allocated.
+
+use super::define::IrKernel;
+use super::plan::{BufferRole, KernelSpec, Plan};
+use crate::tensor::Tensor;
+use cubecl::prelude::*;
+use cubecl::server::Handle;
+use cubecl::wgpu::WgpuDeviceKind;
+use std::collections::BTreeMap;
+
+/// Why a plan could not run on a device.
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    #[error("no {0} device is available: {1}")]
+    Unavailable(&'static str, String),
+    #[error("the {0} backend is not built into this attnc; rebuild with `--features {0}`")]
+    NotBuilt(&'static str),
+    #[error("kernel `{0}` failed: {1}")]
+    Launch(String, String),
+    #[error("input tensor `{0}` is missing")]
+    MissingInput(String),
+}
+
+/// A device and its client.
+pub struct Gpu {
+    client: Client,
+    pub backend: &'static str,
+    pub adapter: String,
+}
+
+/// What a run did: bytes of device memory held at most at once (inputs,
+/// constants and live temporaries), and launches.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RunStats {
+    pub peak_bytes: u64,
+    pub launches: usize,
+}
+
+impl Gpu {
+    /// The wgpu device: a GPU through Vulkan/Metal/DX12, or Mesa's lavapipe CPU driver.
+    pub fn wgpu() -> Result<Gpu, GpuError> {
+        let device = [WgpuDeviceKind::DefaultDevice, WgpuDeviceKind::Cpu]
+            .into_iter()
+            .find_map(|kind| cubecl::Device::wgpu(kind).ok())
+            .ok_or_else(|| {
+                GpuError::Unavailable(
+                    "wgpu",
+                    "no Vulkan, Metal or DX12 adapter was found (on Linux without a GPU, install Mesa's lavapipe: `apt-get install mesa-vulkan-drivers libvulkan1`)".into(),
+                )
+            })?;
+        let client = std::panic::catch_unwind(|| device.client())
+            .map_err(|_| GpuError::Unavailable("wgpu", "creating the device client failed".into()))?;
+        let adapter = client.properties().identity.name.clone();
+        Ok(Gpu { client, backend: "wgpu", adapter })
+    }
+
+    /// The CUDA device 0, when built with the `cuda` feature and a driver is present.
+    pub fn cuda() -> Result<Gpu, GpuError> {
+        #[cfg(feature = "cuda")]
+        {
+            let device = cubecl::Device::cuda(0).map_err(|e| GpuError::Unavailable("cuda", format!("{e:?}")))?;
+            let client = std::panic::catch_unwind(|| device.client())
+                .map_err(|_| GpuError::Unavailable("cuda", "creating the CUDA client failed".into()))?;
+            let adapter = client.properties().identity.name.clone();
+            Ok(Gpu { client, backend: "cuda", adapter })
+        }
+        #[cfg(not(feature = "cuda"))]
+        Err(GpuError::NotBuilt("cuda"))
+    }
+
+    fn upload(&self, values: &[f64]) -> Handle {
+        let data: Vec<f32> = values.iter().map(|v| *v as f32).collect();
+        self.client.create_from_slice(f32::as_bytes(&data))
+    }
+
+    /// Run `plan` on named inputs; outputs in the plan's order.
+    pub fn run(&self, plan: &Plan, inputs: &BTreeMap<String, Tensor>) -> Result<(Vec<Tensor>, RunStats), GpuError> {
+        let mut handles: Vec<Option<Handle>> = vec![None; plan.buffers.len()];
+        let mut stats = RunStats::default();
+        let mut live: u64 = 0;
+        for b in &plan.buffers {
+            let h = match &b.role {
+                BufferRole::Input { name } => {
+                    self.upload(&inputs.get(name).ok_or_else(|| GpuError::MissingInput(name.clone()))?.data)
+                }
+                BufferRole::Constant { values } => self.upload(values),
+                BufferRole::Temp => continue,
+            };
+            live += 4 * b.len as u64;
+            handles[b.id] = Some(h);
+        }
+        stats.peak_bytes = live;
+        for launch in &plan.launches {
+            let out = *launch.bindings.last().unwrap();
+            let out_len = plan.buffers[out].len;
+            handles[out] = Some(self.client.empty(4 * out_len));
+            live += 4 * out_len as u64;
+            stats.peak_bytes = stats.peak_bytes.max(live);
+            self.launch(launch.name.as_str(), &launch.spec, &launch.bindings, plan, &handles);
+            stats.launches += 1;
+            for id in &launch.frees {
+                if handles[*id].take().is_some() {
+                    live -= 4 * plan.buffers[*id].len as u64;
+                }
+            }
+        }
+        let mut outputs = vec![];
+        for (name, id) in &plan.outputs {
+            let h = handles[*id].clone().expect("outputs stay alive");
+            let bytes = self.client.read_one(h).map_err(|e| GpuError::Launch(name.clone(), format!("{e:?}")))?;
+            let data = f32::from_bytes(&bytes).iter().map(|v| *v as f64).collect();
+            outputs.push(Tensor::new(plan.buffers[*id].shape.clone(), data));
+        }
+        Ok((outputs, stats))
+    }
+
+    fn launch(&self, name: &str, spec: &KernelSpec, bindings: &[usize], plan: &Plan, handles: &[Option<Handle>]) {
+        let kernel = IrKernel::new(name, spec, self.client.properties_shared(), self.client.target_properties_shared());
+        let (_, (gx, gy, gz)) = spec.grid();
+        let mut launcher = KernelLauncher::new(kernel.settings.clone());
+        launcher.with_scope(|scope| scope.device_properties(self.client.properties()));
+        for (slot, id) in bindings.iter().enumerate() {
+            let io = if slot + 1 == bindings.len() { BufferIOAttr::ReadWrite } else { BufferIOAttr::ReadOnly };
+            launcher.declare_io(io);
+            let handle = handles[*id].clone().expect("operands are alive");
+            let arg = unsafe { BufferArg::from_raw_parts(handle, plan.buffers[*id].len) };
+            let _ = <[f32] as LaunchArg>::register(arg, &mut launcher);
+        }
+        if let KernelSpec::Attention { scale_bits, .. } = spec {
+            <f32 as LaunchArg>::register(f64::from_bits(*scale_bits) as f32, &mut launcher);
+        }
+        launcher.launch(CubeCount::Static(gx, gy, gz), kernel, &self.client);
+    }
+}

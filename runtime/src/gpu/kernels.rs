@@ -1,0 +1,543 @@
+//! Kernel bodies as `#[cube]` functions. `define.rs` calls their generated
+//! `expand` functions to build each launch's kernel from the plan; sizes,
+//! operators and masks arrive as comptime values, so every kernel is
+//! specialised to its spec.
+
+use cubecl::prelude::*;
+
+/// One term of a [`super::plan::View`]: `((i / div) % modulo) · stride`.
+#[cube]
+pub fn view_term(i: usize, #[comptime] div: usize, #[comptime] modulo: usize, #[comptime] stride: usize) -> usize {
+    (i / div) % modulo * stride
+}
+
+#[cube]
+pub fn add_index(a: usize, b: usize) -> usize {
+    a + b
+}
+
+#[cube]
+pub fn const_index(#[comptime] v: usize) -> usize {
+    v
+}
+
+#[cube]
+pub fn below(i: usize, #[comptime] n: usize) -> bool {
+    i < n
+}
+
+#[cube]
+pub fn gather(x: &[f32], out: &mut [f32], i: usize, ix: usize) {
+    out[i] = x[ix];
+}
+
+/// Operator codes shared with `define.rs`.
+pub const ADD: u32 = 0;
+pub const SUB: u32 = 1;
+pub const MUL: u32 = 2;
+pub const DIV: u32 = 3;
+pub const MAX: u32 = 4;
+pub const MIN: u32 = 5;
+pub const GE: u32 = 6;
+pub const GT: u32 = 7;
+pub const EQ: u32 = 8;
+
+#[cube]
+pub fn binary(a: &[f32], b: &[f32], out: &mut [f32], i: usize, ia: usize, ib: usize, #[comptime] op: u32) {
+    let x = a[ia];
+    let y = b[ib];
+    let mut r = f32::new(0.0);
+    if comptime![op == ADD] {
+        r = x + y;
+    } else if comptime![op == SUB] {
+        r = x - y;
+    } else if comptime![op == MUL] {
+        r = x * y;
+    } else if comptime![op == DIV] {
+        r = x / y;
+    } else if comptime![op == MAX] {
+        r = max(x, y);
+    } else if comptime![op == MIN] {
+        r = min(x, y);
+    } else if comptime![op == GE] {
+        if x >= y {
+            r = f32::new(1.0);
+        }
+    } else if comptime![op == GT] {
+        if x > y {
+            r = f32::new(1.0);
+        }
+    } else if x == y {
+        r = f32::new(1.0);
+    }
+    out[i] = r;
+}
+
+pub const NEG: u32 = 0;
+pub const SQRT: u32 = 1;
+pub const ABS: u32 = 2;
+
+#[cube]
+pub fn unary(x: &[f32], out: &mut [f32], i: usize, #[comptime] op: u32) {
+    let v = x[i];
+    let mut r = -v;
+    if comptime![op == SQRT] {
+        r = v.sqrt();
+    } else if comptime![op == ABS] {
+        r = v.abs();
+    }
+    out[i] = r;
+}
+
+#[cube]
+pub fn select(c: &[f32], a: &[f32], b: &[f32], out: &mut [f32], i: usize, ic: usize, ia: usize, ib: usize) {
+    if c[ic] != f32::new(0.0) {
+        out[i] = a[ia];
+    } else {
+        out[i] = b[ib];
+    }
+}
+
+/// `out[i] = 1[x[i / (L−1)] >= i % (L−1) + 2]`.
+#[cube]
+pub fn thresholds(x: &[f32], out: &mut [f32], i: usize, #[comptime] levels: usize) {
+    let t = i % comptime![levels - 1];
+    let v = x[i / comptime![levels - 1]];
+    let mut r = f32::new(0.0);
+    if v >= f32::cast_from(t + 2) {
+        r = f32::new(1.0);
+    }
+    out[i] = r;
+}
+
+/// `out[rows, f] = a[rows, k] · b[k, f]` with 16 × 16 tiles in shared memory.
+#[cube]
+pub fn matmul_tiled(
+    a: &[f32],
+    b: &[f32],
+    out: &mut [f32],
+    #[comptime] rows: usize,
+    #[comptime] k: usize,
+    #[comptime] f: usize,
+) {
+    let tx = UNIT_POS_X as usize;
+    let ty = UNIT_POS_Y as usize;
+    let row = CUBE_POS_Y as usize * 16 + ty;
+    let col = CUBE_POS_X as usize * 16 + tx;
+    let mut sa = Shared::<[f32]>::new_slice(256usize);
+    let mut sb = Shared::<[f32]>::new_slice(256usize);
+    let mut acc = f32::new(0.0);
+    for t in 0..comptime![k.div_ceil(16)] {
+        let ka = t * 16 + tx;
+        let kb = t * 16 + ty;
+        let mut va = f32::new(0.0);
+        let mut vb = f32::new(0.0);
+        if row < rows && ka < k {
+            va = a[row * k + ka];
+        }
+        if kb < k && col < f {
+            vb = b[kb * f + col];
+        }
+        sa[ty * 16 + tx] = va;
+        sb[ty * 16 + tx] = vb;
+        sync_cube();
+        for kk in 0..16usize {
+            acc += sa[ty * 16 + kk] * sb[kk * 16 + tx];
+        }
+        sync_cube();
+    }
+    if row < rows && col < f {
+        out[row * f + col] = acc;
+    }
+}
+
+/// `out[b,h,j,s,e] = Σ_m alpha[m,h,j] · x[b,m,s,e]`.
+#[cube]
+pub fn mix_heads(
+    x: &[f32],
+    alpha: &[f32],
+    out: &mut [f32],
+    i: usize,
+    #[comptime] m: usize,
+    #[comptime] h: usize,
+    #[comptime] p: usize,
+    #[comptime] s: usize,
+    #[comptime] d: usize,
+) {
+    let e = i % d;
+    let si = (i / d) % s;
+    let j = (i / (d * s)) % p;
+    let hi = (i / (d * s * p)) % h;
+    let bi = i / (d * s * p * h);
+    let mut acc = f32::new(0.0);
+    for mi in 0..m {
+        acc += alpha[(mi * h + hi) * p + j] * x[((bi * m + mi) * s + si) * d + e];
+    }
+    out[i] = acc;
+}
+
+/// `out[r, (h·P+j)·d+e] = Σ_m alpha[m,h,j] · y[r, m·d+e]`.
+#[cube]
+pub fn mix_cols(
+    y: &[f32],
+    alpha: &[f32],
+    out: &mut [f32],
+    i: usize,
+    #[comptime] m: usize,
+    #[comptime] h: usize,
+    #[comptime] p: usize,
+    #[comptime] d: usize,
+) {
+    let e = i % d;
+    let j = (i / d) % p;
+    let hi = (i / (d * p)) % h;
+    let r = i / (d * p * h);
+    let mut acc = f32::new(0.0);
+    for mi in 0..m {
+        acc += alpha[(mi * h + hi) * p + j] * y[r * m * d + mi * d + e];
+    }
+    out[i] = acc;
+}
+
+/// `out[b,h,s,e] = Σ_c r[h,c] · x[b,c,s,e]`.
+#[cube]
+pub fn collapse(
+    x: &[f32],
+    r: &[f32],
+    out: &mut [f32],
+    i: usize,
+    #[comptime] h: usize,
+    #[comptime] c: usize,
+    #[comptime] s: usize,
+    #[comptime] d: usize,
+) {
+    let e = i % d;
+    let si = (i / d) % s;
+    let hi = (i / (d * s)) % h;
+    let bi = i / (d * s * h);
+    let mut acc = f32::new(0.0);
+    for ci in 0..c {
+        acc += r[hi * c + ci] * x[((bi * c + ci) * s + si) * d + e];
+    }
+    out[i] = acc;
+}
+
+/// `out[r, h·d+e] = Σ_c r[h,c] · y[r, c·d+e]`.
+#[cube]
+pub fn collapse_cols(
+    y: &[f32],
+    r: &[f32],
+    out: &mut [f32],
+    i: usize,
+    #[comptime] h: usize,
+    #[comptime] c: usize,
+    #[comptime] d: usize,
+) {
+    let e = i % d;
+    let hi = (i / d) % h;
+    let row = i / (d * h);
+    let mut acc = f32::new(0.0);
+    for ci in 0..c {
+        acc += r[hi * c + ci] * y[row * c * d + ci * d + e];
+    }
+    out[i] = acc;
+}
+
+/// `out[c·d+e, f] = Σ_h r[h,c] · w[h·d+e, f]`.
+#[cube]
+pub fn collapse_rows(
+    w: &[f32],
+    r: &[f32],
+    out: &mut [f32],
+    i: usize,
+    #[comptime] h: usize,
+    #[comptime] c: usize,
+    #[comptime] d: usize,
+    #[comptime] f: usize,
+) {
+    let col = i % f;
+    let e = (i / f) % d;
+    let ci = i / (f * d);
+    let mut acc = f32::new(0.0);
+    for hi in 0..h {
+        acc += r[hi * c + ci] * w[(hi * d + e) * f + col];
+    }
+    out[i] = acc;
+}
+
+#[cube]
+pub fn block_diag(r: &[f32], out: &mut [f32], i: usize, #[comptime] cols: usize, #[comptime] block: usize) {
+    let mut v = f32::new(0.0);
+    if (i % cols) / block == i / cols {
+        v = r[i];
+    }
+    out[i] = v;
+}
+
+#[cube]
+pub fn concat(a: &[f32], b: &[f32], out: &mut [f32], i: usize, #[comptime] f1: usize, #[comptime] f2: usize) {
+    let c = i % comptime![f1 + f2];
+    let row = i / comptime![f1 + f2];
+    if c < f1 {
+        out[i] = a[row * f1 + c];
+    } else {
+        out[i] = b[row * f2 + c - f1];
+    }
+}
+
+/// Rotate-half RoPE; `table[(pos·half + k)·2 + {0, 1}]` holds cos and sin
+/// (computed on the host in float64). One unit per rotated pair.
+#[cube]
+pub fn rope(x: &[f32], table: &[f32], out: &mut [f32], i: usize, #[comptime] s: usize, #[comptime] d: usize) {
+    let half = comptime![d / 2];
+    let k = i % half;
+    let row = i / half;
+    let pos = row % s;
+    let c = table[(pos * half + k) * 2];
+    let sn = table[(pos * half + k) * 2 + 1];
+    let a = x[row * d + k];
+    let b = x[row * d + k + half];
+    out[row * d + k] = a * c - b * sn;
+    out[row * d + k + half] = a * sn + b * c;
+}
+
+pub const RED_SUM: u32 = 0;
+pub const RED_MEAN: u32 = 1;
+pub const RED_MAX: u32 = 2;
+pub const RED_MIN: u32 = 3;
+pub const RED_COUNT: u32 = 4;
+pub const RED_VAR: u32 = 5;
+pub const RED_VAR_BESSEL: u32 = 6;
+
+/// `out[o] = reduce_{r < count} x[base + r·stride]`; variance in two passes.
+#[cube]
+pub fn reduce(
+    x: &[f32],
+    out: &mut [f32],
+    o: usize,
+    base: usize,
+    #[comptime] count: usize,
+    #[comptime] stride: usize,
+    #[comptime] op: u32,
+) {
+    let mut acc = f32::new(0.0);
+    if comptime![op == RED_MAX] {
+        acc = x[base];
+    }
+    if comptime![op == RED_MIN] {
+        acc = x[base];
+    }
+    for r in 0..count {
+        let v = x[base + r * stride];
+        if comptime![op == RED_MAX] {
+            acc = max(acc, v);
+        } else if comptime![op == RED_MIN] {
+            acc = min(acc, v);
+        } else if comptime![op == RED_COUNT] {
+            if v != f32::new(0.0) {
+                acc += f32::new(1.0);
+            }
+        } else {
+            acc += v;
+        }
+    }
+    if comptime![op == RED_MEAN || op == RED_VAR || op == RED_VAR_BESSEL] {
+        acc = acc / f32::cast_from(count);
+    }
+    if comptime![op == RED_VAR || op == RED_VAR_BESSEL] {
+        let mean = acc;
+        let mut ss = f32::new(0.0);
+        for r in 0..count {
+            let dv = x[base + r * stride] - mean;
+            ss += dv * dv;
+        }
+        if comptime![op == RED_VAR] {
+            acc = ss / f32::cast_from(count);
+        } else {
+            acc = ss / (f32::cast_from(count) - f32::new(1.0));
+        }
+    }
+    out[o] = acc;
+}
+
+/// `out[i] = (Σ_r x[base + r·stride] − x[i]) / (n − 1)`, `base` = `i` with its axis coordinate zeroed.
+#[cube]
+pub fn loo_mean(x: &[f32], out: &mut [f32], i: usize, #[comptime] n: usize, #[comptime] stride: usize) {
+    let base = i - (i / stride) % n * stride;
+    let mut sum = f32::new(0.0);
+    for r in 0..n {
+        sum += x[base + r * stride];
+    }
+    out[i] = (sum - x[i]) / f32::cast_from(n - 1);
+}
+
+pub const MASK_NONE: u32 = 0;
+pub const MASK_CAUSAL: u32 = 1;
+pub const MASK_TOKEN_CAUSAL: u32 = 2;
+
+/// Whether query row `i` sees key row `j` (as `Mask::visible`); `window` 0 is none.
+#[cube]
+pub fn visible(i: usize, j: usize, #[comptime] kind: u32, #[comptime] window: usize, #[comptime] block: usize) -> bool {
+    let n = i / block;
+    let m = j / block;
+    let mut ok = true;
+    if comptime![kind == MASK_CAUSAL] {
+        ok = j <= i;
+        if comptime![window > 0] {
+            ok = ok && i < j + comptime![window * block];
+        }
+    } else if comptime![kind == MASK_TOKEN_CAUSAL] {
+        ok = m <= n;
+        if comptime![window > 0] {
+            ok = ok && n < m + window;
+        }
+    } else if comptime![window > 0] {
+        ok = n < m + window && m < n + window;
+    }
+    ok
+}
+
+/// Whether any query row in `q0..=q1` sees any key row in `k0..=k1` (tile skipping).
+#[cube]
+pub fn tile_visible(
+    q0: usize,
+    q1: usize,
+    k0: usize,
+    k1: usize,
+    #[comptime] kind: u32,
+    #[comptime] window: usize,
+    #[comptime] block: usize,
+) -> bool {
+    let mut ok = true;
+    if comptime![kind == MASK_CAUSAL] {
+        ok = k0 <= q1;
+        if comptime![window > 0] {
+            ok = ok && q0 < k1 + comptime![window * block];
+        }
+    } else if comptime![kind == MASK_TOKEN_CAUSAL] {
+        ok = k0 / block <= q1 / block;
+        if comptime![window > 0] {
+            ok = ok && q0 / block < k1 / block + window;
+        }
+    } else if comptime![window > 0] {
+        ok = q0 / block < k1 / block + window && k0 / block < q1 / block + window;
+    }
+    ok
+}
+
+/// Flash attention. A cube handles 32 query rows of one (batch, head); it walks
+/// the key rows in tiles of 32 staged in shared memory, skipping tiles the mask
+/// hides entirely, and keeps a running max, sum and output per query row (the
+/// online softmax), so no score matrix is ever stored. A row that sees no key is 0.
+#[cube]
+pub fn attention(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    out: &mut [f32],
+    scale: f32,
+    #[comptime] h: usize,
+    #[comptime] hk: usize,
+    #[comptime] s: usize,
+    #[comptime] d: usize,
+    #[comptime] e: usize,
+    #[comptime] kind: u32,
+    #[comptime] window: usize,
+    #[comptime] block: usize,
+) {
+    let tile = 32usize;
+    let t = UNIT_POS as usize;
+    let bh = CUBE_POS_Y as usize;
+    let bi = bh / h;
+    let hi = bh % h;
+    let g = hi / comptime![h / hk];
+    let q0 = CUBE_POS_X as usize * tile;
+    let i = q0 + t;
+    let mut q1 = q0 + tile - 1;
+    if q1 >= s {
+        q1 = s - 1;
+    }
+    let qbase = (bh * s + i) * d;
+    let kbase = (bi * hk + g) * s;
+
+    let mut qreg = Array::<f32>::new(d);
+    let mut acc = Array::<f32>::new(e);
+    for c in 0..d {
+        let mut val = f32::new(0.0);
+        if i < s {
+            val = q[qbase + c];
+        }
+        qreg[c] = val;
+    }
+    for c in 0..e {
+        acc[c] = f32::new(0.0);
+    }
+    let mut m_run = f32::new(-3.0e38);
+    let mut l_run = f32::new(0.0);
+    let mut seen = false;
+
+    let mut ks = Shared::<[f32]>::new_slice(comptime![32 * d]);
+    let mut vs = Shared::<[f32]>::new_slice(comptime![32 * e]);
+    for kt in 0..comptime![s.div_ceil(32)] {
+        let k0 = kt * tile;
+        let mut k1 = k0 + tile - 1;
+        if k1 >= s {
+            k1 = s - 1;
+        }
+        if tile_visible(q0, q1, k0, k1, kind, window, block) {
+            let j = k0 + t;
+            for c in 0..d {
+                let mut val = f32::new(0.0);
+                if j < s {
+                    val = k[(kbase + j) * d + c];
+                }
+                ks[t * d + c] = val;
+            }
+            for c in 0..e {
+                let mut val = f32::new(0.0);
+                if j < s {
+                    val = v[(kbase + j) * e + c];
+                }
+                vs[t * e + c] = val;
+            }
+            sync_cube();
+            for jj in 0..tile {
+                let jk = k0 + jj;
+                if i < s && jk < s && visible(i, jk, kind, window, block) {
+                    let mut dot = f32::new(0.0);
+                    for c in 0..d {
+                        dot += qreg[c] * ks[jj * d + c];
+                    }
+                    let sc = dot * scale;
+                    let m_new = max(m_run, sc);
+                    let corr = (m_run - m_new).exp();
+                    let p = (sc - m_new).exp();
+                    if seen {
+                        l_run = l_run * corr + p;
+                        for c in 0..e {
+                            acc[c] = acc[c] * corr + p * vs[jj * e + c];
+                        }
+                    } else {
+                        l_run = p;
+                        for c in 0..e {
+                            acc[c] = p * vs[jj * e + c];
+                        }
+                    }
+                    m_run = m_new;
+                    seen = true;
+                }
+            }
+            sync_cube();
+        }
+    }
+    if i < s {
+        let obase = (bh * s + i) * e;
+        for c in 0..e {
+            let mut val = f32::new(0.0);
+            if seen {
+                val = acc[c] / l_run;
+            }
+            out[obase + c] = val;
+        }
+    }
+}

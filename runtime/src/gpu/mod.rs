@@ -1,0 +1,11 @@
+//! The CubeCL backend. **API Boundary:** every use of cubecl is in this
+//! folder, so its API changes touch nothing else.
+//!
+//! - `plan.rs` — IR → launches (plain data, no device);
+//! - `kernels.rs` — the `#[cube]` kernel bodies;
+//! - `define.rs` — a plan launch → a cubecl kernel definition.
+
+pub mod define;
+pub mod exec;
+pub mod kernels;
+pub mod plan;

@@ -1,0 +1,456 @@
+//! IR → a plan of kernel launches. The plan is plain data, printable and
+//! serialisable without any device: which buffers exist, which kernel each
+//! launch runs with which comptime parameters, and which buffers it binds.
+//! Every size is concrete: a plan is specialised to the bound dims.
+
+use crate::interp::{concrete, DimValues};
+use attnc_compiler::ir::{BinaryOp, Mask, MaskKind, Op, Program, ReduceKind, UnaryOp};
+use serde::Serialize;
+
+/// Where an operand element lives: `offset + Σ_k ((i / div_k) % modulo_k) · stride_k`
+/// for output element `i`. Layout changes and broadcasting are views.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
+pub struct View {
+    pub offset: usize,
+    pub terms: Vec<(usize, usize, usize)>,
+}
+
+impl View {
+    /// A view over `refined` (a row-major refinement of the output shape),
+    /// with `strides[k]` the operand stride of refined axis `k`.
+    pub fn new(refined: &[usize], strides: &[usize], offset: usize) -> View {
+        let mut terms = vec![];
+        let mut div = 1;
+        for k in (0..refined.len()).rev() {
+            if refined[k] > 1 && strides[k] != 0 {
+                terms.push((div, refined[k], strides[k]));
+            }
+            div *= refined[k];
+        }
+        // Merge axes that are contiguous in both spaces (innermost first).
+        let mut merged: Vec<(usize, usize, usize)> = vec![];
+        for t in terms {
+            match merged.last_mut() {
+                Some(last) if t.0 == last.0 * last.1 && t.2 == last.2 * last.1 => last.1 *= t.1,
+                _ => merged.push(t),
+            }
+        }
+        merged.reverse();
+        View { offset, terms: merged }
+    }
+
+    /// numpy broadcasting of `operand` to `out`.
+    pub fn broadcast(operand: &[usize], out: &[usize]) -> View {
+        let pad = out.len() - operand.len();
+        let mut strides = vec![0; out.len()];
+        let mut acc = 1;
+        for i in (0..operand.len()).rev() {
+            strides[pad + i] = if operand[i] == 1 { 0 } else { acc };
+            acc *= operand[i];
+        }
+        View::new(out, &strides, 0)
+    }
+
+    /// The operand index of output element `i` (the host-side definition kernels follow).
+    pub fn index(&self, i: usize) -> usize {
+        self.offset + self.terms.iter().map(|&(d, m, s)| (i / d) % m * s).sum::<usize>()
+    }
+}
+
+fn row_major_strides(shape: &[usize]) -> Vec<usize> {
+    let mut s = vec![1; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        s[i] = s[i + 1] * shape[i + 1];
+    }
+    s
+}
+
+/// What one launch computes. Sizes are comptime constants of the kernel.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum KernelSpec {
+    /// `out[i] = x[view(i)]`: head splits and merges, interleaving, slices.
+    Gather { len: usize, x: View },
+    /// `out[i] = op(a[va(i)], b[vb(i)])`.
+    Binary { len: usize, op: String, a: View, b: View },
+    /// `out[i] = op(x[i])`.
+    Unary { len: usize, op: String },
+    /// `out[i] = cond[vc(i)] != 0 ? a[va(i)] : b[vb(i)]`.
+    Where { len: usize, cond: View, a: View, b: View },
+    /// `out[i·(L−1) + t] = x[i] >= t + 2`.
+    Thresholds { len: usize, levels: usize },
+    /// Tiled `out[rows, f] = a[rows, k] · b[k, f]`.
+    MatMul { rows: usize, k: usize, f: usize },
+    /// `out[b,h,j,s,e] = Σ_m alpha[m,h,j] · x[b,m,s,e]`.
+    MixHeads { batch: usize, m: usize, h: usize, p: usize, s: usize, d: usize },
+    /// `out[r, (h·P+j)·d+e] = Σ_m alpha[m,h,j] · y[r, m·d+e]`.
+    MixCols { rows: usize, m: usize, h: usize, p: usize, d: usize },
+    /// `out[b,h,s,e] = Σ_c r[h,c] · x[b,c,s,e]` (x's heads and pseudo-heads flattened to c).
+    Collapse { batch: usize, h: usize, c: usize, s: usize, d: usize },
+    /// `out[r, h·d+e] = Σ_c r[h,c] · y[r, c·d+e]`.
+    CollapseCols { rows: usize, h: usize, c: usize, d: usize },
+    /// `out[c·d+e, f] = Σ_h r[h,c] · w[h·d+e, f]`.
+    CollapseRows { h: usize, c: usize, d: usize, f: usize },
+    /// `out[h, c] = r[h, c]` if `c / block == h`, else 0.
+    BlockDiag { h: usize, cols: usize, block: usize },
+    /// `out[r, 0..f1] = a[r], out[r, f1..] = b[r]`.
+    Concat { rows: usize, f1: usize, f2: usize },
+    /// Rotate-half RoPE at row position `row % s`.
+    Rope { rows: usize, s: usize, d: usize, base_bits: u64 },
+    /// Flash attention: query tiles against key tiles with an online softmax.
+    Attention {
+        batch: usize,
+        h: usize,
+        hk: usize,
+        s: usize,
+        d: usize,
+        e: usize,
+        mask: String,
+        window: Option<usize>,
+        block: usize,
+        scale_bits: u64,
+    },
+    /// `out[o] = reduce_r x[base(o) + inner(r)]` over `count` elements.
+    Reduce { len: usize, op: String, count: usize, base: View, inner: View },
+    /// `out[i] = (Σ_r x[base(i) + r·stride] − x[i]) / (n − 1)`.
+    LooMean { len: usize, n: usize, stride: usize },
+}
+
+impl KernelSpec {
+    /// Units per cube and cubes for this launch.
+    pub fn grid(&self) -> ((u32, u32, u32), (u32, u32, u32)) {
+        let linear = |len: usize| ((256, 1, 1), ((len.div_ceil(256)).max(1) as u32, 1, 1));
+        match self {
+            KernelSpec::MatMul { rows, f, .. } => {
+                ((TILE as u32, TILE as u32, 1), (f.div_ceil(TILE) as u32, rows.div_ceil(TILE) as u32, 1))
+            }
+            KernelSpec::Attention { batch, h, s, .. } => {
+                ((ATTN_TILE as u32, 1, 1), (s.div_ceil(ATTN_TILE) as u32, (batch * h) as u32, 1))
+            }
+            other => linear(other.len()),
+        }
+    }
+
+    /// Number of output elements.
+    pub fn len(&self) -> usize {
+        match *self {
+            KernelSpec::Gather { len, .. }
+            | KernelSpec::Binary { len, .. }
+            | KernelSpec::Unary { len, .. }
+            | KernelSpec::Where { len, .. }
+            | KernelSpec::Reduce { len, .. }
+            | KernelSpec::LooMean { len, .. } => len,
+            KernelSpec::Thresholds { len, levels } => len * (levels - 1),
+            KernelSpec::MatMul { rows, f, .. } => rows * f,
+            KernelSpec::MixHeads { batch, h, p, s, d, .. } => batch * h * p * s * d,
+            KernelSpec::MixCols { rows, h, p, d, .. } => rows * h * p * d,
+            KernelSpec::Collapse { batch, h, s, d, .. } => batch * h * s * d,
+            KernelSpec::CollapseCols { rows, h, d, .. } => rows * h * d,
+            KernelSpec::CollapseRows { c, d, f, .. } => c * d * f,
+            KernelSpec::BlockDiag { h, cols, .. } => h * cols,
+            KernelSpec::Concat { rows, f1, f2 } => rows * (f1 + f2),
+            KernelSpec::Rope { rows, d, .. } => rows * d / 2,
+            KernelSpec::Attention { batch, h, s, e, .. } => batch * h * s * e,
+        }
+    }
+
+    /// A short name for the kernel kind (`matmul`, `attention`, …).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            KernelSpec::Gather { .. } => "gather",
+            KernelSpec::Binary { .. } => "binary",
+            KernelSpec::Unary { .. } => "unary",
+            KernelSpec::Where { .. } => "where",
+            KernelSpec::Thresholds { .. } => "thresholds",
+            KernelSpec::MatMul { .. } => "matmul",
+            KernelSpec::MixHeads { .. } => "mix_heads",
+            KernelSpec::MixCols { .. } => "mix_cols",
+            KernelSpec::Collapse { .. } => "collapse",
+            KernelSpec::CollapseCols { .. } => "collapse_cols",
+            KernelSpec::CollapseRows { .. } => "collapse_rows",
+            KernelSpec::BlockDiag { .. } => "block_diag",
+            KernelSpec::Concat { .. } => "concat",
+            KernelSpec::Rope { .. } => "rope",
+            KernelSpec::Attention { .. } => "attention",
+            KernelSpec::Reduce { .. } => "reduce",
+            KernelSpec::LooMean { .. } => "loo_mean",
+        }
+    }
+}
+
+/// GEMM tile edge (units per cube are TILE × TILE).
+pub const TILE: usize = 16;
+/// Query rows per attention cube, and key rows per shared-memory tile.
+pub const ATTN_TILE: usize = 32;
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "role", rename_all = "snake_case")]
+pub enum BufferRole {
+    /// Uploaded from the input tensor of this name.
+    Input { name: String },
+    /// Uploaded constant values.
+    Constant { values: Vec<f64> },
+    /// Written by a launch.
+    Temp,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Buffer {
+    pub id: usize,
+    pub len: usize,
+    pub shape: Vec<usize>,
+    #[serde(flatten)]
+    pub role: BufferRole,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Launch {
+    /// Entry point, unique in the plan: `attnc_<spec>_<index>_<kind>`.
+    pub name: String,
+    pub spec: KernelSpec,
+    /// Buffers bound in order: operands, then the output.
+    pub bindings: Vec<usize>,
+    /// After this launch, these temporaries are dead and may be freed.
+    pub frees: Vec<usize>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Plan {
+    pub spec: String,
+    pub dims: DimValues,
+    pub buffers: Vec<Buffer>,
+    pub launches: Vec<Launch>,
+    pub outputs: Vec<(String, usize)>,
+}
+
+fn binary_name(op: BinaryOp) -> String {
+    format!("{op:?}").to_lowercase()
+}
+
+fn push_buffer(buffers: &mut Vec<Buffer>, shape: &[usize], role: BufferRole) -> usize {
+    buffers.push(Buffer { id: buffers.len(), len: shape.iter().product(), shape: shape.to_vec(), role });
+    buffers.len() - 1
+}
+
+/// Plan `p` at the concrete `dims`.
+pub fn plan(p: &Program, dims: &DimValues) -> Plan {
+    let shapes: Vec<Vec<usize>> = p.nodes.iter().map(|n| concrete(&n.shape, dims)).collect();
+    let mut buffers: Vec<Buffer> = vec![];
+    let mut launches: Vec<Launch> = vec![];
+    let mut node_buf: Vec<usize> = Vec::with_capacity(p.nodes.len());
+    for (i, node) in p.nodes.iter().enumerate() {
+        let shape = shapes[i].clone();
+        let len: usize = shape.iter().product();
+        let operands = node.op.operands();
+        let mut rope_table: Option<Vec<f64>> = None;
+        let sh = |k: usize| shapes[operands[k].0 as usize].clone();
+        let spec = match &node.op {
+            Op::Input { index } => {
+                node_buf.push(push_buffer(
+                    &mut buffers,
+                    &shape,
+                    BufferRole::Input { name: p.inputs[*index].name.clone() },
+                ));
+                continue;
+            }
+            Op::Scalar { value } => {
+                node_buf.push(push_buffer(&mut buffers, &shape, BufferRole::Constant { values: vec![*value] }));
+                continue;
+            }
+            Op::Constant { values } => {
+                node_buf.push(push_buffer(&mut buffers, &shape, BufferRole::Constant { values: values.clone() }));
+                continue;
+            }
+            // Same row-major data: the output aliases the operand.
+            Op::UnflattenHeads { x, .. } | Op::FlattenHeads { x } => {
+                node_buf.push(node_buf[x.0 as usize]);
+                continue;
+            }
+            Op::SplitHeads { heads, .. } => {
+                let x = sh(0);
+                let r = x.len();
+                let (s, w) = (x[r - 2], x[r - 1]);
+                let (h, d) = (*heads as usize, w / *heads as usize);
+                let pre: usize = x[..r - 2].iter().product();
+                KernelSpec::Gather { len, x: View::new(&[pre, h, s, d], &[s * w, d, w, 1], 0) }
+            }
+            Op::MergeHeads { .. } => {
+                let x = sh(0);
+                let r = x.len();
+                let (h, s, d) = (x[r - 3], x[r - 2], x[r - 1]);
+                let pre: usize = x[..r - 3].iter().product();
+                KernelSpec::Gather { len, x: View::new(&[pre, s, h, d], &[h * s * d, d, s * d, 1], 0) }
+            }
+            Op::Interleave { .. } => {
+                let [b, h, pp, s, d] = sh(0)[..] else { unreachable!() };
+                KernelSpec::Gather {
+                    len,
+                    x: View::new(&[b, h, s, pp, d], &[h * pp * s * d, pp * s * d, d, s * d, 1], 0),
+                }
+            }
+            Op::Deinterleave { pseudo, .. } => {
+                let [b, h, sp, d] = sh(0)[..] else { unreachable!() };
+                let pp = *pseudo as usize;
+                let s = sp / pp;
+                KernelSpec::Gather { len, x: View::new(&[b, h, pp, s, d], &[h * sp * d, sp * d, d, pp * d, 1], 0) }
+            }
+            Op::SliceCols { start, len: n, .. } => {
+                let x = sh(0);
+                let f = *x.last().unwrap();
+                let rows = x.iter().product::<usize>() / f;
+                KernelSpec::Gather { len, x: View::new(&[rows, *n as usize], &[f, 1], *start as usize) }
+            }
+            Op::Binary { op, .. } => KernelSpec::Binary {
+                len,
+                op: binary_name(*op),
+                a: View::broadcast(&sh(0), &shape),
+                b: View::broadcast(&sh(1), &shape),
+            },
+            Op::Unary { op, .. } => KernelSpec::Unary {
+                len,
+                op: match op {
+                    UnaryOp::Neg => "neg",
+                    UnaryOp::Sqrt => "sqrt",
+                    UnaryOp::Abs => "abs",
+                }
+                .into(),
+            },
+            Op::Where { .. } => KernelSpec::Where {
+                len,
+                cond: View::broadcast(&sh(0), &shape),
+                a: View::broadcast(&sh(1), &shape),
+                b: View::broadcast(&sh(2), &shape),
+            },
+            Op::Thresholds { levels, .. } => {
+                KernelSpec::Thresholds { len: sh(0).iter().product(), levels: *levels as usize }
+            }
+            Op::MatMul { .. } => {
+                let (a, b) = (sh(0), sh(1));
+                let k = *a.last().unwrap();
+                KernelSpec::MatMul { rows: a.iter().product::<usize>() / k, k, f: b[1] }
+            }
+            Op::MixHeads { .. } => {
+                let (x, al) = (sh(0), sh(1));
+                KernelSpec::MixHeads { batch: x[0], m: x[1], h: al[1], p: al[2], s: x[2], d: x[3] }
+            }
+            Op::MixCols { .. } => {
+                let (y, al) = (sh(0), sh(1));
+                let cols = *y.last().unwrap();
+                KernelSpec::MixCols {
+                    rows: y.iter().product::<usize>() / cols,
+                    m: al[0],
+                    h: al[1],
+                    p: al[2],
+                    d: cols / al[0],
+                }
+            }
+            Op::Collapse { .. } => {
+                let (x, r) = (sh(0), sh(1));
+                KernelSpec::Collapse { batch: x[0], h: r[0], c: x[1] * x[2], s: x[3], d: x[4] }
+            }
+            Op::CollapseCols { .. } => {
+                let (y, r) = (sh(0), sh(1));
+                let cols = *y.last().unwrap();
+                KernelSpec::CollapseCols { rows: y.iter().product::<usize>() / cols, h: r[0], c: r[1], d: cols / r[1] }
+            }
+            Op::CollapseRows { .. } => {
+                let (w, r) = (sh(0), sh(1));
+                KernelSpec::CollapseRows { h: r[0], c: r[1], d: w[0] / r[0], f: w[1] }
+            }
+            Op::BlockDiag { block, .. } => {
+                let r = sh(0);
+                KernelSpec::BlockDiag { h: r[0], cols: r[1], block: *block as usize }
+            }
+            Op::ConcatCols { .. } => {
+                let (a, b) = (sh(0), sh(1));
+                KernelSpec::Concat { rows: a[0], f1: a[1], f2: b[1] }
+            }
+            Op::Rope { base, .. } => {
+                let x = sh(0);
+                let r = x.len();
+                let (s, d) = (x[r - 2], x[r - 1]);
+                // cos and sin per (position, pair), in float64 on the host.
+                let mut table = Vec::with_capacity(s * d);
+                for pos in 0..s {
+                    for k in 0..d / 2 {
+                        let angle = pos as f64 * base.powf(-2.0 * k as f64 / d as f64);
+                        table.extend([angle.cos(), angle.sin()]);
+                    }
+                }
+                rope_table = Some(table);
+                KernelSpec::Rope { rows: len / d, s, d, base_bits: base.to_bits() }
+            }
+            Op::Attention { mask, scale, .. } => {
+                let (q, k, v) = (sh(0), sh(1), sh(2));
+                let Mask { kind, window, block } = *mask;
+                KernelSpec::Attention {
+                    batch: q[0],
+                    h: q[1],
+                    hk: k[1],
+                    s: q[2],
+                    d: q[3],
+                    e: v[3],
+                    mask: match kind {
+                        MaskKind::None => "none",
+                        MaskKind::Causal => "causal",
+                        MaskKind::TokenCausal => "token_causal",
+                    }
+                    .into(),
+                    window: window.map(|w| w as usize),
+                    block: block as usize,
+                    scale_bits: scale.to_bits(),
+                }
+            }
+            Op::Reduce { kind, axes, .. } => {
+                let x = sh(0);
+                let strides = row_major_strides(&x);
+                let kept: Vec<usize> = (0..x.len()).filter(|a| !axes.contains(a)).collect();
+                let kept_dims: Vec<usize> = kept.iter().map(|&a| x[a]).collect();
+                let kept_strides: Vec<usize> = kept.iter().map(|&a| strides[a]).collect();
+                let red_dims: Vec<usize> = axes.iter().map(|&a| x[a]).collect();
+                let red_strides: Vec<usize> = axes.iter().map(|&a| strides[a]).collect();
+                let op = match kind {
+                    ReduceKind::Sum => "sum",
+                    ReduceKind::Mean => "mean",
+                    ReduceKind::Max => "max",
+                    ReduceKind::Min => "min",
+                    ReduceKind::Count => "count",
+                    ReduceKind::Var { bessel: false } => "var",
+                    ReduceKind::Var { bessel: true } => "var_bessel",
+                };
+                KernelSpec::Reduce {
+                    len,
+                    op: op.into(),
+                    count: red_dims.iter().product(),
+                    base: View::new(&kept_dims, &kept_strides, 0),
+                    inner: View::new(&red_dims, &red_strides, 0),
+                }
+            }
+            Op::LooMean { axis, .. } => {
+                let x = sh(0);
+                KernelSpec::LooMean { len, n: x[*axis], stride: row_major_strides(&x)[*axis] }
+            }
+        };
+        let mut bindings: Vec<usize> = operands.iter().map(|o| node_buf[o.0 as usize]).collect();
+        if let Some(values) = rope_table {
+            let n = values.len();
+            bindings.push(push_buffer(&mut buffers, &[n], BufferRole::Constant { values }));
+        }
+        let out = push_buffer(&mut buffers, &shape, BufferRole::Temp);
+        bindings.push(out);
+        node_buf.push(out);
+        let name = format!("attnc_{}_{:02}_{}", p.name, launches.len(), spec.kind());
+        launches.push(Launch { name, spec, bindings, frees: vec![] });
+    }
+    let outputs: Vec<(String, usize)> = p.outputs.iter().map(|(n, id)| (n.clone(), node_buf[id.0 as usize])).collect();
+    // Liveness: a temporary dies after its last reader, unless it is an output.
+    for b in &buffers {
+        if b.role != BufferRole::Temp || outputs.iter().any(|(_, o)| *o == b.id) {
+            continue;
+        }
+        if let Some(last) = launches.iter().rposition(|l| l.bindings.contains(&b.id)) {
+            launches[last].frees.push(b.id);
+        }
+    }
+    Plan { spec: p.name.clone(), dims: dims.clone(), buffers, launches, outputs }
+}
