@@ -61,6 +61,22 @@ enum Command {
         #[arg(long, value_enum, default_value_t = ModeArg::Inference)]
         mode: ModeArg,
     },
+    /// Emit kernel source (WGSL or CUDA) and a launch manifest, without a device
+    Compile {
+        file: PathBuf,
+        /// Bind a parameter or dim: NAME=VALUE (repeatable); kernels are specialised to the sizes
+        #[arg(long = "set", value_name = "NAME=VALUE")]
+        set: Vec<String>,
+        /// Source language
+        #[arg(long, value_enum)]
+        target: SourceArg,
+        /// Folder for the kernels and manifest.json
+        #[arg(long, value_name = "DIR", default_value = "kernels")]
+        out: PathBuf,
+        /// Compile the program the optimizer chooses for the h200 profile
+        #[arg(long)]
+        optimize: bool,
+    },
     /// Optimize a spec for a target and explain the choice
     Explain {
         file: PathBuf,
@@ -115,6 +131,14 @@ impl TargetArg {
 }
 
 #[derive(Clone, Copy, ValueEnum)]
+enum SourceArg {
+    /// WGSL for wgpu/WebGPU
+    Wgsl,
+    /// CUDA C++ for NVRTC
+    Cuda,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
 enum ModeArg {
     Inference,
     Training,
@@ -144,6 +168,7 @@ fn main() -> ExitCode {
                 optimize.then(|| opt::Config { target: target.target(), mode: mode.mode(), ..Default::default() });
             run(&file, inputs.as_deref(), seed, &out, &set, dtype, opt, backend)
         }
+        Command::Compile { file, set, target, out, optimize } => compile(&file, &set, target, &out, optimize),
         Command::Explain { file, set, target, mode } => explain(&file, &set, target.target(), mode.mode()),
         Command::Ir { file, set } => load(&file, &set).map(|c| print!("{}", c.program.pretty())),
         Command::Fmt { file } => fmt(&file),
@@ -233,6 +258,31 @@ fn same_file(a: &Path, b: &Path) -> bool {
         (Ok(x), Ok(y)) => x == y,
         _ => false,
     }
+}
+
+fn compile(file: &Path, set: &[String], target: SourceArg, out: &Path, optimize: bool) -> Result<(), Failed> {
+    let compiled = load(file, set)?;
+    let dims = bind::default_dims(&compiled.program).map_err(|e| report(e.code(), e))?;
+    let program = if optimize {
+        opt::optimize(&compiled.program, &dims, &opt::Config::default()).chosen
+    } else {
+        compiled.program.clone()
+    };
+    let plan = gpu::plan::plan(&program, &dims);
+    let target = match target {
+        SourceArg::Wgsl => gpu::emit::Target::Wgsl,
+        SourceArg::Cuda => gpu::emit::Target::Cuda,
+    };
+    // Everything is generated before anything is written.
+    let (files, manifest) = gpu::emit::emit(&plan, target).map_err(|e| report(Code::Internal, e))?;
+    let manifest = serde_json::to_string_pretty(&manifest).expect("the manifest serialises") + "\n";
+    std::fs::create_dir_all(out)
+        .map_err(|e| report(Code::TensorFile, format_args!("cannot create `{}`: {e}", out.display())))?;
+    for (name, text) in files.iter().chain([&("manifest.json".to_string(), manifest)]) {
+        io::write_atomic(&out.join(name), text.as_bytes()).map_err(|e| report(e.code(), e))?;
+    }
+    eprintln!("wrote {} kernels and manifest.json to {}", files.len(), out.display());
+    Ok(())
 }
 
 fn explain(file: &Path, set: &[String], target: Target, mode: Mode) -> Result<(), Failed> {

@@ -104,8 +104,22 @@ impl CubeKernel for IrKernel {
             KernelSpec::Attention { .. } => Some(<f32 as LaunchArg>::expand(&(), &mut builder)),
             _ => None,
         };
-        let mut out = bufs.pop().expect("an output buffer");
+        let out = bufs.pop().expect("an output buffer");
         let scope: &Scope = &builder.scope;
+        let nonempty = k::has_elements::expand(scope, &out);
+        if_expand(scope, nonempty, |scope| self.body(scope, &bufs, out, scale));
+        builder.build()
+    }
+}
+
+impl IrKernel {
+    fn body(
+        &self,
+        scope: &Scope,
+        bufs: &[NativeExpand<[f32]>],
+        mut out: NativeExpand<[f32]>,
+        scale: Option<NativeExpand<f32>>,
+    ) {
         let spec = &self.spec;
         if let KernelSpec::MatMul { rows, k: kk, f } = *spec {
             k::matmul_tiled::expand(scope, &bufs[0], &bufs[1], &mut out, rows, kk, f);
@@ -188,6 +202,5 @@ impl CubeKernel for IrKernel {
                 KernelSpec::MatMul { .. } | KernelSpec::Attention { .. } => unreachable!(),
             });
         }
-        builder.build()
     }
 }

@@ -28,6 +28,45 @@ pub struct Gpu {
     client: Client,
     pub backend: &'static str,
     pub adapter: String,
+    /// WGSL text by entry point, launched instead of the in-process definitions.
+    precompiled: Option<BTreeMap<String, String>>,
+}
+
+/// A kernel whose source was generated earlier (by `attnc compile`).
+struct Precompiled {
+    settings: KernelSettings,
+    entry: String,
+    source: String,
+}
+
+impl KernelMetadata for Precompiled {
+    fn id(&self) -> KernelId {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        std::hash::Hash::hash(&self.source, &mut h);
+        KernelId::new::<Self>()
+            .address_type(self.settings.address_type)
+            .cube_dim(self.settings.cube_dim)
+            .mode(self.settings.execution_mode)
+            .info((self.entry.clone(), std::hash::Hasher::finish(&h)))
+    }
+
+    fn address_type(&self) -> ElemType {
+        self.settings.address_type.unsigned_type()
+    }
+}
+
+impl CubeKernel for Precompiled {
+    fn define(&self) -> KernelDefinition {
+        KernelDefinition {
+            body: Scope::root(self.settings.clone()),
+            settings: self.settings.clone(),
+            info: Default::default(),
+        }
+    }
+
+    fn source(&self) -> Option<PrecompiledSource> {
+        Some(PrecompiledSource { source: self.source.clone(), entrypoint_name: self.entry.clone(), lang: "wgsl" })
+    }
 }
 
 /// What a run did: bytes of device memory held at most at once (inputs,
@@ -53,7 +92,7 @@ impl Gpu {
         let client = std::panic::catch_unwind(|| device.client())
             .map_err(|_| GpuError::Unavailable("wgpu", "creating the device client failed".into()))?;
         let adapter = client.properties().identity.name.clone();
-        Ok(Gpu { client, backend: "wgpu", adapter })
+        Ok(Gpu { client, backend: "wgpu", adapter, precompiled: None })
     }
 
     /// The CUDA device 0, when built with the `cuda` feature and a driver is present.
@@ -64,10 +103,16 @@ impl Gpu {
             let client = std::panic::catch_unwind(|| device.client())
                 .map_err(|_| GpuError::Unavailable("cuda", "creating the CUDA client failed".into()))?;
             let adapter = client.properties().identity.name.clone();
-            Ok(Gpu { client, backend: "cuda", adapter })
+            Ok(Gpu { client, backend: "cuda", adapter, precompiled: None })
         }
         #[cfg(not(feature = "cuda"))]
         Err(GpuError::NotBuilt("cuda"))
+    }
+
+    /// Launch the given WGSL sources (by entry point) instead of defining kernels in process.
+    pub fn with_precompiled(mut self, sources: BTreeMap<String, String>) -> Gpu {
+        self.precompiled = Some(sources);
+        self
     }
 
     fn upload(&self, values: &[f64]) -> Handle {
@@ -118,8 +163,29 @@ impl Gpu {
 
     fn launch(&self, name: &str, spec: &KernelSpec, bindings: &[usize], plan: &Plan, handles: &[Option<Handle>]) {
         let kernel = IrKernel::new(name, spec, self.client.properties_shared(), self.client.target_properties_shared());
+        match self.precompiled.as_ref().and_then(|p| p.get(name)) {
+            Some(source) => {
+                let kernel =
+                    Precompiled { settings: kernel.settings.clone(), entry: name.to_string(), source: source.clone() };
+                self.launch_kernel(kernel, spec, bindings, plan, handles)
+            }
+            None => self.launch_kernel(kernel, spec, bindings, plan, handles),
+        }
+    }
+
+    fn launch_kernel<K: CubeKernel>(
+        &self,
+        kernel: K,
+        spec: &KernelSpec,
+        bindings: &[usize],
+        plan: &Plan,
+        handles: &[Option<Handle>],
+    ) {
+        let settings =
+            IrKernel::new("settings", spec, self.client.properties_shared(), self.client.target_properties_shared())
+                .settings;
         let (_, (gx, gy, gz)) = spec.grid();
-        let mut launcher = KernelLauncher::new(kernel.settings.clone());
+        let mut launcher = KernelLauncher::new(settings);
         launcher.with_scope(|scope| scope.device_properties(self.client.properties()));
         for (slot, id) in bindings.iter().enumerate() {
             let io = if slot + 1 == bindings.len() { BufferIOAttr::ReadWrite } else { BufferIOAttr::ReadOnly };

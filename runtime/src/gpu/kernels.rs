@@ -26,6 +26,13 @@ pub fn below(i: usize, #[comptime] n: usize) -> bool {
     i < n
 }
 
+/// Reads the output's length from the `info` buffer, so every kernel uses that
+/// binding (wgpu drops unused bindings from layouts derived from WGSL text).
+#[cube]
+pub fn has_elements(out: &[f32]) -> bool {
+    out.len() > 0
+}
+
 #[cube]
 pub fn gather(x: &[f32], out: &mut [f32], i: usize, ix: usize) {
     out[i] = x[ix];
@@ -124,8 +131,9 @@ pub fn matmul_tiled(
     let ty = UNIT_POS_Y as usize;
     let row = CUBE_POS_Y as usize * 16 + ty;
     let col = CUBE_POS_X as usize * 16 + tx;
-    let mut sa = Shared::<[f32]>::new_slice(256usize);
-    let mut sb = Shared::<[f32]>::new_slice(256usize);
+    // One shared array holds both tiles (A at 0, B at 256): with a single
+    // allocation the emitted CUDA names it the same way on every run.
+    let mut tiles = Shared::<[f32]>::new_slice(512usize);
     let mut acc = f32::new(0.0);
     for t in 0..comptime![k.div_ceil(16)] {
         let ka = t * 16 + tx;
@@ -138,11 +146,11 @@ pub fn matmul_tiled(
         if kb < k && col < f {
             vb = b[kb * f + col];
         }
-        sa[ty * 16 + tx] = va;
-        sb[ty * 16 + tx] = vb;
+        tiles[ty * 16 + tx] = va;
+        tiles[256 + ty * 16 + tx] = vb;
         sync_cube();
         for kk in 0..16usize {
-            acc += sa[ty * 16 + kk] * sb[kk * 16 + tx];
+            acc += tiles[ty * 16 + kk] * tiles[256 + kk * 16 + tx];
         }
         sync_cube();
     }
@@ -476,8 +484,9 @@ pub fn attention(
     let mut l_run = f32::new(0.0);
     let mut seen = false;
 
-    let mut ks = Shared::<[f32]>::new_slice(comptime![32 * d]);
-    let mut vs = Shared::<[f32]>::new_slice(comptime![32 * e]);
+    // Keys at 0, values at 32·d, in one shared array (deterministic CUDA names).
+    let mut kv = Shared::<[f32]>::new_slice(comptime![32 * (d + e)]);
+    let voff = comptime![32 * d];
     for kt in 0..comptime![s.div_ceil(32)] {
         let k0 = kt * tile;
         let mut k1 = k0 + tile - 1;
@@ -491,14 +500,14 @@ pub fn attention(
                 if j < s {
                     val = k[(kbase + j) * d + c];
                 }
-                ks[t * d + c] = val;
+                kv[t * d + c] = val;
             }
             for c in 0..e {
                 let mut val = f32::new(0.0);
                 if j < s {
                     val = v[(kbase + j) * e + c];
                 }
-                vs[t * e + c] = val;
+                kv[voff + t * e + c] = val;
             }
             sync_cube();
             for jj in 0..tile {
@@ -506,7 +515,7 @@ pub fn attention(
                 if i < s && jk < s && visible(i, jk, kind, window, block) {
                     let mut dot = f32::new(0.0);
                     for c in 0..d {
-                        dot += qreg[c] * ks[jj * d + c];
+                        dot += qreg[c] * kv[jj * d + c];
                     }
                     let sc = dot * scale;
                     let m_new = max(m_run, sc);
@@ -515,12 +524,12 @@ pub fn attention(
                     if seen {
                         l_run = l_run * corr + p;
                         for c in 0..e {
-                            acc[c] = acc[c] * corr + p * vs[jj * e + c];
+                            acc[c] = acc[c] * corr + p * kv[voff + jj * e + c];
                         }
                     } else {
                         l_run = p;
                         for c in 0..e {
-                            acc[c] = p * vs[jj * e + c];
+                            acc[c] = p * kv[voff + jj * e + c];
                         }
                     }
                     m_run = m_new;

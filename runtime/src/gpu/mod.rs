@@ -6,6 +6,7 @@
 //! - `define.rs` — a plan launch → a cubecl kernel definition.
 
 pub mod define;
+pub mod emit;
 pub mod exec;
 pub mod kernels;
 pub mod plan;

@@ -1,0 +1,212 @@
+//! Kernel source without a device: WGSL through cubecl's WGSL compiler and
+//! CUDA C++ through cubecl-cpp, one file per launch, plus a manifest that
+//! says how to launch each from one's own host code.
+
+use super::define::IrKernel;
+use super::plan::{BufferRole, KernelSpec, Plan, ATTN_TILE, TILE};
+use cubecl::ir::features::Features;
+use cubecl::ir::{DeviceIdentity, HardwareProperties, MemoryDeviceProperties};
+use cubecl::prelude::*;
+use cubecl::Compiler;
+use serde::Serialize;
+use std::sync::Arc;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Target {
+    Wgsl,
+    Cuda,
+}
+
+impl Target {
+    pub fn extension(self) -> &'static str {
+        match self {
+            Target::Wgsl => "wgsl",
+            Target::Cuda => "cu",
+        }
+    }
+}
+
+/// A generic device description for offline compilation (32-wide planes,
+/// 1024 units and 48 KiB of shared memory per cube).
+pub fn offline_properties() -> Arc<DeviceProperties> {
+    Arc::new(DeviceProperties::new(
+        Features::default(),
+        MemoryDeviceProperties::new(u64::MAX, 256),
+        HardwareProperties {
+            load_width: 128,
+            vector_register_count: None,
+            plane_size_min: 32,
+            plane_size_max: 32,
+            max_bindings: 32,
+            max_shared_memory_size: 49152,
+            max_cube_count: (u32::MAX, u16::MAX as u32, u16::MAX as u32),
+            max_units_per_cube: 1024,
+            max_cube_dim: (1024, 1024, 1024),
+            num_streaming_multiprocessors: None,
+            num_tensor_cores: None,
+            min_tensor_cores_dim: None,
+            num_cpu_cores: None,
+            last_level_cache_size: None,
+            max_vector_size: VectorSize::MAX,
+            cube_mma_reserved_shared_memory: 0,
+        },
+        cubecl::profile::TimingMethod::Device,
+        DeviceIdentity { name: "offline".to_string(), fingerprint: "offline".to_string(), physical: None },
+    ))
+}
+
+/// Source text of one launch's kernel, and the bytes of dynamic shared memory it needs (CUDA).
+pub fn kernel_source(name: &str, spec: &KernelSpec, target: Target) -> Result<(String, usize), String> {
+    let kernel = IrKernel::new(name, spec, offline_properties(), Arc::new(TargetProperties::default()));
+    let def = kernel.define();
+    match target {
+        Target::Wgsl => {
+            let shader = cubecl::wgpu::WgslCompiler::default()
+                .compile(def, &cubecl::WgpuCompilationOptions::default())
+                .map_err(|e| format!("{e:?}"))?;
+            Ok((shader.to_string(), 0))
+        }
+        Target::Cuda => {
+            let k = cubecl_cpp::shared::CppCompiler::<cubecl_cpp::target::Cuda>::default()
+                .compile(def, &cubecl_cpp::shared::CompilationOptions::default())
+                .map_err(|e| format!("{e:?}"))?;
+            Ok((k.source, k.shared_memory_size))
+        }
+    }
+}
+
+#[derive(Serialize)]
+pub struct BindingInfo {
+    pub binding: usize,
+    pub buffer: usize,
+    pub tensor: String,
+    pub shape: Vec<usize>,
+    pub dtype: &'static str,
+    pub access: &'static str,
+}
+
+#[derive(Serialize)]
+pub struct ScalarInfo {
+    pub name: &'static str,
+    pub dtype: &'static str,
+    pub value: f64,
+}
+
+#[derive(Serialize)]
+pub struct LaunchInfo {
+    pub file: String,
+    pub entry: String,
+    pub kernel: &'static str,
+    pub workgroup_size: [u32; 3],
+    pub grid: [u32; 3],
+    pub grid_rule: String,
+    pub bindings: Vec<BindingInfo>,
+    pub scalars: Vec<ScalarInfo>,
+    /// The `info` buffer's layout as the kernel declares it.
+    pub info_struct: String,
+    pub shared_memory_bytes: usize,
+}
+
+#[derive(Serialize)]
+pub struct Manifest {
+    pub spec: String,
+    pub target: &'static str,
+    pub dtype: &'static str,
+    pub dims: std::collections::BTreeMap<String, u64>,
+    pub calling_convention: &'static str,
+    pub buffers: Vec<super::plan::Buffer>,
+    pub launches: Vec<LaunchInfo>,
+    pub outputs: std::collections::BTreeMap<String, usize>,
+}
+
+const CONVENTION: &str = "Each launch binds its buffers in the listed order (operands, then the output), \
+all row-major f32, followed by one read-only `info` buffer (declared as `info_struct`): the listed scalars \
+as f32, padded to a multiple of two, then each bound buffer's length in elements as a u32 in binding \
+order, padded to a multiple of two (the kernels check bounds against them). Buffers with role \
+`input` hold the named tensors, `constant` buffers hold the listed values, `temp` buffers are allocated \
+with `len` f32 elements and written by the launch that binds them last. Run the launches in order; \
+`outputs` names the buffers to read back. CUDA kernels take their buffers as pointer arguments in the \
+same order and `shared_memory_bytes` of dynamic shared memory.";
+
+/// The declaration of the `info` struct in emitted source, on one line.
+fn info_struct(source: &str) -> String {
+    let Some(start) = source.find("struct info_st") else { return String::new() };
+    let end = source[start..].find('}').map_or(source.len(), |e| start + e + 1);
+    source[start..end].split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+fn buffer_name(plan: &Plan, id: usize) -> String {
+    match &plan.buffers[id].role {
+        BufferRole::Input { name } => name.clone(),
+        BufferRole::Constant { .. } => format!("const{id}"),
+        BufferRole::Temp => plan.outputs.iter().find(|(_, o)| *o == id).map_or(format!("tmp{id}"), |(n, _)| n.clone()),
+    }
+}
+
+/// Every kernel's source (file name, text) and the manifest, for `attnc compile`.
+pub fn emit(plan: &Plan, target: Target) -> Result<(Vec<(String, String)>, Manifest), String> {
+    let mut files = vec![];
+    let mut launches = vec![];
+    for (i, l) in plan.launches.iter().enumerate() {
+        let (source, shared) = kernel_source(&l.name, &l.spec, target)?;
+        let info_struct = info_struct(&source);
+        let shared = shared.max(match l.spec {
+            KernelSpec::MatMul { .. } => 2 * TILE * TILE * 4,
+            KernelSpec::Attention { d, e, .. } => ATTN_TILE * (d + e) * 4,
+            _ => 0,
+        });
+        let file = format!("{i:02}_{}.{}", l.spec.kind(), target.extension());
+        files.push((file.clone(), source));
+        let ((wx, wy, wz), (gx, gy, gz)) = l.spec.grid();
+        let bindings = l
+            .bindings
+            .iter()
+            .enumerate()
+            .map(|(slot, id)| BindingInfo {
+                binding: slot,
+                buffer: *id,
+                tensor: buffer_name(plan, *id),
+                shape: plan.buffers[*id].shape.clone(),
+                dtype: "f32",
+                access: if slot + 1 == l.bindings.len() { "read_write" } else { "read" },
+            })
+            .collect();
+        let scalars = match l.spec {
+            KernelSpec::Attention { scale_bits, .. } => {
+                vec![ScalarInfo { name: "scale", dtype: "f32", value: f64::from_bits(scale_bits) }]
+            }
+            _ => vec![],
+        };
+        let grid_rule = match &l.spec {
+            KernelSpec::MatMul { .. } => "[ceil(f / 16), ceil(rows / 16), 1]".to_string(),
+            KernelSpec::Attention { .. } => "[ceil(s / 32), batch * h, 1]".to_string(),
+            _ => "[ceil(elements / 256), 1, 1]".to_string(),
+        };
+        launches.push(LaunchInfo {
+            file,
+            entry: l.name.clone(),
+            kernel: l.spec.kind(),
+            workgroup_size: [wx, wy, wz],
+            grid: [gx, gy, gz],
+            grid_rule,
+            bindings,
+            scalars,
+            info_struct,
+            shared_memory_bytes: shared,
+        });
+    }
+    let manifest = Manifest {
+        spec: plan.spec.clone(),
+        target: match target {
+            Target::Wgsl => "wgsl",
+            Target::Cuda => "cuda",
+        },
+        dtype: "f32",
+        dims: plan.dims.clone(),
+        calling_convention: CONVENTION,
+        buffers: plan.buffers.clone(),
+        launches,
+        outputs: plan.outputs.iter().cloned().collect(),
+    };
+    Ok((files, manifest))
+}

@@ -1,0 +1,240 @@
+//! Generated kernels executed for real, compared with the float64
+//! interpreter: one generic body per check, instantiated for each runtime by
+//! `backend_tests!` (wgpu always — lavapipe in CI — and CUDA with `--features
+//! cuda`). A missing device fails the test with a clear message; nothing is
+//! skipped.
+
+mod common;
+
+use attnc_compiler::opt::{self, Config};
+use attnc_runtime::gpu::exec::Gpu;
+use attnc_runtime::gpu::{emit, plan};
+use attnc_runtime::rng::Rng;
+use attnc_runtime::{bind, interp, Tensor};
+use common::*;
+use proptest::prelude::*;
+use std::collections::BTreeMap;
+
+/// Relative error bound for f32 kernels against the float64 interpreter.
+const TOL: f64 = 1e-4;
+
+fn device(make: fn() -> Result<Gpu, attnc_runtime::gpu::exec::GpuError>) -> Gpu {
+    make().unwrap_or_else(|e| panic!("this test needs a device and found none: {e}"))
+}
+
+/// Draws the spec's inputs with its own distributions at the bound sizes.
+fn seeded(c: &attnc_compiler::Compiled, seed: u64) -> BTreeMap<String, Tensor> {
+    let (tensors, _) = bind::generate_inputs(&c.program, seed).expect("dims have defaults");
+    c.program.inputs.iter().map(|i| i.name.clone()).zip(tensors).collect()
+}
+
+/// Runs `c` on the device (optionally its optimized program) and on the
+/// interpreter; asserts every output agrees.
+fn check_spec(gpu: &Gpu, c: &attnc_compiler::Compiled, inputs: &BTreeMap<String, Tensor>, optimize: bool, what: &str) {
+    let (tensors, dims) = bind::bind_inputs(&c.program, inputs.clone(), &Default::default()).expect("inputs bind");
+    let want = interp::evaluate(&c.program, &tensors, &dims);
+    let program =
+        if optimize { opt::optimize(&c.program, &dims, &Config::default()).chosen } else { c.program.clone() };
+    let (got, _) = gpu.run(&plan::plan(&program, &dims), inputs).unwrap_or_else(|e| panic!("{what}: {e}"));
+    for ((name, _), (g, w)) in c.program.outputs.iter().zip(got.iter().zip(&want)) {
+        assert_eq!(g.shape, w.shape, "{what}: output {name} shape");
+        assert!(g.data.iter().all(|v| !v.is_nan()), "{what}: output {name} has NaN");
+        let e = attnc_runtime::relative_error(&g.data, &w.data);
+        assert!(e <= TOL, "{what}: output {name} relative error {e:e} > {TOL:e}");
+    }
+}
+
+fn sets(pairs: &[(&'static str, &str)]) -> Vec<(&'static str, String)> {
+    pairs.iter().map(|(k, v)| (*k, v.to_string())).collect()
+}
+
+/// Every stdlib spec, at sizes that are not multiples of any tile.
+fn stdlib_specs(gpu: &Gpu) {
+    let attention = [("H", "3"), ("d", "6"), ("N", "37"), ("B", "2")];
+    let cases: Vec<(&str, Vec<(&'static str, String)>)> = vec![
+        ("mha", sets(&[("mask", "causal")])),
+        ("mha", sets(&[("mask", "none"), ("window", "5")])),
+        ("mha", sets(&[("H", "4"), ("H_kv", "2"), ("mask", "causal"), ("window", "3")])),
+        ("gqa", sets(&[("H", "4")])),
+        ("mqa", sets(&[])),
+        ("iha", sets(&[("P", "3")])),
+        (
+            "iha",
+            sets(&[
+                ("P", "2"),
+                ("mask", "token_causal"),
+                ("window", "4"),
+                ("collapse", "per_head"),
+                ("rope", "10000.0"),
+            ]),
+        ),
+        ("iha", sets(&[("P", "1"), ("mask", "none")])),
+        ("grpo", sets(&[("B", "5"), ("G", "7")])),
+        ("grpo", sets(&[("std", "bessel"), ("B", "3"), ("G", "2")])),
+        ("dr_grpo", sets(&[("B", "5"), ("G", "7")])),
+        ("rloo", sets(&[("B", "5"), ("G", "7")])),
+        ("maxrl", sets(&[("B", "6"), ("G", "5")])),
+        ("gdpo", sets(&[("B", "3"), ("G", "7"), ("C", "2")])),
+        ("odrpo", sets(&[("B", "5"), ("G", "9")])),
+        ("odrpo", sets(&[("base", "maxrl"), ("K", "7"), ("normalize_active", "true"), ("batch_norm", "true")])),
+        ("odrpo", sets(&[("base", "mean"), ("K", "4"), ("weights", "[0.5, 1.0, 2.0]")])),
+    ];
+    for (spec, mut s) in cases {
+        if ["mha", "gqa", "mqa", "iha"].contains(&spec) {
+            for (k, v) in attention {
+                if !s.iter().any(|(n, _)| *n == k) {
+                    s.push((k, v.to_string()));
+                }
+            }
+        }
+        let c = compile_stdlib(spec, &s);
+        let inputs = seeded(&c, 11);
+        check_spec(gpu, &c, &inputs, false, &format!("{spec} {s:?}"));
+        if spec == "iha" || spec == "mha" {
+            check_spec(gpu, &c, &inputs, true, &format!("{spec} {s:?} optimized"));
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Cfg {
+    h: usize,
+    kv_div: usize,
+    p: usize,
+    d: usize,
+    n: usize,
+    b: usize,
+    mask: usize,
+    window: Option<usize>,
+    rope: bool,
+    optimize: bool,
+    seed: u64,
+}
+
+fn cfg() -> impl Strategy<Value = Cfg> {
+    (
+        1..=4usize,
+        0..2usize,
+        1..=3usize,
+        1..=5usize,
+        1..=70usize,
+        1..=2usize,
+        0..3usize,
+        prop::option::of(1..=6usize),
+        any::<bool>(),
+        any::<bool>(),
+        any::<u64>(),
+    )
+        .prop_map(|(h, kv_div, p, hd, n, b, mask, window, rope, optimize, seed)| Cfg {
+            h,
+            kv_div,
+            p,
+            d: 2 * hd,
+            n,
+            b,
+            mask,
+            window,
+            rope,
+            optimize,
+            seed,
+        })
+}
+
+fn random_config(gpu: &Gpu, c: &Cfg) {
+    let mut s = sets(&[]);
+    s.extend([("H", c.h.to_string()), ("d", c.d.to_string()), ("N", c.n.to_string()), ("B", c.b.to_string())]);
+    if let Some(w) = c.window {
+        s.push(("window", w.to_string()));
+    }
+    let spec = if c.p > 1 || c.rope {
+        s.push(("P", c.p.to_string()));
+        s.push(("mask", ["none", "flat_causal", "token_causal"][c.mask].to_string()));
+        if c.rope {
+            s.push(("rope", "500.0".to_string()));
+        }
+        "iha"
+    } else {
+        let hkv = if c.kv_div == 1 && c.h % 2 == 0 { c.h / 2 } else { c.h };
+        s.push(("H_kv", hkv.to_string()));
+        s.push(("mask", if c.mask == 0 { "none" } else { "causal" }.to_string()));
+        "mha"
+    };
+    let compiled = compile_stdlib(spec, &s);
+    let mut rng = Rng::for_input(c.seed, "gpu");
+    let mut inputs = seeded(&compiled, rng.next_u64());
+    // Fresh activations with large entries, so the online softmax sees big logits.
+    let x = inputs.get_mut("x").unwrap();
+    x.data.iter_mut().for_each(|v| *v = 8.0 * (2.0 * rng.unit() - 1.0));
+    check_spec(gpu, &compiled, &inputs, c.optimize, &format!("{spec} {s:?}"));
+}
+
+/// The attention kernel never holds the (N·P)² score matrix: at a size where
+/// that matrix alone outweighs every input and output, the executor's own
+/// accounting of device memory stays below it.
+fn attention_memory_is_linear(gpu: &Gpu) {
+    let c = compile_stdlib("iha", &sets(&[("H", "1"), ("P", "8"), ("d", "4"), ("N", "96"), ("mask", "flat_causal")]));
+    let inputs = seeded(&c, 3);
+    let dims = bind::default_dims(&c.program).unwrap();
+    let p = plan::plan(&c.program, &dims);
+    let (_, stats) = gpu.run(&p, &inputs).unwrap();
+    let s = 96 * 8;
+    let score_bytes = (s * s * 4) as u64;
+    let io_bytes: u64 = inputs.values().map(|t| 4 * t.len() as u64).sum::<u64>() + 4 * 96 * 4;
+    assert!(score_bytes > io_bytes, "the size does not make the score matrix dominant");
+    assert!(
+        stats.peak_bytes < score_bytes,
+        "peak device memory {} B is not below the score matrix's {score_bytes} B",
+        stats.peak_bytes
+    );
+    assert!(stats.peak_bytes >= io_bytes, "the accounting misses inputs: {} < {io_bytes}", stats.peak_bytes);
+}
+
+/// WGSL written by `attnc compile`, launched as precompiled source, gives
+/// exactly what the in-process definitions give.
+fn precompiled_wgsl_matches(make: fn() -> Result<Gpu, attnc_runtime::gpu::exec::GpuError>) {
+    let c = compile_stdlib("iha", &sets(&[("H", "2"), ("P", "3"), ("d", "4"), ("N", "19"), ("rope", "100.0")]));
+    let inputs = seeded(&c, 5);
+    let dims = bind::default_dims(&c.program).unwrap();
+    let p = plan::plan(&c.program, &dims);
+    let (files, manifest) = emit::emit(&p, emit::Target::Wgsl).unwrap();
+    let sources: BTreeMap<String, String> =
+        manifest.launches.iter().zip(&files).map(|(l, (_, text))| (l.entry.clone(), text.clone())).collect();
+    let (direct, _) = device(make).run(&p, &inputs).unwrap();
+    let (loaded, _) = device(make).with_precompiled(sources).run(&p, &inputs).unwrap();
+    assert_eq!(direct, loaded, "precompiled WGSL differs from the in-process kernels");
+}
+
+macro_rules! backend_tests {
+    ($name:ident, $make:expr) => {
+        mod $name {
+            use super::*;
+
+            #[test]
+            fn stdlib_specs_match_the_interpreter() {
+                stdlib_specs(&device($make));
+            }
+
+            #[test]
+            fn attention_memory_stays_linear() {
+                attention_memory_is_linear(&device($make));
+            }
+
+            proptest! {
+                #![proptest_config(ProptestConfig::with_cases(10))]
+                #[test]
+                fn random_configs_match_the_interpreter(c in cfg()) {
+                    random_config(&device($make), &c);
+                }
+            }
+        }
+    };
+}
+
+backend_tests!(wgpu, Gpu::wgpu);
+#[cfg(feature = "cuda")]
+backend_tests!(cuda, Gpu::cuda);
+
+#[test]
+fn precompiled_wgsl_runs_like_the_in_process_kernels() {
+    precompiled_wgsl_matches(Gpu::wgpu);
+}
