@@ -77,6 +77,28 @@ enum Command {
         #[arg(long)]
         optimize: bool,
     },
+    /// Time the generated kernels on a device, next to their roofline
+    Bench {
+        file: PathBuf,
+        /// Bind a parameter or dim: NAME=VALUE (repeatable)
+        #[arg(long = "set", value_name = "NAME=VALUE")]
+        set: Vec<String>,
+        /// Where to run
+        #[arg(long, value_enum, default_value_t = GpuArg::Wgpu)]
+        backend: GpuArg,
+        /// Timed runs (the median is reported)
+        #[arg(long, default_value_t = 10)]
+        iters: usize,
+        /// Untimed runs first (the first compiles the kernels)
+        #[arg(long, default_value_t = 2)]
+        warmup: usize,
+        /// Roofline profile (default: cpu for wgpu, h200 for cuda)
+        #[arg(long, value_enum)]
+        target: Option<TargetArg>,
+        /// Bench the program the optimizer chooses for the profile
+        #[arg(long)]
+        optimize: bool,
+    },
     /// Optimize a spec for a target and explain the choice
     Explain {
         file: PathBuf,
@@ -131,6 +153,12 @@ impl TargetArg {
 }
 
 #[derive(Clone, Copy, ValueEnum)]
+enum GpuArg {
+    Wgpu,
+    Cuda,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
 enum SourceArg {
     /// WGSL for wgpu/WebGPU
     Wgsl,
@@ -169,6 +197,9 @@ fn main() -> ExitCode {
             run(&file, inputs.as_deref(), seed, &out, &set, dtype, opt, backend)
         }
         Command::Compile { file, set, target, out, optimize } => compile(&file, &set, target, &out, optimize),
+        Command::Bench { file, set, backend, iters, warmup, target, optimize } => {
+            bench(&file, &set, backend, iters, warmup, target, optimize)
+        }
         Command::Explain { file, set, target, mode } => explain(&file, &set, target.target(), mode.mode()),
         Command::Ir { file, set } => load(&file, &set).map(|c| print!("{}", c.program.pretty())),
         Command::Fmt { file } => fmt(&file),
@@ -282,6 +313,40 @@ fn compile(file: &Path, set: &[String], target: SourceArg, out: &Path, optimize:
         io::write_atomic(&out.join(name), text.as_bytes()).map_err(|e| report(e.code(), e))?;
     }
     eprintln!("wrote {} kernels and manifest.json to {}", files.len(), out.display());
+    Ok(())
+}
+
+fn bench(
+    file: &Path,
+    set: &[String],
+    backend: GpuArg,
+    iters: usize,
+    warmup: usize,
+    target: Option<TargetArg>,
+    optimize: bool,
+) -> Result<(), Failed> {
+    let compiled = load(file, set)?;
+    let (tensors, dims) = bind::generate_inputs(&compiled.program, 0).map_err(|e| report(e.code(), e))?;
+    let target = match (target, backend) {
+        (Some(t), _) => t.target(),
+        (None, GpuArg::Wgpu) => cost::CPU,
+        (None, GpuArg::Cuda) => cost::H200,
+    };
+    let program = if optimize {
+        opt::optimize(&compiled.program, &dims, &opt::Config { target, ..Default::default() }).chosen
+    } else {
+        compiled.program.clone()
+    };
+    let gpu = match backend {
+        GpuArg::Wgpu => gpu::exec::Gpu::wgpu(),
+        GpuArg::Cuda => gpu::exec::Gpu::cuda(),
+    }
+    .map_err(|e| report(Code::Backend, e))?;
+    let inputs: std::collections::BTreeMap<String, Tensor> =
+        compiled.program.inputs.iter().map(|i| i.name.clone()).zip(tensors).collect();
+    let plan = gpu::plan::plan(&program, &dims);
+    let result = gpu::bench::bench(&gpu, &plan, &inputs, warmup, iters).map_err(|e| report(Code::Backend, e))?;
+    print!("{}", result.render(&target, iters));
     Ok(())
 }
 

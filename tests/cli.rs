@@ -187,7 +187,7 @@ fn run_refuses_to_overwrite_its_input() {
 fn help_lists_the_commands() {
     let o = attnc(&["--help"]);
     let out = String::from_utf8_lossy(&o.stdout);
-    for cmd in ["check", "run", "explain", "ir", "fmt", "explain-error"] {
+    for cmd in ["check", "run", "compile", "bench", "explain", "ir", "fmt", "explain-error"] {
         assert!(out.contains(cmd), "--help does not mention `{cmd}`:\n{out}");
     }
     let o = attnc(&["help", "run"]);
@@ -214,5 +214,53 @@ fn optimized_runs_match_and_explain_reports_the_choice() {
     let o = attnc(&["explain", "stdlib/iha.attn", "--set", "N=1", "--target", "cpu"]);
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success() && out.contains("chosen:") && out.contains("mix_cols"), "{out}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn compile_writes_kernels_and_a_manifest_without_a_device() {
+    let dir = scratch("compile");
+    for target in ["cuda", "wgsl"] {
+        let out = dir.join(target);
+        let o = attnc(&[
+            "compile",
+            "stdlib/iha.attn",
+            "--set",
+            "H=4",
+            "--set",
+            "P=2",
+            "--target",
+            target,
+            "--out",
+            s(&out),
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let manifest: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap()).unwrap();
+        let launches = manifest["launches"].as_array().unwrap();
+        assert!(launches.iter().any(|l| l["kernel"] == "attention"));
+        for l in launches {
+            let file = out.join(l["file"].as_str().unwrap());
+            let text = std::fs::read_to_string(&file).unwrap();
+            assert!(text.contains(l["entry"].as_str().unwrap()), "{} does not define its entry point", file.display());
+            assert!(!l["bindings"].as_array().unwrap().is_empty());
+        }
+        assert_eq!(manifest["outputs"]["y"].as_u64().is_some(), true);
+    }
+    // A spec error writes nothing.
+    let bad = dir.join("bad");
+    let o = attnc(&["compile", "stdlib/iha.attn", "--set", "P=0", "--target", "wgsl", "--out", s(&bad)]);
+    assert!(!o.status.success() && !bad.exists());
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn cuda_backend_without_cuda_is_a_clear_error() {
+    let dir = scratch("cuda");
+    let out = dir.join("y.safetensors");
+    let o = attnc(&["run", "stdlib/grpo.attn", "--seed", "0", "--out", s(&out), "--backend", "cuda"]);
+    let err = stderr(&o);
+    assert!(!o.status.success() && !out.exists(), "{err}");
+    assert!(err.contains("error[E0701]") && err.contains("cuda") && !err.contains("panicked"), "{err}");
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -115,6 +115,10 @@ impl Gpu {
         self
     }
 
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
     fn upload(&self, values: &[f64]) -> Handle {
         let data: Vec<f32> = values.iter().map(|v| *v as f32).collect();
         self.client.create_from_slice(f32::as_bytes(&data))
@@ -122,6 +126,22 @@ impl Gpu {
 
     /// Run `plan` on named inputs; outputs in the plan's order.
     pub fn run(&self, plan: &Plan, inputs: &BTreeMap<String, Tensor>) -> Result<(Vec<Tensor>, RunStats), GpuError> {
+        self.run_timed(plan, inputs, None)
+    }
+
+    /// Wait until every launch so far has finished.
+    pub fn sync(&self) -> Result<(), GpuError> {
+        cubecl::future::block_on(self.client.sync()).map_err(|e| GpuError::Launch("sync".into(), format!("{e:?}")))
+    }
+
+    /// As [`Gpu::run`]; with `times`, synchronises after every launch and
+    /// records its wall-clock seconds there.
+    pub fn run_timed(
+        &self,
+        plan: &Plan,
+        inputs: &BTreeMap<String, Tensor>,
+        mut times: Option<&mut Vec<f64>>,
+    ) -> Result<(Vec<Tensor>, RunStats), GpuError> {
         let mut handles: Vec<Option<Handle>> = vec![None; plan.buffers.len()];
         let mut stats = RunStats::default();
         let mut live: u64 = 0;
@@ -143,7 +163,15 @@ impl Gpu {
             handles[out] = Some(self.client.empty(4 * out_len));
             live += 4 * out_len as u64;
             stats.peak_bytes = stats.peak_bytes.max(live);
-            self.launch(launch.name.as_str(), &launch.spec, &launch.bindings, plan, &handles);
+            if let Some(times) = times.as_deref_mut() {
+                self.sync()?;
+                let start = std::time::Instant::now();
+                self.launch(launch.name.as_str(), &launch.spec, &launch.bindings, plan, &handles);
+                self.sync()?;
+                times.push(start.elapsed().as_secs_f64());
+            } else {
+                self.launch(launch.name.as_str(), &launch.spec, &launch.bindings, plan, &handles);
+            }
             stats.launches += 1;
             for id in &launch.frees {
                 if handles[*id].take().is_some() {

@@ -5,6 +5,8 @@
 //! - `kernels.rs` — the `#[cube]` kernel bodies;
 //! - `define.rs` — a plan launch → a cubecl kernel definition.
 
+pub mod baseline;
+pub mod bench;
 pub mod define;
 pub mod emit;
 pub mod exec;

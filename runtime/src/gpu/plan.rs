@@ -5,6 +5,7 @@
 
 use crate::interp::{concrete, DimValues};
 use attnc_compiler::ir::{BinaryOp, Mask, MaskKind, Op, Program, ReduceKind, UnaryOp};
+use attnc_compiler::opt::cost::op_cost;
 use serde::Serialize;
 
 /// Where an operand element lives: `offset + Σ_k ((i / div_k) % modulo_k) · stride_k`
@@ -212,6 +213,9 @@ pub struct Launch {
     pub bindings: Vec<usize>,
     /// After this launch, these temporaries are dead and may be freed.
     pub frees: Vec<usize>,
+    /// Roofline work of the operation (the optimizer's cost model).
+    pub flops: f64,
+    pub bytes: f64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -440,7 +444,9 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
         bindings.push(out);
         node_buf.push(out);
         let name = format!("attnc_{}_{:02}_{}", p.name, launches.len(), spec.kind());
-        launches.push(Launch { name, spec, bindings, frees: vec![] });
+        let operand_shapes: Vec<Vec<usize>> = operands.iter().map(|o| shapes[o.0 as usize].clone()).collect();
+        let work = op_cost(&node.op, &shape, &operand_shapes);
+        launches.push(Launch { name, spec, bindings, frees: vec![], flops: work.flops, bytes: work.bytes });
     }
     let outputs: Vec<(String, usize)> = p.outputs.iter().map(|(n, id)| (n.clone(), node_buf[id.0 as usize])).collect();
     // Liveness: a temporary dies after its last reader, unless it is an output.

@@ -1,0 +1,164 @@
+//! `attnc bench`: median wall-clock time per kernel and per run after
+//! warm-up, next to each kernel's roofline (FLOPs, bytes, and the fraction of
+//! the target's ceiling reached), and for plain attention the same numbers for
+//! cubek-attention on the same device.
+
+use super::baseline::time_cubek_attention;
+use super::exec::{Gpu, GpuError};
+use super::plan::{KernelSpec, Plan};
+use crate::tensor::Tensor;
+use attnc_compiler::opt::cost::{OpCost, Target};
+use attnc_compiler::opt::format_seconds;
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+pub struct KernelTiming {
+    pub name: String,
+    pub kind: &'static str,
+    pub median: f64,
+    pub work: OpCost,
+}
+
+pub struct Baseline {
+    pub shape: [usize; 4],
+    pub causal: bool,
+    pub ours: f64,
+    pub cubek: f64,
+    pub work: OpCost,
+}
+
+pub struct BenchReport {
+    pub device: String,
+    pub kernels: Vec<KernelTiming>,
+    /// Median of whole runs (upload, launches, read-back).
+    pub total: f64,
+    pub baseline: Option<Result<Baseline, String>>,
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    xs[xs.len() / 2]
+}
+
+pub fn bench(
+    gpu: &Gpu,
+    plan: &Plan,
+    inputs: &BTreeMap<String, Tensor>,
+    warmup: usize,
+    iters: usize,
+) -> Result<BenchReport, GpuError> {
+    let iters = iters.max(1);
+    for _ in 0..warmup {
+        gpu.run(plan, inputs)?;
+    }
+    let mut per: Vec<Vec<f64>> = vec![vec![]; plan.launches.len()];
+    for _ in 0..iters {
+        let mut times = vec![];
+        gpu.run_timed(plan, inputs, Some(&mut times))?;
+        for (slot, t) in per.iter_mut().zip(times) {
+            slot.push(t);
+        }
+    }
+    let mut totals = vec![];
+    for _ in 0..iters {
+        let start = std::time::Instant::now();
+        gpu.run(plan, inputs)?;
+        totals.push(start.elapsed().as_secs_f64());
+    }
+    let kernels: Vec<KernelTiming> = plan
+        .launches
+        .iter()
+        .zip(per)
+        .map(|(l, times)| KernelTiming {
+            name: l.name.clone(),
+            kind: l.spec.kind(),
+            median: median(times),
+            work: OpCost { flops: l.flops, bytes: l.bytes, launches: 1 },
+        })
+        .collect();
+    // Plain attention (one query head per key/value head, no window, token-sized rows).
+    let baseline = plan.launches.iter().zip(&kernels).find_map(|(l, k)| match &l.spec {
+        KernelSpec::Attention { batch, h, hk, s, d, e, mask, window: None, block: 1, .. }
+            if h == hk && d == e && (mask == "none" || mask == "causal") =>
+        {
+            let shape = [*batch, *h, *s, *d];
+            let causal = mask == "causal";
+            Some(
+                time_cubek_attention(gpu, shape, causal, warmup.max(1), iters)
+                    .map(|t| Baseline { shape, causal, ours: k.median, cubek: median(t), work: k.work })
+                    .map_err(|e| e.to_string()),
+            )
+        }
+        _ => None,
+    });
+    Ok(BenchReport { device: format!("{} ({})", gpu.adapter, gpu.backend), kernels, total: median(totals), baseline })
+}
+
+fn roofline(w: &OpCost, t: &Target) -> f64 {
+    (w.flops / t.peak_flops).max(w.bytes / t.bandwidth)
+}
+
+impl BenchReport {
+    /// A table: per kernel, median time, work, roofline time and the fraction of it reached.
+    pub fn render(&self, target: &Target, iters: usize) -> String {
+        let mut out = format!(
+            "device: {}\nroofline: {} profile ({:.1} GFLOP/s f32, {:.1} GB/s); medians of {iters} runs after warm-up\n\n",
+            self.device,
+            target.name,
+            target.peak_flops / 1e9,
+            target.bandwidth / 1e9
+        );
+        let _ = writeln!(
+            out,
+            "{:<34} {:>12} {:>12} {:>12} {:>12} {:>9}",
+            "kernel", "median", "GFLOP", "MB", "roofline", "of roof"
+        );
+        let mut sum = 0.0;
+        let mut work = OpCost::default();
+        for k in &self.kernels {
+            sum += k.median;
+            work.add(k.work);
+            let _ = writeln!(
+                out,
+                "{:<34} {:>12} {:>12.6} {:>12.6} {:>12} {:>8.2}%",
+                k.name,
+                format_seconds(k.median),
+                k.work.flops / 1e9,
+                k.work.bytes / 1e6,
+                format_seconds(roofline(&k.work, target)),
+                100.0 * roofline(&k.work, target) / k.median
+            );
+        }
+        let _ = writeln!(
+            out,
+            "{:<34} {:>12} {:>12.6} {:>12.6} {:>12} {:>8.2}%",
+            "all kernels",
+            format_seconds(sum),
+            work.flops / 1e9,
+            work.bytes / 1e6,
+            format_seconds(roofline(&work, target)),
+            100.0 * roofline(&work, target) / sum
+        );
+        let _ = writeln!(out, "whole run (upload, launches, read-back): {}", format_seconds(self.total));
+        match &self.baseline {
+            None => {}
+            Some(Ok(b)) => {
+                let _ = writeln!(
+                    out,
+                    "\nbaseline: cubek-attention 0.3.1 (Unit) on [B, H, S, d] = {:?}, causal = {}:\n  attnc attention {} vs cubek {}: attnc/cubek time ratio {:.3} ({:.3} GFLOP/s vs {:.3} GFLOP/s)",
+                    b.shape,
+                    b.causal,
+                    format_seconds(b.ours),
+                    format_seconds(b.cubek),
+                    b.ours / b.cubek,
+                    b.work.flops / b.ours / 1e9,
+                    b.work.flops / b.cubek / 1e9
+                );
+            }
+            Some(Err(e)) => {
+                let _ = writeln!(out, "\nbaseline: cubek-attention failed: {e}");
+            }
+        }
+        out
+    }
+}
