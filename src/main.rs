@@ -60,6 +60,9 @@ enum Command {
         /// With --optimize: inference or training
         #[arg(long, value_enum, default_value_t = ModeArg::Inference)]
         mode: ModeArg,
+        /// Refuse runs that would need more memory than this many bytes
+        #[arg(long, value_name = "BYTES", default_value_t = bind::DEFAULT_MEMORY_BUDGET)]
+        memory_budget: u64,
     },
     /// Emit kernel source (WGSL or CUDA) and a launch manifest, without a device
     Compile {
@@ -191,10 +194,10 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Check { files, set } => check(&files, &set),
-        Command::Run { file, inputs, seed, out, set, backend, dtype, optimize, target, mode } => {
+        Command::Run { file, inputs, seed, out, set, backend, dtype, optimize, target, mode, memory_budget } => {
             let opt =
                 optimize.then(|| opt::Config { target: target.target(), mode: mode.mode(), ..Default::default() });
-            run(&file, inputs.as_deref(), seed, &out, &set, dtype, opt, backend)
+            run(&file, inputs.as_deref(), seed, &out, &set, dtype, opt, backend, memory_budget)
         }
         Command::Compile { file, set, target, out, optimize } => compile(&file, &set, target, &out, optimize),
         Command::Bench { file, set, backend, iters, warmup, target, optimize } => {
@@ -368,6 +371,7 @@ fn run(
     dtype: Dtype,
     optimize: Option<opt::Config>,
     backend: Backend,
+    memory_budget: u64,
 ) -> Result<(), Failed> {
     let compiled = load(file, set)?;
     let program = &compiled.program;
@@ -386,9 +390,14 @@ fn run(
         (Some(path), _) => {
             bind::bind_inputs(program, io::read_tensors(path).map_err(fail)?, &explicit).map_err(fail)?
         }
-        (None, Some(s)) => bind::generate_inputs(program, s).map_err(fail)?,
+        (None, Some(s)) => {
+            let dims = bind::default_dims(program).map_err(fail)?;
+            bind::check_budget(program, &dims, memory_budget).map_err(fail)?;
+            bind::generate_inputs(program, s).map_err(fail)?
+        }
         (None, None) => unreachable!("clap requires --inputs or --seed"),
     };
+    bind::check_budget(program, &dims, memory_budget).map_err(fail)?;
     let optimized;
     let chosen = match optimize {
         Some(cfg) => {

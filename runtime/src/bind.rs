@@ -131,8 +131,57 @@ pub fn check_domain(name: &str, domain: Domain, t: &Tensor) -> Result<(), RunErr
     )))
 }
 
-/// Size conditions that only the bound dims can decide.
+/// The most elements one tensor may have: kernels index with 32-bit integers.
+pub const MAX_ELEMENTS: u64 = i32::MAX as u64;
+
+/// The default limit on the memory one run may use (`--memory-budget`).
+pub const DEFAULT_MEMORY_BUDGET: u64 = 8 << 30;
+
+/// The bytes the float64 interpreter would hold for `program` at `dims`
+/// (every intermediate value stays alive), after checking every tensor's size.
+pub fn interpreter_bytes(program: &Program, dims: &DimValues) -> Result<u64, RunError> {
+    let mut total: u64 = 0;
+    for (i, node) in program.nodes.iter().enumerate() {
+        let n = node
+            .shape
+            .0
+            .iter()
+            .try_fold(1u64, |acc, d| acc.checked_mul(d.eval(&|s| dims.get(s).copied())?))
+            .filter(|n| *n <= MAX_ELEMENTS)
+            .ok_or_else(|| {
+                let what = match &node.op {
+                    Op::Input { index } => format!("input `{}`", program.inputs[*index].name),
+                    _ => format!("intermediate %{i}"),
+                };
+                let bound: Vec<String> = dims.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                RunError::BadSetting(format!(
+                    "{what} of shape {} would have more than {MAX_ELEMENTS} elements at {}; kernels index with 32-bit integers",
+                    node.shape,
+                    bound.join(" ")
+                ))
+            })?;
+        total = total.saturating_add(n.saturating_mul(8));
+    }
+    Ok(total)
+}
+
+/// Refuses a run whose interpreter would hold more than `budget` bytes.
+pub fn check_budget(program: &Program, dims: &DimValues, budget: u64) -> Result<(), RunError> {
+    let bytes = interpreter_bytes(program, dims)?;
+    if bytes > budget {
+        return Err(RunError::BadSetting(format!(
+            "this run needs about {:.2} GiB, over the memory budget of {:.2} GiB; lower the sizes or raise --memory-budget",
+            bytes as f64 / (1u64 << 30) as f64,
+            budget as f64 / (1u64 << 30) as f64
+        )));
+    }
+    Ok(())
+}
+
+/// Size conditions only the bound dims can decide: 32-bit indexable tensors,
+/// and at least two entries along a leave-one-out axis.
 pub fn check_sizes(program: &Program, dims: &DimValues) -> Result<(), RunError> {
+    interpreter_bytes(program, dims)?;
     for node in &program.nodes {
         if let Op::LooMean { x, axis } = &node.op {
             let n = concrete(program.shape(*x), dims)[*axis];
@@ -172,6 +221,7 @@ pub fn default_dims(program: &Program) -> Result<DimValues, RunError> {
 /// name, its distribution and its size.
 pub fn generate_inputs(program: &Program, seed: u64) -> Result<(Vec<Tensor>, DimValues), RunError> {
     let dims = default_dims(program)?;
+    check_sizes(program, &dims)?;
     let inputs = program
         .inputs
         .iter()
@@ -183,6 +233,5 @@ pub fn generate_inputs(program: &Program, seed: u64) -> Result<(Vec<Tensor>, Dim
             Tensor::new(shape, (0..n).map(|_| rng.draw(&input.init)).collect())
         })
         .collect();
-    check_sizes(program, &dims)?;
     Ok((inputs, dims))
 }
