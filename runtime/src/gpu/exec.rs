@@ -100,7 +100,10 @@ impl Gpu {
         #[cfg(feature = "cuda")]
         {
             let device = cubecl::Device::cuda(0).map_err(|e| {
-                GpuError::Unavailable("cuda", format!("CUDA reports no usable device; is the NVIDIA driver (libcuda) installed? ({e:?})"))
+                GpuError::Unavailable(
+                    "cuda",
+                    format!("CUDA reports no usable device; is the NVIDIA driver (libcuda) installed? ({e:?})"),
+                )
             })?;
             let client = std::panic::catch_unwind(|| device.client())
                 .map_err(|_| GpuError::Unavailable("cuda", "creating the CUDA client failed".into()))?;

@@ -1,0 +1,134 @@
+//! Numerical edges and limits, each against the float64 interpreter (and the
+//! generated kernels on wgpu): huge logits, windows longer than the sequence,
+//! N = 1, G = 1, tied groups, ε = 0, sizes past 32-bit indexing, determinism.
+
+mod common;
+
+use attnc_runtime::gpu::exec::Gpu;
+use attnc_runtime::gpu::plan;
+use attnc_runtime::{bind, interp, Tensor};
+use common::*;
+use std::collections::BTreeMap;
+
+fn sets(pairs: &[(&'static str, &str)]) -> Vec<(&'static str, String)> {
+    pairs.iter().map(|(k, v)| (*k, v.to_string())).collect()
+}
+
+fn seeded(c: &attnc_compiler::Compiled, seed: u64) -> BTreeMap<String, Tensor> {
+    let (tensors, _) = bind::generate_inputs(&c.program, seed).unwrap();
+    c.program.inputs.iter().map(|i| i.name.clone()).zip(tensors).collect()
+}
+
+fn interp_out(c: &attnc_compiler::Compiled, inputs: &BTreeMap<String, Tensor>) -> Tensor {
+    eval(c, inputs).into_values().next().unwrap()
+}
+
+fn gpu_out(c: &attnc_compiler::Compiled, inputs: &BTreeMap<String, Tensor>) -> Tensor {
+    let gpu = Gpu::wgpu().unwrap_or_else(|e| panic!("this test needs a device: {e}"));
+    let (_, dims) = bind::bind_inputs(&c.program, inputs.clone(), &Default::default()).unwrap();
+    gpu.run(&plan::plan(&c.program, &dims), inputs).unwrap().0.remove(0)
+}
+
+#[test]
+fn huge_logits_do_not_overflow_the_online_softmax() {
+    for spec in ["mha", "iha"] {
+        let c = compile_stdlib(spec, &sets(&[("H", "2"), ("d", "4"), ("N", "33")]));
+        let mut inputs = seeded(&c, 1);
+        // Logits of order 1e6: exp would overflow without the running max.
+        inputs.get_mut("x").unwrap().data.iter_mut().for_each(|v| *v *= 3e3);
+        let want = interp_out(&c, &inputs);
+        assert!(want.data.iter().all(|v| v.is_finite()));
+        let got = gpu_out(&c, &inputs);
+        assert!(got.data.iter().all(|v| v.is_finite()), "{spec}: non-finite output");
+        assert_close(&got, &want, 1e-4, &format!("{spec} with huge logits"));
+    }
+}
+
+#[test]
+fn a_window_longer_than_the_sequence_is_no_window() {
+    let base = sets(&[("H", "2"), ("d", "4"), ("N", "9"), ("mask", "causal")]);
+    let plain = compile_stdlib("mha", &base);
+    let mut wide = base.clone();
+    wide.push(("window", "1000".into()));
+    let windowed = compile_stdlib("mha", &wide);
+    let inputs = seeded(&plain, 2);
+    let want = interp_out(&plain, &inputs);
+    assert_close(&interp_out(&windowed, &inputs), &want, 1e-12, "interpreter");
+    assert_close(&gpu_out(&windowed, &inputs), &want, 1e-4, "kernels");
+}
+
+#[test]
+fn a_single_token_attends_to_itself() {
+    for (spec, extra) in
+        [("mha", vec![]), ("iha", vec![("P", "3"), ("mask", "token_causal")]), ("iha", vec![("mask", "none")])]
+    {
+        let mut s = sets(&[("H", "2"), ("d", "4"), ("N", "1")]);
+        s.extend(sets(&extra));
+        let c = compile_stdlib(spec, &s);
+        let inputs = seeded(&c, 3);
+        let want = interp_out(&c, &inputs);
+        assert!(want.data.iter().any(|v| *v != 0.0));
+        assert_close(&gpu_out(&c, &inputs), &want, 1e-4, &format!("{spec} N = 1"));
+    }
+}
+
+#[test]
+fn single_samples_tied_groups_and_zero_eps_give_exact_zeros() {
+    let one = Tensor::new(vec![3, 1], vec![0.5, 1.0, 0.0]);
+    let tied = Tensor::new(vec![2, 4], vec![3.0, 3.0, 3.0, 3.0, 1.0, 2.0, 2.0, 5.0]);
+    for (spec, s, t) in [
+        ("grpo", sets(&[("eps", "0.0")]), &one),
+        ("grpo", sets(&[("eps", "0.0"), ("std", "bessel")]), &tied),
+        ("dr_grpo", sets(&[]), &tied),
+        ("maxrl", sets(&[("eps", "0.0")]), &Tensor::new(vec![2, 3], vec![1.0, 1.0, 1.0, 0.0, 0.0, 0.0])),
+        ("odrpo", sets(&[("eps", "0.0"), ("K", "5")]), &tied),
+    ] {
+        let c = compile_stdlib(spec, &s);
+        let inputs = named(vec![("rewards", t.clone())]);
+        let want = interp_out(&c, &inputs);
+        let got = gpu_out(&c, &inputs);
+        assert!(want.data.iter().chain(&got.data).all(|v| v.is_finite()), "{spec}: NaN or inf");
+        let g = t.shape[1];
+        // The first group is degenerate in every case: exactly zero on both paths.
+        assert!(
+            want.data[..g].iter().chain(&got.data[..g]).all(|v| *v == 0.0),
+            "{spec}: {:?} / {:?}",
+            want.data,
+            got.data
+        );
+        assert_close(&got, &want, 1e-5, spec);
+    }
+}
+
+#[test]
+fn sizes_past_32_bit_indexing_are_refused_before_allocating() {
+    let c = compile_stdlib("mha", &sets(&[("N", "50000000")]));
+    let err = bind::generate_inputs(&c.program, 0).unwrap_err().to_string();
+    assert!(err.contains("32-bit") && err.contains("`x`"), "{err}");
+    let c = compile_stdlib("iha", &sets(&[("N", "4611686018427387904")]));
+    let err = bind::default_dims(&c.program).and_then(|d| bind::check_sizes(&c.program, &d)).unwrap_err().to_string();
+    assert!(err.contains("32-bit"), "{err}");
+    let c = compile_stdlib("mha", &sets(&[("N", "200000"), ("H", "2"), ("d", "8")]));
+    let dims = bind::default_dims(&c.program).unwrap();
+    let err = bind::check_budget(&c.program, &dims, 1 << 20).unwrap_err().to_string();
+    assert!(err.contains("memory budget"), "{err}");
+}
+
+#[test]
+fn the_pipeline_is_deterministic() {
+    for spec in ["iha", "odrpo"] {
+        let c = compile_stdlib(spec, &[]);
+        let inputs = seeded(&c, 9);
+        let (a, b) = (interp_out(&c, &inputs), interp_out(&c, &inputs));
+        assert!(
+            a.data.iter().zip(&b.data).all(|(x, y)| x.to_bits() == y.to_bits()),
+            "{spec}: interpreter not bit-identical"
+        );
+        let again = compile_stdlib(spec, &[]);
+        assert_eq!(c.program, again.program);
+        let (tensors, dims) = bind::generate_inputs(&c.program, 9).unwrap();
+        let (tensors2, _) = bind::generate_inputs(&c.program, 9).unwrap();
+        assert_eq!(tensors, tensors2, "{spec}: seeded inputs differ");
+        assert_eq!(interp::evaluate(&c.program, &tensors, &dims), interp::evaluate(&again.program, &tensors2, &dims));
+    }
+}
