@@ -60,6 +60,9 @@ enum Command {
         /// With --optimize: inference or training
         #[arg(long, value_enum, default_value_t = ModeArg::Inference)]
         mode: ModeArg,
+        /// Report NaN and infinite input values (they propagate per IEEE 754 where the spec allows them)
+        #[arg(long)]
+        check_inputs: bool,
         /// Refuse runs that would need more memory than this many bytes
         #[arg(long, value_name = "BYTES", default_value_t = bind::DEFAULT_MEMORY_BUDGET)]
         memory_budget: u64,
@@ -194,10 +197,23 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Check { files, set } => check(&files, &set),
-        Command::Run { file, inputs, seed, out, set, backend, dtype, optimize, target, mode, memory_budget } => {
+        Command::Run {
+            file,
+            inputs,
+            seed,
+            out,
+            set,
+            backend,
+            dtype,
+            optimize,
+            target,
+            mode,
+            check_inputs,
+            memory_budget,
+        } => {
             let opt =
                 optimize.then(|| opt::Config { target: target.target(), mode: mode.mode(), ..Default::default() });
-            run(&file, inputs.as_deref(), seed, &out, &set, dtype, opt, backend, memory_budget)
+            run(&file, inputs.as_deref(), seed, &out, &set, dtype, opt, backend, check_inputs, memory_budget)
         }
         Command::Compile { file, set, target, out, optimize } => compile(&file, &set, target, &out, optimize),
         Command::Bench { file, set, backend, iters, warmup, target, optimize } => {
@@ -371,6 +387,7 @@ fn run(
     dtype: Dtype,
     optimize: Option<opt::Config>,
     backend: Backend,
+    check_inputs: bool,
     memory_budget: u64,
 ) -> Result<(), Failed> {
     let compiled = load(file, set)?;
@@ -398,6 +415,19 @@ fn run(
         (None, None) => unreachable!("clap requires --inputs or --seed"),
     };
     bind::check_budget(program, &dims, memory_budget).map_err(fail)?;
+    if check_inputs {
+        for (input, t) in program.inputs.iter().zip(&tensors) {
+            let nan = t.data.iter().filter(|v| v.is_nan()).count();
+            let inf = t.data.iter().filter(|v| v.is_infinite()).count();
+            match t.data.iter().position(|v| !v.is_finite()) {
+                None => eprintln!("input `{}`: all {} values finite", input.name, t.len()),
+                Some(first) => eprintln!(
+                    "input `{}`: {nan} NaN and {inf} infinite values (first at flat index {first}); they propagate through the computation per IEEE 754",
+                    input.name
+                ),
+            }
+        }
+    }
     let optimized;
     let chosen = match optimize {
         Some(cfg) => {

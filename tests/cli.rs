@@ -264,3 +264,35 @@ fn cuda_backend_without_cuda_is_a_clear_error() {
     assert!(err.contains("error[E0701]") && err.contains("cuda") && !err.contains("panicked"), "{err}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn check_inputs_reports_nan_and_attention_propagates_it() {
+    let dir = scratch("nan");
+    let (inp, out) = (dir.join("in.safetensors"), dir.join("out.safetensors"));
+    let mut tensors = mha_inputs(3, None);
+    tensors[0].1.data[5] = f64::NAN; // x[0, 0, 5]: token 0
+    std::fs::write(&inp, file(&tensors)).unwrap();
+    for backend in ["interp", "wgpu"] {
+        let o = attnc(&[
+            "run",
+            "stdlib/mha.attn",
+            "--inputs",
+            s(&inp),
+            "--out",
+            s(&out),
+            "--set",
+            "H=2",
+            "--set",
+            "d=4",
+            "--check-inputs",
+            "--backend",
+            backend,
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert!(stderr(&o).contains("input `x`: 1 NaN and 0 infinite values"), "{}", stderr(&o));
+        let y = &decode(&std::fs::read(&out).unwrap()).unwrap()["y"];
+        // Causal attention: token 0's NaN reaches every token's output.
+        assert!(y.data.iter().all(|v| v.is_nan()), "{backend}: NaN did not propagate: {:?}", y.data);
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -224,15 +224,18 @@ fn attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Mask, scale: f64, shape:
             for i in 0..s {
                 let qrow = &q.data[((bi * h + hi) * s + i) * d..][..d];
                 let mut max = f64::NEG_INFINITY;
+                let mut any = false;
                 for (j, sc) in scores.iter_mut().enumerate() {
                     *sc = f64::NEG_INFINITY;
                     if mask.visible(i as u64, j as u64) {
                         let krow = &k.data[((bi * hk + g) * s + j) * d..][..d];
                         *sc = scale * qrow.iter().zip(krow).map(|(a, b)| a * b).sum::<f64>();
-                        max = max.max(*sc);
+                        // NaN propagates (IEEE 754), unlike f64::max.
+                        max = if sc.is_nan() || max.is_nan() { f64::NAN } else { max.max(*sc) };
+                        any = true;
                     }
                 }
-                if max == f64::NEG_INFINITY {
+                if !any {
                     continue; // no visible key: the row is 0
                 }
                 let total: f64 = scores.iter().map(|sc| (sc - max).exp()).sum();
