@@ -347,12 +347,7 @@ fn limits_stop_the_run_with_a_report() {
 
 #[test]
 fn explain_reports_for_every_stdlib_spec() {
-    let mut specs: Vec<String> = std::fs::read_dir(root().join("stdlib"))
-        .unwrap()
-        .map(|e| e.unwrap().path().file_stem().unwrap().to_string_lossy().into_owned())
-        .collect();
-    specs.sort();
-    for spec in specs {
+    for spec in stdlib_names() {
         let attention = ["iha", "mha", "gqa", "mqa"].contains(&spec.as_str());
         let sizes: [(&str, Vec<(&str, String)>); 2] = if attention {
             [("prefill", vec![("N", "8192".into())]), ("decode", vec![("N", "1".into())])]

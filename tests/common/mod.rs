@@ -10,6 +10,16 @@ pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// The names of the shipped specs (`iha`, `odrpo`, …), sorted.
+pub fn stdlib_names() -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(root().join("stdlib"))
+        .expect("stdlib/ exists")
+        .map(|e| e.unwrap().path().file_stem().unwrap().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
 pub fn stdlib_source(name: &str) -> String {
     std::fs::read_to_string(root().join("stdlib").join(format!("{name}.attn"))).expect("stdlib spec exists")
 }
