@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The device check for a session lent an NVIDIA GPU (see the developers'
+# brief): run every stdlib spec on CUDA against the float64 interpreter, then
+# time the kernels. Build here first and carry the binary:
+#   cargo build --release --features cuda   (after `eval "$(bash .ci/llvm-for-cuda.sh)"`)
+#   cp target/release/attnc .device-bin/attnc  (an ignored folder named in `carry`)
+# On the device: bash bench/device/run.sh  (writes its log under $OUT)
+set -u
+BIN=${BIN:-.device-bin/attnc}
+OUT=${OUT:-/tmp/attnc-device}
+mkdir -p "$OUT"
+log="$OUT/log.txt"
+nvidia-smi --query-gpu=name,driver_version --format=csv | tee -a "$log"
+compare() { # file_a file_b key -> relative error
+  python3 - "$1" "$2" "$3" <<'PY'
+import json, struct, sys, math, array
+def load(p, k):
+    b = open(p, 'rb').read(); n = struct.unpack('<Q', b[:8])[0]; h = json.loads(b[8:8 + n])
+    s, e = h[k]['data_offsets']; a = array.array('f' if h[k]['dtype'] == 'F32' else 'd'); a.frombytes(b[8 + n + s:8 + n + e]); return a
+g, w = load(sys.argv[1], sys.argv[3]), load(sys.argv[2], sys.argv[3])
+num = math.sqrt(sum((x - y) ** 2 for x, y in zip(g, w))); den = math.sqrt(sum(y * y for y in w)) or 1.0
+bad = any(x != x for x in g)
+print(f"{num / den:.3e}{' NaN' if bad else ''}")
+PY
+}
+status=0
+while read -r spec key sets; do
+  "$BIN" run "stdlib/$spec.attn" --seed 0 $sets --dtype f64 --out "$OUT/$spec-ref.safetensors" 2>>"$log" || status=1
+  "$BIN" run "stdlib/$spec.attn" --seed 0 $sets --backend cuda --out "$OUT/$spec-cuda.safetensors" 2>>"$log" || status=1
+  err=$(compare "$OUT/$spec-cuda.safetensors" "$OUT/$spec-ref.safetensors" "$key" 2>&1)
+  echo "cuda vs interpreter: $spec $sets: relative error $err" | tee -a "$log"
+done <<'CASES'
+mha y --set H=4 --set d=32 --set N=77
+gqa y --set H=8 --set d=32 --set N=77
+mqa y --set H=4 --set d=32 --set N=77
+iha y --set H=4 --set P=3 --set d=32 --set N=41 --set rope=10000.0
+iha y --set H=4 --set P=2 --set d=16 --set N=65 --set mask=token_causal --set window=8 --set collapse=per_head
+grpo advantages --set B=64 --set G=16
+rloo advantages --set B=64 --set G=16
+gdpo advantages --set B=64 --set G=16
+odrpo advantages --set B=64 --set G=16
+CASES
+for args in "stdlib/mha.attn --set H=8 --set d=64 --set N=4096" "stdlib/iha.attn --set H=8 --set P=2 --set d=64 --set N=2048" "stdlib/iha.attn --set H=8 --set P=8 --set d=64 --set N=1 --optimize"; do
+  echo "== bench $args" | tee -a "$log"
+  timeout 240 "$BIN" bench $args --backend cuda --iters 20 --warmup 3 2>&1 | tee -a "$log" || status=1
+done
+exit $status
