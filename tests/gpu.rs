@@ -180,6 +180,7 @@ fn attention_memory_is_linear(gpu: &Gpu) {
     let s = 96 * 8;
     let score_bytes = (s * s * 4) as u64;
     let io_bytes: u64 = inputs.values().map(|t| 4 * t.len() as u64).sum::<u64>() + 4 * 96 * 4;
+    eprintln!("peak {} B, score matrix {score_bytes} B, inputs and outputs {io_bytes} B", stats.peak_bytes);
     assert!(score_bytes > io_bytes, "the size does not make the score matrix dominant");
     assert!(
         stats.peak_bytes < score_bytes,
