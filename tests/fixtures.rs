@@ -65,3 +65,42 @@ fn error_fixtures() {
     });
     assert!(codes.len() >= 15, "only {} distinct error codes are covered by fixtures", codes.len());
 }
+
+#[test]
+fn warning_fixtures() {
+    insta::glob!("fixtures/warn/*.attn", |path| {
+        let source = std::fs::read_to_string(path).unwrap();
+        let name = file_name(path);
+        let want = name.split('_').next().unwrap();
+        let compiled = compile(&source, &settings(&source)).unwrap_or_else(|d| panic!("{name}: {d:?}"));
+        assert!(compiled.warnings.iter().any(|d| !d.is_error() && d.code.as_str() == want), "{name}: no {want}");
+        insta::assert_snapshot!(render(&name, &source, &compiled.warnings));
+    });
+}
+
+/// Every code in the catalogue is exercised: by a spec fixture, or (codes
+/// about files, values and devices rather than spec text) by the named test.
+#[test]
+fn every_code_is_covered_and_explained() {
+    let mut covered: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
+    for dir in ["tests/fixtures/err", "tests/fixtures/warn"] {
+        for entry in std::fs::read_dir(common::root().join(dir)).unwrap() {
+            let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+            covered.insert(name.split('_').next().unwrap().to_string());
+        }
+    }
+    let elsewhere = [
+        ("E0601", "cli.rs: run_errors_name_the_tensor_and_write_nothing"),
+        ("E0602", "reward_props.rs: bad_ratings_and_rewards_are_named_errors"),
+        ("E0701", "cli.rs: cuda_backend_without_cuda_is_a_clear_error"),
+        ("E0901", "internal: the validator rejecting lowered IR is a compiler bug, unreachable from specs"),
+    ];
+    for code in attnc_compiler::Code::ALL {
+        assert!(code.explanation().len() > 20 && !code.title().is_empty(), "{} is not explained", code.as_str());
+        assert!(
+            covered.contains(code.as_str()) || elsewhere.iter().any(|(c, _)| *c == code.as_str()),
+            "no fixture or test covers {}",
+            code.as_str()
+        );
+    }
+}
