@@ -132,3 +132,20 @@ fn the_pipeline_is_deterministic() {
         assert_eq!(interp::evaluate(&c.program, &tensors, &dims), interp::evaluate(&again.program, &tensors2, &dims));
     }
 }
+
+#[test]
+fn a_one_megabyte_spec_is_checked_and_a_larger_one_refused() {
+    let mut text = String::from("spec big\ndim B = 2\ndim G = 3\ninput a: [B, G] in finite\nlet t0 = a\n");
+    let mut i = 1;
+    while text.len() < 1_000_000 {
+        text.push_str(&format!("let t{i} = t{} + a * 0.5\n", i - 1));
+        i += 1;
+    }
+    text.push_str(&format!("output y = t{}\n", i - 1));
+    assert!(text.len() <= attnc_grammar::MAX_SOURCE_BYTES);
+    let compiled = attnc_compiler::compile(&text, &[]).expect("a long valid spec checks");
+    assert_eq!(compiled.program.outputs.len(), 1);
+    let too_big = text + &" ".repeat(attnc_grammar::MAX_SOURCE_BYTES);
+    let err = attnc_compiler::compile(&too_big, &[]).unwrap_err();
+    assert_eq!(err[0].code, attnc_compiler::Code::TooLarge);
+}
