@@ -66,6 +66,9 @@ enum Command {
         /// Refuse runs that would need more memory than this many bytes
         #[arg(long, value_name = "BYTES", default_value_t = bind::DEFAULT_MEMORY_BUDGET)]
         memory_budget: u64,
+        /// With --backend interp: refuse runs whose work exceeds this many floating-point operations
+        #[arg(long, value_name = "FLOPS", default_value_t = bind::DEFAULT_MAX_FLOPS)]
+        max_flops: f64,
     },
     /// Emit kernel source (WGSL or CUDA) and a launch manifest, without a device
     Compile {
@@ -210,10 +213,12 @@ fn main() -> ExitCode {
             mode,
             check_inputs,
             memory_budget,
+            max_flops,
         } => {
             let opt =
                 optimize.then(|| opt::Config { target: target.target(), mode: mode.mode(), ..Default::default() });
-            run(&file, inputs.as_deref(), seed, &out, &set, dtype, opt, backend, check_inputs, memory_budget)
+            let limits = Limits { memory_budget, max_flops };
+            run(&file, inputs.as_deref(), seed, &out, &set, dtype, opt, backend, check_inputs, limits)
         }
         Command::Compile { file, set, target, out, optimize } => compile(&file, &set, target, &out, optimize),
         Command::Bench { file, set, backend, iters, warmup, target, optimize } => {
@@ -378,6 +383,12 @@ fn explain(file: &Path, set: &[String], target: Target, mode: Mode) -> Result<()
     Ok(())
 }
 
+/// What one `run` may use.
+struct Limits {
+    memory_budget: u64,
+    max_flops: f64,
+}
+
 fn run(
     file: &Path,
     inputs: Option<&Path>,
@@ -388,8 +399,9 @@ fn run(
     optimize: Option<opt::Config>,
     backend: Backend,
     check_inputs: bool,
-    memory_budget: u64,
+    limits: Limits,
 ) -> Result<(), Failed> {
+    let Limits { memory_budget, max_flops } = limits;
     let compiled = load(file, set)?;
     let program = &compiled.program;
     let fail = |e: RunError| report(e.code(), e);
@@ -415,6 +427,9 @@ fn run(
         (None, None) => unreachable!("clap requires --inputs or --seed"),
     };
     bind::check_budget(program, &dims, memory_budget).map_err(fail)?;
+    if matches!(backend, Backend::Interp) {
+        bind::check_work(program, &dims, max_flops).map_err(fail)?;
+    }
     if check_inputs {
         for (input, t) in program.inputs.iter().zip(&tensors) {
             let nan = t.data.iter().filter(|v| v.is_nan()).count();

@@ -182,6 +182,30 @@ fn run_refuses_to_overwrite_its_input() {
 }
 
 #[test]
+fn interpreter_runs_over_the_work_budget_are_refused_at_once() {
+    let dir = scratch("work");
+    let out = dir.join("y.safetensors");
+    // A million tokens pass the memory checks (x is 16 M values) but would keep
+    // the float64 interpreter busy for hours: refused before any work.
+    let big = ["--set", "N=1000000", "--set", "H=2", "--set", "d=8"];
+    let o = attnc(&[&["run", "stdlib/mha.attn", "--seed", "0", "--out", s(&out)][..], &big[..]].concat());
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(err.contains("--max-flops") && err.contains("N=1000000") && err.contains("E0"), "{err}");
+    assert!(!out.exists());
+    // The limit is the flag's: a small run passes by default and is refused under a tiny budget.
+    let small = ["run", "stdlib/mha.attn", "--seed", "0", "--out", s(&out), "--set", "H=2", "--set", "d=4"];
+    let o = attnc(&[&small[..], &["--max-flops", "1000"][..]].concat());
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("over --max-flops 1.000e3"), "{}", stderr(&o));
+    assert!(!out.exists());
+    let o = attnc(&small);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(out.exists());
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
 fn help_lists_the_commands() {
     let o = attnc(&["--help"]);
     let out = String::from_utf8_lossy(&o.stdout);

@@ -5,7 +5,7 @@
 mod common;
 
 use attnc_runtime::bind;
-use attnc_runtime::gpu::{emit, plan};
+use attnc_runtime::gpu::{emit, group::GroupStep, plan};
 use common::*;
 
 fn small(spec: &str) -> Vec<(&'static str, String)> {
@@ -34,6 +34,65 @@ fn emitted_source_for_every_stdlib_spec() {
                 text.push_str(&format!("\n\n==== {name} ====\n{source}"));
             }
             insta::assert_snapshot!(format!("{spec}_{}", target.extension()), text);
+        }
+    }
+}
+
+/// The reward estimators run as one group kernel per pass over the groups,
+/// and ODRPO's threshold split is never materialised: at G = 64 and K = 100
+/// no buffer holds the `[B, G, K − 1]` indicators and each group's shared
+/// memory is O(G + K), far below the G·(K − 1) values a dense split needs.
+#[test]
+fn reward_estimators_are_one_group_pass_in_cumulative_count_form() {
+    for spec in ["grpo", "dr_grpo", "rloo", "maxrl", "gdpo", "odrpo"] {
+        let c = compile_stdlib(spec, &[]);
+        let dims = bind::default_dims(&c.program).unwrap();
+        let p = plan::plan(&c.program, &dims);
+        let kinds: Vec<&str> = p.launches.iter().map(|l| l.spec.kind()).collect();
+        // GDPO standardises over the whole batch: a second pass after the batch statistics.
+        let want = if spec == "gdpo" { 2 } else { 1 };
+        assert_eq!(kinds.iter().filter(|k| **k == "group").count(), want, "{spec}: {kinds:?}");
+        if spec != "gdpo" {
+            assert_eq!(kinds, ["group"], "{spec}");
+        }
+    }
+    for base in ["grpo", "maxrl", "mean"] {
+        let plan_at = |g: usize, k: usize| {
+            let sets = [("B", "4".to_string()), ("G", g.to_string()), ("K", k.to_string()), ("base", base.to_string())];
+            let c = compile_stdlib("odrpo", &sets);
+            plan::plan(&c.program, &bind::default_dims(&c.program).unwrap())
+        };
+        let step_len = |s: &GroupStep| match *s {
+            GroupStep::Load { len, .. }
+            | GroupStep::Map { len, .. }
+            | GroupStep::Thresholds { len, .. }
+            | GroupStep::Reduce { len, .. }
+            | GroupStep::LooMean { len, .. }
+            | GroupStep::Store { len, .. } => len,
+            GroupStep::Indicator { l, .. } | GroupStep::LiftReduceGroups { l, .. } => 2 * l,
+            GroupStep::LiftScan { l, .. } => 2 * l + 2,
+            GroupStep::Levels { g, l, .. } => g + 2 * l + 1,
+            GroupStep::LiftReduceLevels { g, .. } => g,
+            GroupStep::Densify { g, l, .. } => g * l,
+        };
+        let scratch = |g: usize, k: usize| {
+            let p = plan_at(g, k);
+            assert_eq!(p.launches.len(), 1, "{base}");
+            assert!(p.buffers.iter().all(|buf| buf.len < 4 * g * (k - 1)), "{base}: a buffer holds the split");
+            match &p.launches[0].spec {
+                plan::KernelSpec::Group { scratch, .. } => *scratch as i64,
+                other => panic!("{base}: {other:?} is not a group kernel"),
+            }
+        };
+        for (g, k) in [(64, 100), (128, 100), (64, 199), (128, 199)] {
+            let p = plan_at(g, k);
+            let plan::KernelSpec::Group { steps, .. } = &p.launches[0].spec else { unreachable!() };
+            // No step walks the G × (K − 1) split: every one is O(G + K).
+            let longest = steps.iter().map(step_len).max().unwrap();
+            assert!(longest <= g + 2 * (k + 1), "{base} G = {g} K = {k}: a step of {longest} values");
+            assert!(steps.iter().all(|s| !matches!(s, GroupStep::Densify { .. })), "{base}: densified");
+            eprintln!("odrpo base={base} G={g} K={k}: {} shared values, {} steps", scratch(g, k), steps.len());
+            assert!(scratch(g, k) < (g * (k - 1)) as i64 / 2, "{base}: {} shared values", scratch(g, k));
         }
     }
 }

@@ -205,6 +205,81 @@ fn precompiled_wgsl_matches(make: fn() -> Result<Gpu, attnc_runtime::gpu::exec::
     assert_eq!(direct, loaded, "precompiled WGSL differs from the in-process kernels");
 }
 
+/// A random decomposition over rating levels, like ODRPO's: statistics of
+/// `thresholds(r)` over the group, an elementwise function of them, and
+/// reductions over the levels and the group. The group kernels keep such
+/// values lifted (two rows per level, O(G + K)) where they can and densify
+/// where they cannot (a sample-dependent `z`, `std` over the levels). A
+/// random per-sample term keeps the output away from exact cancellations
+/// (`Σ_g (t − p) = 0`), where a relative error measures f32 rounding only.
+#[derive(Clone, Debug)]
+struct Decomp {
+    k: usize,
+    b: usize,
+    g: usize,
+    stat: &'static str,
+    expr: usize,
+    red: &'static str,
+    stat2: &'static str,
+    loo: bool,
+    seed: u64,
+}
+
+fn decomp() -> impl Strategy<Value = Decomp> {
+    let stats = vec!["mean", "sum", "max", "min", "count", "std", "var"];
+    (
+        2..=40usize,
+        1..=5usize,
+        1..=70usize,
+        prop::sample::select(stats.clone()),
+        0..5usize,
+        prop::sample::select(vec!["sum", "mean", "max", "min", "count", "std"]),
+        prop::sample::select(stats),
+        any::<bool>(),
+        any::<u64>(),
+    )
+        .prop_map(|(k, b, g, stat, expr, red, stat2, loo, seed)| Decomp {
+            k,
+            b,
+            g,
+            stat,
+            expr,
+            red,
+            stat2,
+            loo,
+            seed,
+        })
+}
+
+fn decomposition(gpu: &Gpu, d: &Decomp) {
+    let expr = [
+        "(t - p) / (s + 1)",
+        "where(t > 0, s, p)",
+        "t * s + p * w",
+        "maximum(t, p) - minimum(t, s)",
+        "(t - p) * z", // varies with the sample: densified
+    ][d.expr];
+    let y = if d.loo && d.g >= 2 { "loo_mean(y0, axis = 1)" } else { "y0" };
+    let source = format!(
+        "spec decomp\nparam K: int = {k}\ndim B = {b}\ndim G = {g}\n\
+         input r: [B, G] in integers(1, K)\ninput z: [B, G, 1]\ninput w: [{l}]\n\
+         let t = thresholds(r, levels = K)\nlet p = mean(t, axis = 1)\nlet s = {stat}(t, axis = 1)\n\
+         let e = {expr}\nlet red = {red}(e, axis = 2, keepdim = false)\nlet q = {stat2}(e, axis = 1)\n\
+         let y0 = red + sum(q, axis = 2, keepdim = false) + sum(z, axis = 2, keepdim = false)\noutput y = {y}\n",
+        k = d.k,
+        l = d.k - 1,
+        b = d.b,
+        g = d.g,
+        stat = d.stat,
+        red = d.red,
+        stat2 = d.stat2,
+    );
+    let c = attnc_compiler::compile(&source, &[])
+        .unwrap_or_else(|e| panic!("{}", attnc_compiler::render("decomp", &source, &e)));
+    let inputs = seeded(&c, d.seed);
+    check_spec(gpu, &c, &inputs, false, &format!("{d:?}"));
+}
+
 macro_rules! backend_tests {
     ($name:ident, $make:expr) => {
         mod $name {
@@ -225,6 +300,14 @@ macro_rules! backend_tests {
                 #[test]
                 fn random_configs_match_the_interpreter(c in cfg()) {
                     random_config(&device($make), &c);
+                }
+            }
+
+            proptest! {
+                #![proptest_config(ProptestConfig::with_cases(24))]
+                #[test]
+                fn random_level_decompositions_match_the_interpreter(d in decomp()) {
+                    decomposition(&device($make), &d);
                 }
             }
         }

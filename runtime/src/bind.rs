@@ -6,6 +6,7 @@ use crate::interp::{concrete, DimValues};
 use crate::rng::Rng;
 use crate::tensor::Tensor;
 use attnc_compiler::ir::{Domain, Op, Program};
+use attnc_compiler::opt::cost;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// Match `tensors` to the program's inputs and solve every dim.
@@ -173,6 +174,31 @@ pub fn check_budget(program: &Program, dims: &DimValues, budget: u64) -> Result<
             "this run needs about {:.2} GiB, over the memory budget of {:.2} GiB; lower the sizes or raise --memory-budget",
             bytes as f64 / (1u64 << 30) as f64,
             budget as f64 / (1u64 << 30) as f64
+        )));
+    }
+    Ok(())
+}
+
+/// The default limit on the interpreter's work (`--max-flops`): about a
+/// minute of the float64 interpreter, which does roughly 1 GFLOP/s.
+pub const DEFAULT_MAX_FLOPS: f64 = 5e10;
+
+/// The floating-point operations the interpreter would do for `program` at
+/// `dims`: the cost model's count with nothing folded (it recomputes weight-only work).
+pub fn interpreter_flops(program: &Program, dims: &DimValues) -> f64 {
+    cost::program_cost(program, dims, &cost::CPU, cost::Mode::Training).total.flops
+}
+
+/// Refuses an interpreter run that would do more than `max_flops` operations,
+/// so an oversized `--set` fails at once instead of running for hours.
+pub fn check_work(program: &Program, dims: &DimValues, max_flops: f64) -> Result<(), RunError> {
+    let flops = interpreter_flops(program, dims);
+    if flops > max_flops {
+        let bound: Vec<String> = dims.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        return Err(RunError::BadSetting(format!(
+            "the float64 interpreter would do about {flops:.3e} floating-point operations at {} (over --max-flops {max_flops:.3e}; at about 1 GFLOP/s that is {:.0} s); lower the sizes, raise --max-flops, or run the kernels with --backend wgpu|cuda",
+            bound.join(" "),
+            flops / 1e9
         )));
     }
     Ok(())

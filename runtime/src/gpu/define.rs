@@ -3,8 +3,9 @@
 //! `expand` functions. Entry points carry the plan's names, so emitted source
 //! is the same in debug and release builds.
 
+use super::group::GroupStep;
 use super::kernels as k;
-use super::plan::{KernelSpec, View};
+use super::plan::{KernelSpec, View, GROUP_UNITS};
 use cubecl::prelude::*;
 use std::sync::Arc;
 
@@ -30,6 +31,7 @@ impl IrKernel {
             KernelSpec::Gather { .. } | KernelSpec::Unary { .. } | KernelSpec::Thresholds { .. } => 1,
             KernelSpec::Reduce { .. } | KernelSpec::LooMean { .. } | KernelSpec::BlockDiag { .. } => 1,
             KernelSpec::Where { .. } | KernelSpec::Attention { .. } => 3,
+            KernelSpec::Group { inputs, .. } => inputs,
             _ => 2,
         }
     }
@@ -69,6 +71,14 @@ fn binary_code(op: &str) -> u32 {
         "ge" => k::GE,
         "gt" => k::GT,
         _ => k::EQ,
+    }
+}
+
+fn unary_code(op: &str) -> u32 {
+    match op {
+        "sqrt" => k::SQRT,
+        "abs" => k::ABS,
+        _ => k::NEG,
     }
 }
 
@@ -121,7 +131,9 @@ impl IrKernel {
         scale: Option<NativeExpand<f32>>,
     ) {
         let spec = &self.spec;
-        if let KernelSpec::MatMul { rows, k: kk, f } = *spec {
+        if let KernelSpec::Group { len, groups, scratch, ref steps, .. } = *spec {
+            group_body(scope, bufs, out, steps, scratch, len / groups);
+        } else if let KernelSpec::MatMul { rows, k: kk, f } = *spec {
             k::matmul_tiled::expand(scope, &bufs[0], &bufs[1], &mut out, rows, kk, f);
         } else if let KernelSpec::Attention { h, hk, s, d, e, ref mask, window, block, .. } = *spec {
             let scale = scale.expect("attention takes a scale");
@@ -158,14 +170,7 @@ impl IrKernel {
                     let (ia, ib) = (view(scope, i, a), view(scope, i, b));
                     k::binary::expand(scope, &bufs[0], &bufs[1], &mut out, i, ia, ib, binary_code(op));
                 }
-                KernelSpec::Unary { op, .. } => {
-                    let code = match op.as_str() {
-                        "sqrt" => k::SQRT,
-                        "abs" => k::ABS,
-                        _ => k::NEG,
-                    };
-                    k::unary::expand(scope, &bufs[0], &mut out, i, code);
-                }
+                KernelSpec::Unary { op, .. } => k::unary::expand(scope, &bufs[0], &mut out, i, unary_code(op)),
                 KernelSpec::Where { cond, a, b, .. } => {
                     let (ic, ia, ib) = (view(scope, i, cond), view(scope, i, a), view(scope, i, b));
                     k::select::expand(scope, &bufs[0], &bufs[1], &bufs[2], &mut out, i, ic, ia, ib);
@@ -198,9 +203,113 @@ impl IrKernel {
                     let stride = inner.terms.first().map_or(0, |t| t.2);
                     k::reduce::expand(scope, &bufs[0], &mut out, i, b, *count, stride, reduce_code(op));
                 }
-                KernelSpec::LooMean { n, stride, .. } => k::loo_mean::expand(scope, &bufs[0], &mut out, i, *n, *stride),
-                KernelSpec::MatMul { .. } | KernelSpec::Attention { .. } => unreachable!(),
+                KernelSpec::LooMean { n, stride, .. } => {
+                    k::loo_mean::expand(scope, &bufs[0], &mut out, i, 0, 0, *n, *stride)
+                }
+                KernelSpec::MatMul { .. } | KernelSpec::Attention { .. } | KernelSpec::Group { .. } => unreachable!(),
             });
         }
+    }
+}
+
+/// `f(i)` for every `i < len`, split among the cube's units.
+fn for_each_element(scope: &Scope, len: usize, f: impl Fn(&Scope, NativeExpand<usize>)) {
+    for chunk in 0..len.div_ceil(GROUP_UNITS) {
+        let i = k::unit_element::expand(scope, chunk);
+        let inside = k::below::expand(scope, i, len);
+        if_expand(scope, inside, |scope| f(scope, i));
+    }
+}
+
+/// One unit runs `f`.
+fn first_unit(scope: &Scope, f: impl FnOnce(&Scope)) {
+    let first = k::is_first_unit::expand(scope);
+    if_expand(scope, first, f);
+}
+
+fn offset(scope: &Scope, i: NativeExpand<usize>, by: usize) -> NativeExpand<usize> {
+    let c = k::const_index::expand(scope, by);
+    k::add_index::expand(scope, c, i)
+}
+
+/// A group kernel: its steps in order, each over the group's shared array, a barrier after each.
+fn group_body(
+    scope: &Scope,
+    bufs: &[NativeExpand<[f32]>],
+    out: NativeExpand<[f32]>,
+    steps: &[GroupStep],
+    scratch: usize,
+    out_len: usize,
+) {
+    let shared = k::group_scratch::expand(scope, scratch);
+    let b = k::group_index::expand(scope);
+    for step in steps {
+        let mut s: NativeExpand<[f32]> = (*shared).clone_unchecked();
+        match step {
+            GroupStep::Load { dst, len, input, stride } => for_each_element(scope, *len, |scope, i| {
+                let base = k::group_offset::expand(scope, b, *stride);
+                let v = k::read::expand(scope, &bufs[*input], k::add_index::expand(scope, base, i));
+                k::write::expand(scope, &mut s.clone_unchecked(), offset(scope, i, *dst), v);
+            }),
+            GroupStep::Map { dst, len, op, args } => for_each_element(scope, *len, |scope, i| {
+                let xs: Vec<NativeExpand<f32>> =
+                    args.iter().map(|a| k::read::expand(scope, &s, view(scope, i, a))).collect();
+                let v = match (op.as_str(), &xs[..]) {
+                    ("where", [c, x, y]) => k::apply_select::expand(scope, *c, *x, *y),
+                    (op, [x]) => k::apply_unary::expand(scope, *x, unary_code(op)),
+                    (op, [x, y]) => k::apply_binary::expand(scope, *x, *y, binary_code(op)),
+                    _ => unreachable!("a map has one to three operands"),
+                };
+                k::write::expand(scope, &mut s.clone_unchecked(), offset(scope, i, *dst), v);
+            }),
+            GroupStep::Thresholds { dst, len, levels, x } => for_each_element(scope, *len, |scope, i| {
+                let v = k::read::expand(scope, &s, view(scope, i, x));
+                let r = k::apply_threshold::expand(scope, v, i, *levels);
+                k::write::expand(scope, &mut s.clone_unchecked(), offset(scope, i, *dst), r);
+            }),
+            GroupStep::Indicator { dst, l } => for_each_element(scope, 2 * l, |scope, i| {
+                let r = k::indicator::expand(scope, i, *l);
+                k::write::expand(scope, &mut s.clone_unchecked(), offset(scope, i, *dst), r);
+            }),
+            GroupStep::Reduce { dst, len, op, base, count, stride } => for_each_element(scope, *len, |scope, i| {
+                let from = view(scope, i, base);
+                let o = offset(scope, i, *dst);
+                k::reduce::expand(scope, &s, &mut s.clone_unchecked(), o, from, *count, *stride, reduce_code(op));
+            }),
+            GroupStep::LooMean { dst, len, x, n, stride } => for_each_element(scope, *len, |scope, i| {
+                k::loo_mean::expand(scope, &s, &mut s.clone_unchecked(), i, *x, *dst, *n, *stride);
+            }),
+            GroupStep::Levels { r, m, hist, g, l } => {
+                first_unit(scope, |scope| k::levels::expand(scope, &mut s, *r, *m, *hist, *g, *l))
+            }
+            GroupStep::LiftReduceGroups { dst, v, c, g, l, op } => for_each_element(scope, *l, |scope, i| {
+                k::lift_reduce_groups::expand(
+                    scope,
+                    &mut s.clone_unchecked(),
+                    i,
+                    *dst,
+                    *v,
+                    *c,
+                    *g,
+                    *l,
+                    reduce_code(op),
+                );
+            }),
+            GroupStep::LiftScan { dst, v, l, op } => {
+                first_unit(scope, |scope| k::lift_scan::expand(scope, &mut s, *dst, *v, *l, reduce_code(op)))
+            }
+            GroupStep::LiftReduceLevels { dst, g, scan, m, l, op } => for_each_element(scope, *g, |scope, i| {
+                k::lift_reduce_levels::expand(scope, &mut s.clone_unchecked(), i, *dst, *scan, *m, *l, reduce_code(op));
+            }),
+            GroupStep::Densify { dst, v, m, g, l } => for_each_element(scope, g * l, |scope, i| {
+                k::densify::expand(scope, &mut s.clone_unchecked(), i, *dst, *v, *m, *l);
+            }),
+            GroupStep::Store { src, len } => for_each_element(scope, *len, |scope, i| {
+                let v = k::read::expand(scope, &s, offset(scope, i, *src));
+                let base = k::group_offset::expand(scope, b, out_len);
+                k::write::expand(scope, &mut out.clone_unchecked(), k::add_index::expand(scope, base, i), v);
+            }),
+        }
+        k::barrier::expand(scope);
     }
 }

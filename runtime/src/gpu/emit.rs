@@ -153,6 +153,7 @@ pub fn emit(plan: &Plan, target: Target) -> Result<(Vec<(String, String)>, Manif
         let shared = shared.max(match l.spec {
             KernelSpec::MatMul { .. } => 2 * TILE * TILE * 4,
             KernelSpec::Attention { d, e, .. } => ATTN_TILE * (d + e) * 4,
+            KernelSpec::Group { scratch, .. } => scratch * 4,
             _ => 0,
         });
         let file = format!("{i:02}_{}.{}", l.spec.kind(), target.extension());
@@ -180,6 +181,7 @@ pub fn emit(plan: &Plan, target: Target) -> Result<(Vec<(String, String)>, Manif
         let grid_rule = match &l.spec {
             KernelSpec::MatMul { .. } => "[ceil(f / 16), ceil(rows / 16), 1]".to_string(),
             KernelSpec::Attention { .. } => "[ceil(s / 32), batch * h, 1]".to_string(),
+            KernelSpec::Group { .. } => "[groups, 1, 1]".to_string(),
             _ => "[ceil(elements / 256), 1, 1]".to_string(),
         };
         launches.push(LaunchInfo {

@@ -51,8 +51,12 @@ pub const EQ: u32 = 8;
 
 #[cube]
 pub fn binary(a: &[f32], b: &[f32], out: &mut [f32], i: usize, ia: usize, ib: usize, #[comptime] op: u32) {
-    let x = a[ia];
-    let y = b[ib];
+    out[i] = apply_binary(a[ia], b[ib], op);
+}
+
+/// `op(x, y)`; comparisons give 1.0 or 0.0.
+#[cube]
+pub fn apply_binary(x: f32, y: f32, #[comptime] op: u32) -> f32 {
     let mut r = f32::new(0.0);
     if comptime![op == ADD] {
         r = x + y;
@@ -77,7 +81,7 @@ pub fn binary(a: &[f32], b: &[f32], out: &mut [f32], i: usize, ia: usize, ib: us
     } else if x == y {
         r = f32::new(1.0);
     }
-    out[i] = r;
+    r
 }
 
 pub const NEG: u32 = 0;
@@ -86,35 +90,49 @@ pub const ABS: u32 = 2;
 
 #[cube]
 pub fn unary(x: &[f32], out: &mut [f32], i: usize, #[comptime] op: u32) {
-    let v = x[i];
+    out[i] = apply_unary(x[i], op);
+}
+
+#[cube]
+pub fn apply_unary(v: f32, #[comptime] op: u32) -> f32 {
     let mut r = -v;
     if comptime![op == SQRT] {
         r = v.sqrt();
     } else if comptime![op == ABS] {
         r = v.abs();
     }
-    out[i] = r;
+    r
 }
 
 #[cube]
 pub fn select(c: &[f32], a: &[f32], b: &[f32], out: &mut [f32], i: usize, ic: usize, ia: usize, ib: usize) {
-    if c[ic] != f32::new(0.0) {
-        out[i] = a[ia];
-    } else {
-        out[i] = b[ib];
+    out[i] = apply_select(c[ic], a[ia], b[ib]);
+}
+
+#[cube]
+pub fn apply_select(c: f32, a: f32, b: f32) -> f32 {
+    let mut r = b;
+    if c != f32::new(0.0) {
+        r = a;
     }
+    r
 }
 
 /// `out[i] = 1[x[i / (L−1)] >= i % (L−1) + 2]`.
 #[cube]
 pub fn thresholds(x: &[f32], out: &mut [f32], i: usize, #[comptime] levels: usize) {
+    out[i] = apply_threshold(x[i / comptime![levels - 1]], i, levels);
+}
+
+/// `1[v >= i % (L−1) + 2]`: level `i % (L−1)` of rating `v`.
+#[cube]
+pub fn apply_threshold(v: f32, i: usize, #[comptime] levels: usize) -> f32 {
     let t = i % comptime![levels - 1];
-    let v = x[i / comptime![levels - 1]];
     let mut r = f32::new(0.0);
     if v >= f32::cast_from(t + 2) {
         r = f32::new(1.0);
     }
-    out[i] = r;
+    r
 }
 
 /// `out[rows, f] = a[rows, k] · b[k, f]` with 16 × 16 tiles in shared memory.
@@ -368,15 +386,24 @@ pub fn reduce(
     out[o] = acc;
 }
 
-/// `out[i] = (Σ_r x[base + r·stride] − x[i]) / (n − 1)`, `base` = `i` with its axis coordinate zeroed.
+/// `out[o + i] = (Σ_r x[x0 + base + r·stride] − x[x0 + i]) / (n − 1)`, `base` = `i`
+/// with its axis coordinate zeroed.
 #[cube]
-pub fn loo_mean(x: &[f32], out: &mut [f32], i: usize, #[comptime] n: usize, #[comptime] stride: usize) {
-    let base = i - (i / stride) % n * stride;
+pub fn loo_mean(
+    x: &[f32],
+    out: &mut [f32],
+    i: usize,
+    #[comptime] x0: usize,
+    #[comptime] o: usize,
+    #[comptime] n: usize,
+    #[comptime] stride: usize,
+) {
+    let base = x0 + i - (i / stride) % n * stride;
     let mut sum = f32::new(0.0);
     for r in 0..n {
         sum += x[base + r * stride];
     }
-    out[i] = (sum - x[i]) / f32::cast_from(n - 1);
+    out[o + i] = (sum - x[x0 + i]) / f32::cast_from(n - 1);
 }
 
 pub const MASK_NONE: u32 = 0;
@@ -549,4 +576,243 @@ pub fn attention(
             out[obase + c] = val;
         }
     }
+}
+
+// Group kernels (`KernelSpec::Group`): one cube per group; every value of the
+// group lives in one shared array `s`, at offsets fixed by the plan.
+
+/// The group's shared array of `n` values.
+#[cube]
+pub fn group_scratch(#[comptime] n: usize) -> Shared<[f32]> {
+    Shared::<[f32]>::new_slice(n)
+}
+
+/// The group this cube computes.
+#[cube]
+pub fn group_index() -> usize {
+    CUBE_POS_X as usize
+}
+
+/// This unit's `chunk`-th element: `UNIT_POS + chunk · CUBE_DIM`.
+#[cube]
+pub fn unit_element(#[comptime] chunk: usize) -> usize {
+    UNIT_POS as usize + comptime![chunk * 256]
+}
+
+#[cube]
+pub fn is_first_unit() -> bool {
+    UNIT_POS == 0
+}
+
+#[cube]
+pub fn barrier() {
+    sync_cube();
+}
+
+#[cube]
+pub fn read(x: &[f32], i: usize) -> f32 {
+    x[i]
+}
+
+#[cube]
+pub fn write(out: &mut [f32], i: usize, v: f32) {
+    out[i] = v;
+}
+
+#[cube]
+pub fn group_offset(b: usize, #[comptime] stride: usize) -> usize {
+    b * stride
+}
+
+/// The value of level indicator `i = x·L + l` of a lifted threshold: `x`.
+#[cube]
+pub fn indicator(i: usize, #[comptime] l: usize) -> f32 {
+    let mut r = f32::new(0.0);
+    if i >= l {
+        r = f32::new(1.0);
+    }
+    r
+}
+
+/// The cumulative-count form of `thresholds` for one group, in O(G + L):
+/// `m[g]` = levels rating `r[g]` passes (`#{t < L : r[g] ≥ t + 2}`), and
+/// `c[t] = #{g : m[g] > t}` (how many samples pass level `t`), through a
+/// histogram of `m` at `hist` (L + 1 entries) with `c` right after it.
+#[cube]
+pub fn levels(
+    s: &mut [f32],
+    #[comptime] r: usize,
+    #[comptime] m: usize,
+    #[comptime] hist: usize,
+    #[comptime] g: usize,
+    #[comptime] l: usize,
+) {
+    for t in 0..comptime![l + 1] {
+        s[hist + t] = f32::new(0.0);
+    }
+    for k in 0..g {
+        let v = s[r + k];
+        let mut passed = 0usize;
+        if v >= f32::new(2.0) {
+            // NaN fails the comparison above (no level); +inf passes all.
+            let f = min(v.floor() - f32::new(1.0), f32::cast_from(l));
+            passed = usize::cast_from(f);
+        }
+        s[m + k] = f32::cast_from(passed);
+        s[hist + passed] += f32::new(1.0);
+    }
+    let mut above = f32::new(0.0);
+    for i in 0..l {
+        let t = l - 1 - i;
+        above += s[hist + t + 1];
+        s[hist + l + 1 + t] = above;
+    }
+}
+
+/// Reduce a lifted value over the group axis at level `i`: `c` samples see
+/// `v[L + i]` (indicator 1) and `G − c` see `v[i]` (indicator 0).
+#[cube]
+pub fn lift_reduce_groups(
+    s: &mut [f32],
+    i: usize,
+    #[comptime] dst: usize,
+    #[comptime] v: usize,
+    #[comptime] c: usize,
+    #[comptime] g: usize,
+    #[comptime] l: usize,
+    #[comptime] op: u32,
+) {
+    let n1 = s[c + i];
+    let n0 = f32::cast_from(g) - n1;
+    let v0 = s[v + i];
+    let v1 = s[v + l + i];
+    let gf = f32::cast_from(g);
+    let mut r = f32::new(0.0);
+    if comptime![op == RED_MAX || op == RED_MIN] {
+        if n1 == f32::new(0.0) {
+            r = v0;
+        } else if n0 == f32::new(0.0) {
+            r = v1;
+        } else if comptime![op == RED_MAX] {
+            r = max(v0, v1);
+        } else {
+            r = min(v0, v1);
+        }
+    } else if comptime![op == RED_COUNT] {
+        if v0 != f32::new(0.0) {
+            r += n0;
+        }
+        if v1 != f32::new(0.0) {
+            r += n1;
+        }
+    } else {
+        r = n1 * v1 + n0 * v0;
+        if comptime![op != RED_SUM] {
+            r = r / gf;
+        }
+        if comptime![op == RED_VAR || op == RED_VAR_BESSEL] {
+            let d0 = v0 - r;
+            let d1 = v1 - r;
+            let ss = n0 * d0 * d0 + n1 * d1 * d1;
+            if comptime![op == RED_VAR] {
+                r = ss / gf;
+            } else {
+                r = ss / (gf - f32::new(1.0));
+            }
+        }
+    }
+    s[dst + i] = r;
+}
+
+/// Prefix scan of indicator-1 values and suffix scan of indicator-0 values of
+/// a lifted value (sums, counts of non-zeros, maxima or minima): `dst[j]` folds
+/// `v[L + t]` for `t < j`, `dst[L + 1 + j]` folds `v[t]` for `t ≥ j`.
+#[cube]
+pub fn lift_scan(
+    s: &mut [f32],
+    #[comptime] dst: usize,
+    #[comptime] v: usize,
+    #[comptime] l: usize,
+    #[comptime] op: u32,
+) {
+    let mut init = f32::new(0.0);
+    if comptime![op == RED_MAX] {
+        init = f32::new(-3.0e38);
+    } else if comptime![op == RED_MIN] {
+        init = f32::new(3.0e38);
+    }
+    let mut pre = init;
+    s[dst] = pre;
+    for t in 0..l {
+        pre = scan_step(pre, s[v + l + t], op);
+        s[dst + t + 1] = pre;
+    }
+    let mut suf = init;
+    s[dst + comptime![2 * l + 1]] = suf;
+    for i in 0..l {
+        let t = l - 1 - i;
+        suf = scan_step(suf, s[v + t], op);
+        s[dst + l + 1 + t] = suf;
+    }
+}
+
+#[cube]
+fn scan_step(acc: f32, x: f32, #[comptime] op: u32) -> f32 {
+    let mut r = acc + x;
+    if comptime![op == RED_MAX] {
+        r = max(acc, x);
+    } else if comptime![op == RED_MIN] {
+        r = min(acc, x);
+    } else if comptime![op == RED_COUNT] {
+        r = acc;
+        if x != f32::new(0.0) {
+            r = acc + f32::new(1.0);
+        }
+    }
+    r
+}
+
+/// Reduce a lifted value over the levels for sample `i`, which passes the
+/// first `m[i]` levels: one prefix and one suffix entry of the scan.
+#[cube]
+pub fn lift_reduce_levels(
+    s: &mut [f32],
+    i: usize,
+    #[comptime] dst: usize,
+    #[comptime] scan: usize,
+    #[comptime] m: usize,
+    #[comptime] l: usize,
+    #[comptime] op: u32,
+) {
+    let k = usize::cast_from(s[m + i]);
+    let a = s[scan + k];
+    let b = s[scan + l + 1 + k];
+    let mut r = a + b;
+    if comptime![op == RED_MAX] {
+        r = max(a, b);
+    } else if comptime![op == RED_MIN] {
+        r = min(a, b);
+    } else if comptime![op == RED_MEAN] {
+        r = r / f32::cast_from(l);
+    }
+    s[dst + i] = r;
+}
+
+/// The dense `[G, L]` value of a lifted one at `i = g·L + t`.
+#[cube]
+pub fn densify(
+    s: &mut [f32],
+    i: usize,
+    #[comptime] dst: usize,
+    #[comptime] v: usize,
+    #[comptime] m: usize,
+    #[comptime] l: usize,
+) {
+    let t = i % l;
+    let k = usize::cast_from(s[m + i / l]);
+    let mut r = s[v + t];
+    if t < k {
+        r = s[v + l + t];
+    }
+    s[dst + i] = r;
 }

@@ -2,6 +2,8 @@
 //! folder, so its API changes touch nothing else.
 //!
 //! - `plan.rs` — IR → launches (plain data, no device);
+//! - `group.rs` — reward estimators' per-group work fused into one launch
+//!   per pass, ODRPO's threshold split in cumulative-count form;
 //! - `kernels.rs` — the `#[cube]` kernel bodies;
 //! - `define.rs` — a plan launch → a cubecl kernel definition.
 
@@ -10,5 +12,6 @@ pub mod bench;
 pub mod define;
 pub mod emit;
 pub mod exec;
+pub mod group;
 pub mod kernels;
 pub mod plan;

@@ -3,10 +3,12 @@
 //! launch runs with which comptime parameters, and which buffers it binds.
 //! Every size is concrete: a plan is specialised to the bound dims.
 
+use super::group::{self, GroupStep};
 use crate::interp::{concrete, DimValues};
-use attnc_compiler::ir::{BinaryOp, Mask, MaskKind, Op, Program, ReduceKind, UnaryOp};
+use attnc_compiler::ir::{BinaryOp, Mask, MaskKind, Op, Program, UnaryOp};
 use attnc_compiler::opt::cost::op_cost;
 use serde::Serialize;
+use std::collections::BTreeMap;
 
 /// Where an operand element lives: `offset + Σ_k ((i / div_k) % modulo_k) · stride_k`
 /// for output element `i`. Layout changes and broadcasting are views.
@@ -58,7 +60,7 @@ impl View {
     }
 }
 
-fn row_major_strides(shape: &[usize]) -> Vec<usize> {
+pub(crate) fn row_major_strides(shape: &[usize]) -> Vec<usize> {
     let mut s = vec![1; shape.len()];
     for i in (0..shape.len().saturating_sub(1)).rev() {
         s[i] = s[i + 1] * shape[i + 1];
@@ -115,6 +117,9 @@ pub enum KernelSpec {
     Reduce { len: usize, op: String, count: usize, base: View, inner: View },
     /// `out[i] = (Σ_r x[base(i) + r·stride] − x[i]) / (n − 1)`.
     LooMean { len: usize, n: usize, stride: usize },
+    /// Group-local work fused into one cube per group (see `group.rs`):
+    /// `inputs` bindings, then the output of `len` values; `scratch` f32 of shared memory.
+    Group { groups: usize, len: usize, inputs: usize, scratch: usize, steps: Vec<GroupStep> },
 }
 
 impl KernelSpec {
@@ -128,6 +133,7 @@ impl KernelSpec {
             KernelSpec::Attention { batch, h, s, .. } => {
                 ((ATTN_TILE as u32, 1, 1), (s.div_ceil(ATTN_TILE) as u32, (batch * h) as u32, 1))
             }
+            KernelSpec::Group { groups, .. } => ((GROUP_UNITS as u32, 1, 1), (*groups as u32, 1, 1)),
             other => linear(other.len()),
         }
     }
@@ -140,7 +146,8 @@ impl KernelSpec {
             | KernelSpec::Unary { len, .. }
             | KernelSpec::Where { len, .. }
             | KernelSpec::Reduce { len, .. }
-            | KernelSpec::LooMean { len, .. } => len,
+            | KernelSpec::LooMean { len, .. }
+            | KernelSpec::Group { len, .. } => len,
             KernelSpec::Thresholds { len, levels } => len * (levels - 1),
             KernelSpec::MatMul { rows, f, .. } => rows * f,
             KernelSpec::MixHeads { batch, h, p, s, d, .. } => batch * h * p * s * d,
@@ -175,6 +182,7 @@ impl KernelSpec {
             KernelSpec::Attention { .. } => "attention",
             KernelSpec::Reduce { .. } => "reduce",
             KernelSpec::LooMean { .. } => "loo_mean",
+            KernelSpec::Group { .. } => "group",
         }
     }
 }
@@ -183,6 +191,8 @@ impl KernelSpec {
 pub const TILE: usize = 16;
 /// Query rows per attention cube, and key rows per shared-memory tile.
 pub const ATTN_TILE: usize = 32;
+/// Units per group-kernel cube (`kernels::unit_element` strides by it).
+pub const GROUP_UNITS: usize = 256;
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(tag = "role", rename_all = "snake_case")]
@@ -242,7 +252,34 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
     let mut buffers: Vec<Buffer> = vec![];
     let mut launches: Vec<Launch> = vec![];
     let mut node_buf: Vec<usize> = Vec::with_capacity(p.nodes.len());
+    // Group-local work: one group kernel per root; nodes only those kernels
+    // read get no launch of their own (unless a root did not fit).
+    let local = group::group_local(p, &shapes);
+    let roots = group::roots(p, &local);
+    let mut fused: BTreeMap<usize, group::GroupKernel> = BTreeMap::new();
+    let mut generic = vec![false; p.nodes.len()];
+    for r in (0..p.nodes.len()).filter(|&r| roots[r]) {
+        match group::group_kernel(p, dims, &local, &roots, r) {
+            Some(k) => {
+                fused.insert(r, k);
+            }
+            None => group::cone(p, &local, &roots, r).into_iter().for_each(|n| generic[n] = true),
+        }
+    }
     for (i, node) in p.nodes.iter().enumerate() {
+        if let Some(k) = fused.remove(&i) {
+            let mut bindings: Vec<usize> = k.inputs.iter().map(|&n| node_buf[n]).collect();
+            let out = push_buffer(&mut buffers, &shapes[i], BufferRole::Temp);
+            bindings.push(out);
+            node_buf.push(out);
+            let name = format!("attnc_{}_{:02}_{}", p.name, launches.len(), k.spec.kind());
+            launches.push(Launch { name, spec: k.spec, bindings, frees: vec![], flops: k.flops, bytes: k.bytes });
+            continue;
+        }
+        if local[i] && !generic[i] {
+            node_buf.push(usize::MAX); // computed inside the group kernels that read it
+            continue;
+        }
         let shape = shapes[i].clone();
         let len: usize = shape.iter().product();
         let operands = node.op.operands();
@@ -413,15 +450,7 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
                 let kept_strides: Vec<usize> = kept.iter().map(|&a| strides[a]).collect();
                 let red_dims: Vec<usize> = axes.iter().map(|&a| x[a]).collect();
                 let red_strides: Vec<usize> = axes.iter().map(|&a| strides[a]).collect();
-                let op = match kind {
-                    ReduceKind::Sum => "sum",
-                    ReduceKind::Mean => "mean",
-                    ReduceKind::Max => "max",
-                    ReduceKind::Min => "min",
-                    ReduceKind::Count => "count",
-                    ReduceKind::Var { bessel: false } => "var",
-                    ReduceKind::Var { bessel: true } => "var_bessel",
-                };
+                let op = group::reduce_name(*kind);
                 KernelSpec::Reduce {
                     len,
                     op: op.into(),
