@@ -149,3 +149,84 @@ fn a_one_megabyte_spec_is_checked_and_a_larger_one_refused() {
     let err = attnc_compiler::compile(&too_big, &[]).unwrap_err();
     assert_eq!(err[0].code, attnc_compiler::Code::TooLarge);
 }
+
+/// Attention whose queries are the last `M` of `N` tokens (a decode step over
+/// a key/value cache, FlashAttention's bottom-right alignment).
+fn cross_spec(mask: &str, window: Option<u64>, p: u64, m: u64, n: u64) -> attnc_compiler::Compiled {
+    let window = window.map_or("none".to_string(), |w| w.to_string());
+    let source = format!(
+        "spec cross\ninput q: [2, 2, {sq}, 4]\ninput k: [2, 2, {sk}, 4]\ninput v: [2, 2, {sk}, 4]\n\
+         output o = attention(q, k, v, mask = {mask}, window = {window}, block = {p}, scale = 0.5)\n",
+        sq = m * p,
+        sk = n * p
+    );
+    attnc_compiler::compile(&source, &[]).unwrap_or_else(|e| panic!("{}", attnc_compiler::render("cross", &source, &e)))
+}
+
+/// With fewer keys than queries, a causal query before the first key sees
+/// nothing: its row is exactly 0 (not NaN) in the interpreter and the kernels.
+/// Every other row equals the square attention in which the same query sits
+/// at its aligned position, so decoding over a cache matches a full prefill.
+#[test]
+fn fully_masked_rows_are_zero_and_decode_rows_match_the_prefill() {
+    let mut rng = attnc_runtime::rng::Rng::for_input(7, "cross");
+    for mask in ["causal", "token_causal", "none"] {
+        for window in [None, Some(2)] {
+            for p in [1u64, 2] {
+                for (m, n) in [(5u64, 9u64), (9, 5), (1, 9), (37, 6)] {
+                    let what = format!("{mask} window {window:?} P = {p} M = {m} N = {n}");
+                    let cross = cross_spec(mask, window, p, m, n);
+                    let square = cross_spec(mask, window, p, n, n);
+                    let mut inputs = seeded(&cross, rng.next_u64());
+                    inputs.values_mut().for_each(|t| t.data.iter_mut().for_each(|v| *v = 2.0 * rng.unit() - 1.0));
+                    let got = interp_out(&cross, &inputs);
+                    // Square queries: row r = i + (N − M)·P holds cross query i.
+                    let (rows_q, rows_k, d) = ((m * p) as usize, (n * p) as usize, 4usize);
+                    let mut sq_inputs = inputs.clone();
+                    let q = &inputs["q"];
+                    let mut qs = random(&mut rng, &[2, 2, rows_k, d]);
+                    for bh in 0..4 {
+                        for i in 0..rows_q {
+                            if let Some(r) = (i + rows_k).checked_sub(rows_q) {
+                                let (src, dst) = ((bh * rows_q + i) * d, (bh * rows_k + r) * d);
+                                qs.data[dst..dst + d].copy_from_slice(&q.data[src..src + d]);
+                            }
+                        }
+                    }
+                    sq_inputs.insert("q".into(), qs);
+                    let want = interp_out(&square, &sq_inputs);
+                    let mut masked = 0;
+                    for bh in 0..4 {
+                        for i in 0..rows_q {
+                            let row = &got.data[(bh * rows_q + i) * d..][..d];
+                            match (i + rows_k).checked_sub(rows_q) {
+                                Some(r) => {
+                                    let w = &want.data[(bh * rows_k + r) * d..][..d];
+                                    let err = row.iter().zip(w).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+                                    assert!(err <= 1e-12, "{what}: row {i} differs from the prefill by {err}");
+                                }
+                                None if mask != "none" => {
+                                    assert!(row.iter().all(|v| *v == 0.0), "{what}: masked row {i} is {row:?}");
+                                    masked += 1;
+                                }
+                                None => {}
+                            }
+                        }
+                    }
+                    assert_eq!(masked > 0, m > n && mask != "none", "{what}: {masked} fully masked rows");
+                    let on_gpu = gpu_out(&cross, &inputs);
+                    assert!(on_gpu.data.iter().all(|v| !v.is_nan()), "{what}: NaN from the kernels");
+                    assert_close(&on_gpu, &got, 1e-4, &what);
+                    for bh in 0..4 {
+                        for i in 0..rows_q.saturating_sub(rows_k) {
+                            if mask != "none" {
+                                let row = &on_gpu.data[(bh * rows_q + i) * d..][..d];
+                                assert!(row.iter().all(|v| *v == 0.0), "{what}: kernel masked row {i} is {row:?}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

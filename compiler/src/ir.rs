@@ -136,8 +136,15 @@ pub struct Mask {
 }
 
 impl Mask {
-    /// Whether query row `i` sees key row `j`: the definition every backend follows.
-    pub fn visible(&self, i: u64, j: u64) -> bool {
+    /// Whether query row `i` of `sq` sees key row `j` of `sk`: the definition
+    /// every backend follows. With `sq ≠ sk` the queries are the *last* `sq`
+    /// rows (a decode step over a key/value cache): query `i` stands at row
+    /// `i + sk − sq` (FlashAttention's bottom-right alignment). When `sk < sq`
+    /// the first `sq − sk` query rows of a causal mask see no key: their
+    /// output is 0.
+    pub fn visible(&self, i: u64, j: u64, sq: u64, sk: u64) -> bool {
+        // Shift both sides so nothing is negative: query row i + sk, key row j + sq.
+        let (i, j) = (i + sk, j + sq);
         let (n, m) = (i / self.block, j / self.block);
         match self.kind {
             MaskKind::None => self.window.is_none_or(|w| n.abs_diff(m) < w),
@@ -522,8 +529,8 @@ impl Op {
                 if sk.0[..3] != sv.0[..3] {
                     return err(Mismatch, format!("keys {sk} and values {sv} differ in batch, heads or length"));
                 }
-                if sq.0[0] != sk.0[0] || sq.0[2] != sk.0[2] || sq.0[3] != sk.0[3] {
-                    return err(Mismatch, format!("queries {sq} and keys {sk} differ in batch, length or width"));
+                if sq.0[0] != sk.0[0] || sq.0[3] != sk.0[3] {
+                    return err(Mismatch, format!("queries {sq} and keys {sk} differ in batch or width"));
                 }
                 let (hq, hk) = (sq.0[1].as_known(), sk.0[1].as_known());
                 match (hq, hk) {
@@ -535,11 +542,13 @@ impl Op {
                         )
                     }
                 }
-                if mask.block == 0 || sq.0[2].div_exact(mask.block).is_none() {
-                    return err(
-                        NotDivisible,
-                        format!("the sequence axis {} is not a multiple of the block size {}", sq.0[2], mask.block),
-                    );
+                for axis in [&sq.0[2], &sk.0[2]] {
+                    if mask.block == 0 || axis.div_exact(mask.block).is_none() {
+                        return err(
+                            NotDivisible,
+                            format!("the sequence axis {axis} is not a multiple of the block size {}", mask.block),
+                        );
+                    }
                 }
                 if mask.window == Some(0) {
                     return err(BadSize, "the window must be at least 1 token".into());

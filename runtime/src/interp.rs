@@ -214,10 +214,10 @@ fn rope(x: &Tensor, base: f64) -> Tensor {
 
 fn attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Mask, scale: f64, shape: Vec<usize>) -> Tensor {
     let (b, h, s, d) = (q.shape[0], q.shape[1], q.shape[2], q.shape[3]);
-    let (hk, e) = (k.shape[1], v.shape[3]);
+    let (hk, sk, e) = (k.shape[1], k.shape[2], v.shape[3]);
     let group = h / hk;
     let mut out = Tensor::zeros(shape);
-    let mut scores = vec![0.0; s];
+    let mut scores = vec![0.0; sk];
     for bi in 0..b {
         for hi in 0..h {
             let g = hi / group;
@@ -227,8 +227,8 @@ fn attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Mask, scale: f64, shape:
                 let mut any = false;
                 for (j, sc) in scores.iter_mut().enumerate() {
                     *sc = f64::NEG_INFINITY;
-                    if mask.visible(i as u64, j as u64) {
-                        let krow = &k.data[((bi * hk + g) * s + j) * d..][..d];
+                    if mask.visible(i as u64, j as u64, s as u64, sk as u64) {
+                        let krow = &k.data[((bi * hk + g) * sk + j) * d..][..d];
                         *sc = scale * qrow.iter().zip(krow).map(|(a, b)| a * b).sum::<f64>();
                         // NaN propagates (IEEE 754), unlike f64::max.
                         max = if sc.is_nan() || max.is_nan() { f64::NAN } else { max.max(*sc) };
@@ -244,7 +244,7 @@ fn attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Mask, scale: f64, shape:
                     let w = (sc - max).exp() / total;
                     if w != 0.0 {
                         for c in 0..e {
-                            out.data[orow + c] += w * v.data[((bi * hk + g) * s + j) * e + c];
+                            out.data[orow + c] += w * v.data[((bi * hk + g) * sk + j) * e + c];
                         }
                     }
                 }

@@ -69,20 +69,25 @@ fn numel(s: &[usize]) -> f64 {
     s.iter().map(|&d| d as f64).product()
 }
 
-/// Query/key pairs a mask lets through over a sequence of `s` rows.
-pub fn visible_pairs(mask: &Mask, s: usize) -> f64 {
-    let block = mask.block.max(1) as usize;
-    let tokens = s / block;
+/// Query/key pairs a mask lets through for `sq` query rows against `sk` key
+/// rows (queries aligned to the end of the keys, as [`Mask::visible`]).
+pub fn visible_pairs(mask: &Mask, sq: usize, sk: usize) -> f64 {
+    let block = mask.block.max(1) as i64;
+    let (sq, sk) = (sq as i64, sk as i64);
+    let tokens = sk / block;
+    // Keys in [lo, hi) of a range of length `len`, clamped to it.
+    let span = |lo: i64, hi: i64, len: i64| (hi.min(len) - lo.max(0)).max(0);
     let mut pairs = 0.0;
-    for i in 0..s {
-        let n = i / block;
-        let row = match (mask.kind, mask.window.map(|w| w as usize)) {
-            (MaskKind::None, None) => s,
-            (MaskKind::None, Some(w)) => ((n + w).min(tokens) - (n + 1).saturating_sub(w)) * block,
-            (MaskKind::Causal, None) => i + 1,
-            (MaskKind::Causal, Some(w)) => (i + 1).min(w * block),
-            (MaskKind::TokenCausal, None) => (n + 1) * block,
-            (MaskKind::TokenCausal, Some(w)) => (n + 1).min(w) * block,
+    for i in 0..sq {
+        let at = i + sk - sq;
+        let n = at.div_euclid(block);
+        let row = match (mask.kind, mask.window.map(|w| w as i64)) {
+            (MaskKind::None, None) => sk,
+            (MaskKind::None, Some(w)) => span(n - w + 1, n + w, tokens) * block,
+            (MaskKind::Causal, None) => span(0, at + 1, sk),
+            (MaskKind::Causal, Some(w)) => span(at - w * block + 1, at + 1, sk),
+            (MaskKind::TokenCausal, None) => span(0, n + 1, tokens) * block,
+            (MaskKind::TokenCausal, Some(w)) => span(n - w + 1, n + 1, tokens) * block,
         };
         pairs += row as f64;
     }
@@ -112,7 +117,7 @@ pub fn op_cost(op: &Op, out: &[usize], operands: &[Vec<usize>]) -> OpCost {
         Op::Attention { mask, .. } => {
             let (q, v) = (&operands[0], &operands[2]);
             let (b, h, s, d, e) = (q[0], q[1], q[2], q[3], v[3]);
-            let pairs = (b * h) as f64 * visible_pairs(mask, s);
+            let pairs = (b * h) as f64 * visible_pairs(mask, s, v[2]);
             kernel(pairs * (2.0 * d as f64 + 2.0 * e as f64 + 5.0))
         }
         Op::LooMean { .. } => kernel(2.0 * numel(out)),
@@ -169,4 +174,32 @@ pub fn program_cost(p: &Program, dims: &BTreeMap<String, u64>, target: &Target, 
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The closed-form row counts agree with `Mask::visible`, pair by pair,
+    /// for equal and unequal query and key lengths.
+    #[test]
+    fn visible_pairs_counts_what_the_mask_shows() {
+        for kind in [MaskKind::None, MaskKind::Causal, MaskKind::TokenCausal] {
+            for window in [None, Some(1), Some(2), Some(5)] {
+                for block in [1u64, 2, 3] {
+                    for (tq, tk) in [(1u64, 1u64), (4, 4), (1, 6), (3, 7), (6, 2), (5, 5)] {
+                        let mask = Mask { kind, window, block };
+                        let (sq, sk) = (tq * block, tk * block);
+                        let brute = (0..sq).flat_map(|i| (0..sk).map(move |j| (i, j)));
+                        let count = brute.filter(|&(i, j)| mask.visible(i, j, sq, sk)).count();
+                        assert_eq!(
+                            visible_pairs(&mask, sq as usize, sk as usize),
+                            count as f64,
+                            "{mask:?} sq = {sq} sk = {sk}"
+                        );
+                    }
+                }
+            }
+        }
+    }
 }

@@ -76,10 +76,11 @@ pub fn bench(
             work: OpCost { flops: l.flops, bytes: l.bytes, launches: 1 },
         })
         .collect();
-    // Plain attention (one query head per key/value head, no window, token-sized rows).
+    // Plain attention (one query head per key/value head, no window, token-sized
+    // rows, as many queries as keys).
     let baseline = plan.launches.iter().zip(&kernels).find_map(|(l, k)| match &l.spec {
-        KernelSpec::Attention { batch, h, hk, s, d, e, mask, window: None, block: 1, .. }
-            if h == hk && d == e && (mask == "none" || mask == "causal") =>
+        KernelSpec::Attention { batch, h, hk, s, sk, d, e, mask, window: None, block: 1, .. }
+            if h == hk && d == e && s == sk && (mask == "none" || mask == "causal") =>
         {
             let shape = [*batch, *h, *s, *d];
             let causal = mask == "causal";

@@ -135,7 +135,7 @@ impl IrKernel {
             group_body(scope, bufs, out, steps, scratch, len / groups);
         } else if let KernelSpec::MatMul { rows, k: kk, f } = *spec {
             k::matmul_tiled::expand(scope, &bufs[0], &bufs[1], &mut out, rows, kk, f);
-        } else if let KernelSpec::Attention { h, hk, s, d, e, ref mask, window, block, .. } = *spec {
+        } else if let KernelSpec::Attention { h, hk, s, sk, d, e, ref mask, window, block, .. } = *spec {
             let scale = scale.expect("attention takes a scale");
             let (q, kb, v) = (&bufs[0], &bufs[1], &bufs[2]);
             k::attention::expand(
@@ -148,6 +148,7 @@ impl IrKernel {
                 h,
                 hk,
                 s,
+                sk,
                 d,
                 e,
                 mask_code(mask),

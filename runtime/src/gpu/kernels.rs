@@ -410,9 +410,25 @@ pub const MASK_NONE: u32 = 0;
 pub const MASK_CAUSAL: u32 = 1;
 pub const MASK_TOKEN_CAUSAL: u32 = 2;
 
-/// Whether query row `i` sees key row `j` (as `Mask::visible`); `window` 0 is none.
+/// Whether query row `i` sees key row `j` (as `Mask::visible`, which shifts
+/// queries by `qoff` = the key length and keys by `koff` = the query length);
+/// `window` 0 is none.
 #[cube]
-pub fn visible(i: usize, j: usize, #[comptime] kind: u32, #[comptime] window: usize, #[comptime] block: usize) -> bool {
+pub fn visible(
+    i: usize,
+    j: usize,
+    #[comptime] kind: u32,
+    #[comptime] window: usize,
+    #[comptime] block: usize,
+    #[comptime] qoff: usize,
+    #[comptime] koff: usize,
+) -> bool {
+    let mut i = i;
+    let mut j = j;
+    if comptime![qoff != koff] {
+        i += qoff;
+        j += koff;
+    }
     let n = i / block;
     let m = j / block;
     let mut ok = true;
@@ -442,7 +458,19 @@ pub fn tile_visible(
     #[comptime] kind: u32,
     #[comptime] window: usize,
     #[comptime] block: usize,
+    #[comptime] qoff: usize,
+    #[comptime] koff: usize,
 ) -> bool {
+    let mut q0 = q0;
+    let mut q1 = q1;
+    let mut k0 = k0;
+    let mut k1 = k1;
+    if comptime![qoff != koff] {
+        q0 += qoff;
+        q1 += qoff;
+        k0 += koff;
+        k1 += koff;
+    }
     let mut ok = true;
     if comptime![kind == MASK_CAUSAL] {
         ok = k0 <= q1;
@@ -461,7 +489,7 @@ pub fn tile_visible(
 }
 
 /// Flash attention. A cube handles 32 query rows of one (batch, head); it walks
-/// the key rows in tiles of 32 staged in shared memory, skipping tiles the mask
+/// the `sk` key rows in tiles of 32 staged in shared memory, skipping tiles the mask
 /// hides entirely, and keeps a running max, sum and output per query row (the
 /// online softmax), so no score matrix is ever stored. A row that sees no key is 0.
 #[cube]
@@ -474,6 +502,7 @@ pub fn attention(
     #[comptime] h: usize,
     #[comptime] hk: usize,
     #[comptime] s: usize,
+    #[comptime] sk: usize,
     #[comptime] d: usize,
     #[comptime] e: usize,
     #[comptime] kind: u32,
@@ -493,7 +522,7 @@ pub fn attention(
         q1 = s - 1;
     }
     let qbase = (bh * s + i) * d;
-    let kbase = (bi * hk + g) * s;
+    let kbase = (bi * hk + g) * sk;
 
     let mut qreg = Array::<f32>::new(d);
     let mut acc = Array::<f32>::new(e);
@@ -514,24 +543,24 @@ pub fn attention(
     // Keys at 0, values at 32·d, in one shared array (deterministic CUDA names).
     let mut kv = Shared::<[f32]>::new_slice(comptime![32 * (d + e)]);
     let voff = comptime![32 * d];
-    for kt in 0..comptime![s.div_ceil(32)] {
+    for kt in 0..comptime![sk.div_ceil(32)] {
         let k0 = kt * tile;
         let mut k1 = k0 + tile - 1;
-        if k1 >= s {
-            k1 = s - 1;
+        if k1 >= sk {
+            k1 = sk - 1;
         }
-        if tile_visible(q0, q1, k0, k1, kind, window, block) {
+        if tile_visible(q0, q1, k0, k1, kind, window, block, sk, s) {
             let j = k0 + t;
             for c in 0..d {
                 let mut val = f32::new(0.0);
-                if j < s {
+                if j < sk {
                     val = k[(kbase + j) * d + c];
                 }
                 kv[t * d + c] = val;
             }
             for c in 0..e {
                 let mut val = f32::new(0.0);
-                if j < s {
+                if j < sk {
                     val = v[(kbase + j) * e + c];
                 }
                 kv[voff + t * e + c] = val;
@@ -539,7 +568,7 @@ pub fn attention(
             sync_cube();
             for jj in 0..tile {
                 let jk = k0 + jj;
-                if i < s && jk < s && visible(i, jk, kind, window, block) {
+                if i < s && jk < sk && visible(i, jk, kind, window, block, sk, s) {
                     let mut dot = f32::new(0.0);
                     for c in 0..d {
                         dot += qreg[c] * kv[jj * d + c];

@@ -100,12 +100,14 @@ pub enum KernelSpec {
     Concat { rows: usize, f1: usize, f2: usize },
     /// Rotate-half RoPE at row position `row % s`.
     Rope { rows: usize, s: usize, d: usize, base_bits: u64 },
-    /// Flash attention: query tiles against key tiles with an online softmax.
+    /// Flash attention: query tiles against key tiles with an online softmax;
+    /// `s` query rows, `sk` key rows (queries aligned to the end of the keys).
     Attention {
         batch: usize,
         h: usize,
         hk: usize,
         s: usize,
+        sk: usize,
         d: usize,
         e: usize,
         mask: String,
@@ -429,6 +431,7 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
                     h: q[1],
                     hk: k[1],
                     s: q[2],
+                    sk: k[2],
                     d: q[3],
                     e: v[3],
                     mask: match kind {
