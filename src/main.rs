@@ -415,21 +415,27 @@ fn run(
     }
     let explicit: BTreeSet<String> =
         settings(set)?.into_iter().map(|s| s.name).filter(|n| program.dims.iter().any(|d| &d.name == n)).collect();
+    // Memory and work limits, checked once the sizes are known and before any
+    // work (for `--seed`, before drawing the inputs).
+    let within_limits = |dims: &interp::DimValues| -> Result<(), Failed> {
+        bind::check_budget(program, dims, memory_budget).map_err(fail)?;
+        if matches!(backend, Backend::Interp) {
+            bind::check_work(program, dims, max_flops).map_err(fail)?;
+        }
+        Ok(())
+    };
     let (tensors, dims) = match (inputs, seed) {
         (Some(path), _) => {
-            bind::bind_inputs(program, io::read_tensors(path).map_err(fail)?, &explicit).map_err(fail)?
+            let bound = bind::bind_inputs(program, io::read_tensors(path).map_err(fail)?, &explicit).map_err(fail)?;
+            within_limits(&bound.1)?;
+            bound
         }
         (None, Some(s)) => {
-            let dims = bind::default_dims(program).map_err(fail)?;
-            bind::check_budget(program, &dims, memory_budget).map_err(fail)?;
+            within_limits(&bind::default_dims(program).map_err(fail)?)?;
             bind::generate_inputs(program, s).map_err(fail)?
         }
         (None, None) => unreachable!("clap requires --inputs or --seed"),
     };
-    bind::check_budget(program, &dims, memory_budget).map_err(fail)?;
-    if matches!(backend, Backend::Interp) {
-        bind::check_work(program, &dims, max_flops).map_err(fail)?;
-    }
     if check_inputs {
         for (input, t) in program.inputs.iter().zip(&tensors) {
             let nan = t.data.iter().filter(|v| v.is_nan()).count();

@@ -17,8 +17,7 @@
 //! That is the cumulative-count form of ODRPO (`shared/papers.md` §4):
 //! O(G + K) per group instead of O(G·K). Any other use densifies it.
 
-use super::plan::{row_major_strides, KernelSpec, View};
-use crate::interp::concrete;
+use super::plan::{binary_name, reduce_name, reduce_views, row_major_strides, unary_name, KernelSpec, View};
 use attnc_compiler::ir::{Op, Program, ReduceKind};
 use attnc_compiler::opt::cost::op_cost;
 use serde::Serialize;
@@ -61,51 +60,29 @@ pub enum GroupStep {
     Store { src: usize, len: usize },
 }
 
-pub fn reduce_name(kind: ReduceKind) -> &'static str {
-    match kind {
-        ReduceKind::Sum => "sum",
-        ReduceKind::Mean => "mean",
-        ReduceKind::Max => "max",
-        ReduceKind::Min => "min",
-        ReduceKind::Count => "count",
-        ReduceKind::Var { bessel: false } => "var",
-        ReduceKind::Var { bessel: true } => "var_bessel",
-    }
-}
-
-/// Which nodes are group-local (see the module docs).
+/// Which nodes are group-local (see the module docs): they carry the group
+/// axis (as the spec's non-weight inputs of rank ≥ 2 do) and are computed by
+/// an operation a group kernel runs.
 pub fn group_local(p: &Program, shapes: &[Vec<usize>]) -> Vec<bool> {
     let mut grouped = vec![false; p.nodes.len()];
-    let mut local = vec![false; p.nodes.len()];
     for (i, node) in p.nodes.iter().enumerate() {
-        let rank = shapes[i].len();
         let ops: Vec<usize> = node.op.operands().iter().map(|o| o.0 as usize).collect();
-        let (g, l) = match &node.op {
-            Op::Input { index } => (!p.inputs[*index].weight && rank >= 2, false),
+        grouped[i] = match &node.op {
+            Op::Input { index } => !p.inputs[*index].weight && shapes[i].len() >= 2,
             Op::Binary { .. } | Op::Unary { .. } | Op::Where { .. } => {
-                let any = ops.iter().any(|&o| grouped[o]);
-                let aligned = ops.iter().all(|&o| !grouped[o] || shapes[o].len() == rank);
-                (any && aligned, any && aligned)
+                ops.iter().any(|&o| grouped[o])
+                    && ops.iter().all(|&o| !grouped[o] || shapes[o].len() == shapes[i].len())
             }
-            Op::Thresholds { .. } => (grouped[ops[0]], grouped[ops[0]]),
+            Op::Thresholds { .. } => grouped[ops[0]],
+            // One loop walks the reduced elements: they must form one strided run.
             Op::Reduce { axes, .. } => {
-                let ok = grouped[ops[0]] && !axes.contains(&0) && reduced_axes_contiguous(&shapes[ops[0]], axes);
-                (ok, ok)
+                grouped[ops[0]] && !axes.contains(&0) && reduce_views(&shapes[ops[0]], axes, 0).1.terms.len() <= 1
             }
-            Op::LooMean { axis, .. } => (grouped[ops[0]] && *axis != 0, grouped[ops[0]] && *axis != 0),
-            _ => (false, false),
+            Op::LooMean { axis, .. } => grouped[ops[0]] && *axis != 0,
+            _ => false,
         };
-        grouped[i] = g;
-        local[i] = l;
     }
-    local
-}
-
-/// Whether the reduced axes of `shape` form one strided run (what one loop can walk).
-fn reduced_axes_contiguous(shape: &[usize], axes: &[usize]) -> bool {
-    let dims: Vec<usize> = axes.iter().map(|&a| shape[a]).collect();
-    let strides: Vec<usize> = axes.iter().map(|&a| row_major_strides(shape)[a]).collect();
-    View::new(&dims, &strides, 0).terms.len() <= 1
+    p.nodes.iter().zip(grouped).map(|(node, g)| g && !matches!(node.op, Op::Input { .. })).collect()
 }
 
 /// The group-local nodes read by a node that is not, or that are outputs.
@@ -181,15 +158,14 @@ struct Builder<'a> {
 /// memory than [`MAX_SCRATCH`] (the nodes then run as ordinary kernels).
 pub fn group_kernel(
     p: &Program,
-    dims: &crate::interp::DimValues,
+    shapes: &[Vec<usize>],
     local: &[bool],
     roots: &[bool],
     root: usize,
 ) -> Option<GroupKernel> {
-    let shapes: Vec<Vec<usize>> = p.nodes.iter().map(|n| concrete(&n.shape, dims)).collect();
     let mut b = Builder {
         p,
-        shapes: &shapes,
+        shapes,
         scratch: 0,
         steps: vec![],
         inputs: vec![],
@@ -201,11 +177,8 @@ pub fn group_kernel(
         owned: BTreeMap::new(),
     };
     let nodes = cone(p, local, roots, root);
-    let operands = |n: usize| -> Vec<usize> {
-        let mut ops: Vec<usize> = p.nodes[n].op.operands().iter().map(|o| o.0 as usize).collect();
-        ops.dedup();
-        ops
-    };
+    // Releasing twice is harmless, so an operand read twice by one node needs no care.
+    let operands = |n: usize| -> Vec<usize> { p.nodes[n].op.operands().iter().map(|o| o.0 as usize).collect() };
     let mut last_use: BTreeMap<usize, usize> = BTreeMap::new();
     for &n in &nodes {
         for o in operands(n) {
@@ -347,8 +320,8 @@ impl Builder<'_> {
         let rep = match &self.p.nodes[n].op {
             op @ (Op::Binary { .. } | Op::Unary { .. } | Op::Where { .. }) => {
                 let name = match op {
-                    Op::Binary { op, .. } => format!("{op:?}").to_lowercase(),
-                    Op::Unary { op, .. } => format!("{op:?}").to_lowercase(),
+                    Op::Binary { op, .. } => binary_name(*op),
+                    Op::Unary { op, .. } => unary_name(*op),
                     _ => "where".to_string(),
                 };
                 match self.lift_source(n, &ops) {
@@ -409,7 +382,7 @@ impl Builder<'_> {
             }
             Op::Reduce { kind, axes, .. } => {
                 let x = ops[0];
-                let op = reduce_name(*kind).to_string();
+                let op = reduce_name(*kind);
                 let lifted = match self.reps.get(&x) {
                     Some(&Rep::Lifted(v, src)) => Some((v, self.levels[&src])),
                     _ => None,
@@ -431,20 +404,15 @@ impl Builder<'_> {
                     _ => {
                         let (off, xs) = self.dense(x, true);
                         // Axes of the per-group shape are one less than the node's.
-                        let strides = row_major_strides(&xs);
-                        let kept: Vec<usize> = (0..xs.len()).filter(|a| !axes.contains(&(a + 1))).collect();
-                        let kept_dims: Vec<usize> = kept.iter().map(|&a| xs[a]).collect();
-                        let kept_strides: Vec<usize> = kept.iter().map(|&a| strides[a]).collect();
-                        let red_dims: Vec<usize> = axes.iter().map(|&a| xs[a - 1]).collect();
-                        let red_strides: Vec<usize> = axes.iter().map(|&a| strides[a - 1]).collect();
-                        let inner = View::new(&red_dims, &red_strides, 0);
+                        let axes: Vec<usize> = axes.iter().map(|a| a - 1).collect();
+                        let (base, inner) = reduce_views(&xs, &axes, off);
                         let dst = self.alloc(Some(n), len);
                         self.steps.push(GroupStep::Reduce {
                             dst,
                             len,
                             op,
-                            base: View::new(&kept_dims, &kept_strides, off),
-                            count: red_dims.iter().product(),
+                            base,
+                            count: axes.iter().map(|&a| xs[a]).product(),
                             stride: inner.terms.first().map_or(0, |t| t.2),
                         });
                         Rep::Dense(dst)

@@ -410,25 +410,20 @@ pub const MASK_NONE: u32 = 0;
 pub const MASK_CAUSAL: u32 = 1;
 pub const MASK_TOKEN_CAUSAL: u32 = 2;
 
-/// Whether query row `i` sees key row `j` (as `Mask::visible`, which shifts
-/// queries by `qoff` = the key length and keys by `koff` = the query length);
-/// `window` 0 is none.
+/// `x + off`, with no addition emitted when `off` is 0.
 #[cube]
-pub fn visible(
-    i: usize,
-    j: usize,
-    #[comptime] kind: u32,
-    #[comptime] window: usize,
-    #[comptime] block: usize,
-    #[comptime] qoff: usize,
-    #[comptime] koff: usize,
-) -> bool {
-    let mut i = i;
-    let mut j = j;
-    if comptime![qoff != koff] {
-        i += qoff;
-        j += koff;
+pub fn shifted(x: usize, #[comptime] off: usize) -> usize {
+    let mut y = x;
+    if comptime![off > 0] {
+        y += off;
     }
+    y
+}
+
+/// Whether query row `i` sees key row `j` (as `Mask::visible`, whose shifts
+/// the caller has applied); `window` 0 is none.
+#[cube]
+pub fn visible(i: usize, j: usize, #[comptime] kind: u32, #[comptime] window: usize, #[comptime] block: usize) -> bool {
     let n = i / block;
     let m = j / block;
     let mut ok = true;
@@ -458,19 +453,7 @@ pub fn tile_visible(
     #[comptime] kind: u32,
     #[comptime] window: usize,
     #[comptime] block: usize,
-    #[comptime] qoff: usize,
-    #[comptime] koff: usize,
 ) -> bool {
-    let mut q0 = q0;
-    let mut q1 = q1;
-    let mut k0 = k0;
-    let mut k1 = k1;
-    if comptime![qoff != koff] {
-        q0 += qoff;
-        q1 += qoff;
-        k0 += koff;
-        k1 += koff;
-    }
     let mut ok = true;
     if comptime![kind == MASK_CAUSAL] {
         ok = k0 <= q1;
@@ -522,6 +505,10 @@ pub fn attention(
         q1 = s - 1;
     }
     let qbase = (bh * s + i) * d;
+    // Queries are the last `s` of `sk` positions: compare query row `i + sk`
+    // with key row `j + s` (as `Mask::visible`); no shift when `s == sk`.
+    let qoff = comptime![if s == sk { 0 } else { sk }];
+    let koff = comptime![if s == sk { 0 } else { s }];
     let kbase = (bi * hk + g) * sk;
 
     let mut qreg = Array::<f32>::new(d);
@@ -549,7 +536,8 @@ pub fn attention(
         if k1 >= sk {
             k1 = sk - 1;
         }
-        if tile_visible(q0, q1, k0, k1, kind, window, block, sk, s) {
+        let (sq0, sq1) = (shifted(q0, qoff), shifted(q1, qoff));
+        if tile_visible(sq0, sq1, shifted(k0, koff), shifted(k1, koff), kind, window, block) {
             let j = k0 + t;
             for c in 0..d {
                 let mut val = f32::new(0.0);
@@ -568,7 +556,7 @@ pub fn attention(
             sync_cube();
             for jj in 0..tile {
                 let jk = k0 + jj;
-                if i < s && jk < sk && visible(i, jk, kind, window, block, sk, s) {
+                if i < s && jk < sk && visible(shifted(i, qoff), shifted(jk, koff), kind, window, block) {
                     let mut dot = f32::new(0.0);
                     for c in 0..d {
                         dot += qreg[c] * kv[jj * d + c];

@@ -5,7 +5,7 @@
 
 use super::group::{self, GroupStep};
 use crate::interp::{concrete, DimValues};
-use attnc_compiler::ir::{BinaryOp, Mask, MaskKind, Op, Program, UnaryOp};
+use attnc_compiler::ir::{BinaryOp, Mask, MaskKind, Op, Program, ReduceKind, UnaryOp};
 use attnc_compiler::opt::cost::op_cost;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -239,7 +239,42 @@ pub struct Plan {
     pub outputs: Vec<(String, usize)>,
 }
 
-fn binary_name(op: BinaryOp) -> String {
+pub(crate) fn unary_name(op: UnaryOp) -> String {
+    match op {
+        UnaryOp::Neg => "neg",
+        UnaryOp::Sqrt => "sqrt",
+        UnaryOp::Abs => "abs",
+    }
+    .into()
+}
+
+pub(crate) fn reduce_name(kind: ReduceKind) -> String {
+    match kind {
+        ReduceKind::Sum => "sum",
+        ReduceKind::Mean => "mean",
+        ReduceKind::Max => "max",
+        ReduceKind::Min => "min",
+        ReduceKind::Count => "count",
+        ReduceKind::Var { bessel: false } => "var",
+        ReduceKind::Var { bessel: true } => "var_bessel",
+    }
+    .into()
+}
+
+/// A reduction of `axes` of a row-major `shape`: the view from each output
+/// element to its first input element (`offset` added) and the view over the
+/// reduced elements. One loop walks them when the second has at most one term.
+pub(crate) fn reduce_views(shape: &[usize], axes: &[usize], offset: usize) -> (View, View) {
+    let strides = row_major_strides(shape);
+    let kept: Vec<usize> = (0..shape.len()).filter(|a| !axes.contains(a)).collect();
+    let pick = |which: &[usize], of: &[usize]| -> Vec<usize> { which.iter().map(|&a| of[a]).collect() };
+    (
+        View::new(&pick(&kept, shape), &pick(&kept, &strides), offset),
+        View::new(&pick(axes, shape), &pick(axes, &strides), 0),
+    )
+}
+
+pub(crate) fn binary_name(op: BinaryOp) -> String {
     format!("{op:?}").to_lowercase()
 }
 
@@ -261,7 +296,7 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
     let mut fused: BTreeMap<usize, group::GroupKernel> = BTreeMap::new();
     let mut generic = vec![false; p.nodes.len()];
     for r in (0..p.nodes.len()).filter(|&r| roots[r]) {
-        match group::group_kernel(p, dims, &local, &roots, r) {
+        match group::group_kernel(p, &shapes, &local, &roots, r) {
             Some(k) => {
                 fused.insert(r, k);
             }
@@ -349,15 +384,7 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
                 a: View::broadcast(&sh(0), &shape),
                 b: View::broadcast(&sh(1), &shape),
             },
-            Op::Unary { op, .. } => KernelSpec::Unary {
-                len,
-                op: match op {
-                    UnaryOp::Neg => "neg",
-                    UnaryOp::Sqrt => "sqrt",
-                    UnaryOp::Abs => "abs",
-                }
-                .into(),
-            },
+            Op::Unary { op, .. } => KernelSpec::Unary { len, op: unary_name(*op) },
             Op::Where { .. } => KernelSpec::Where {
                 len,
                 cond: View::broadcast(&sh(0), &shape),
@@ -447,20 +474,9 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
             }
             Op::Reduce { kind, axes, .. } => {
                 let x = sh(0);
-                let strides = row_major_strides(&x);
-                let kept: Vec<usize> = (0..x.len()).filter(|a| !axes.contains(a)).collect();
-                let kept_dims: Vec<usize> = kept.iter().map(|&a| x[a]).collect();
-                let kept_strides: Vec<usize> = kept.iter().map(|&a| strides[a]).collect();
-                let red_dims: Vec<usize> = axes.iter().map(|&a| x[a]).collect();
-                let red_strides: Vec<usize> = axes.iter().map(|&a| strides[a]).collect();
-                let op = group::reduce_name(*kind);
-                KernelSpec::Reduce {
-                    len,
-                    op: op.into(),
-                    count: red_dims.iter().product(),
-                    base: View::new(&kept_dims, &kept_strides, 0),
-                    inner: View::new(&red_dims, &red_strides, 0),
-                }
+                let (base, inner) = reduce_views(&x, axes, 0);
+                let count = axes.iter().map(|&a| x[a]).product();
+                KernelSpec::Reduce { len, op: reduce_name(*kind), count, base, inner }
             }
             Op::LooMean { axis, .. } => {
                 let x = sh(0);
