@@ -10,6 +10,8 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+mod sweep;
+
 #[derive(Parser)]
 #[command(name = "attnc", version, about = "Compile attention and group-advantage specs (.attn) to kernels", long_about = None)]
 #[command(after_help = "See 'attnc help <command>' for more information on a specific command.")]
@@ -107,6 +109,12 @@ enum Command {
         /// Bench the program the optimizer chooses for the profile
         #[arg(long)]
         optimize: bool,
+        /// Bench at each value of a dim or parameter, one row each: NAME=V1,V2,…
+        #[arg(long, value_name = "NAME=V1,V2,...")]
+        sweep: Option<String>,
+        /// Where a sweep writes its plot of GFLOP/s against the swept value
+        #[arg(long, value_name = "FILE.svg", default_value = "sweep.svg")]
+        plot: PathBuf,
     },
     /// Optimize a spec for a target and explain the choice
     Explain {
@@ -221,8 +229,12 @@ fn main() -> ExitCode {
             run(&file, inputs.as_deref(), seed, &out, &set, dtype, opt, backend, check_inputs, limits)
         }
         Command::Compile { file, set, target, out, optimize } => compile(&file, &set, target, &out, optimize),
-        Command::Bench { file, set, backend, iters, warmup, target, optimize } => {
-            bench(&file, &set, backend, iters, warmup, target, optimize)
+        Command::Bench { file, set, backend, iters, warmup, target, optimize, sweep, plot } => {
+            let opts = BenchOpts { backend, iters, warmup, target, optimize };
+            match sweep {
+                None => bench(&file, &set, &opts).map(|(text, _)| print!("{text}")),
+                Some(sweep) => bench_sweep(&file, &set, &opts, &sweep, &plot),
+            }
         }
         Command::Explain { file, set, target, mode } => explain(&file, &set, target.target(), mode.mode()),
         Command::Ir { file, set } => load(&file, &set).map(|c| print!("{}", c.program.pretty())),
@@ -340,28 +352,29 @@ fn compile(file: &Path, set: &[String], target: SourceArg, out: &Path, optimize:
     Ok(())
 }
 
-fn bench(
-    file: &Path,
-    set: &[String],
+struct BenchOpts {
     backend: GpuArg,
     iters: usize,
     warmup: usize,
     target: Option<TargetArg>,
     optimize: bool,
-) -> Result<(), Failed> {
+}
+
+/// One benchmark: the rendered report, and the report.
+fn bench(file: &Path, set: &[String], o: &BenchOpts) -> Result<(String, gpu::bench::BenchReport), Failed> {
     let compiled = load(file, set)?;
     let (tensors, dims) = bind::generate_inputs(&compiled.program, 0).map_err(|e| report(e.code(), e))?;
-    let target = match (target, backend) {
+    let target = match (o.target, o.backend) {
         (Some(t), _) => t.target(),
         (None, GpuArg::Wgpu) => cost::CPU,
         (None, GpuArg::Cuda) => cost::H200,
     };
-    let program = if optimize {
+    let program = if o.optimize {
         opt::optimize(&compiled.program, &dims, &opt::Config { target, ..Default::default() }).chosen
     } else {
         compiled.program.clone()
     };
-    let gpu = match backend {
+    let gpu = match o.backend {
         GpuArg::Wgpu => gpu::exec::Gpu::wgpu(),
         GpuArg::Cuda => gpu::exec::Gpu::cuda(),
     }
@@ -369,8 +382,36 @@ fn bench(
     let inputs: std::collections::BTreeMap<String, Tensor> =
         compiled.program.inputs.iter().map(|i| i.name.clone()).zip(tensors).collect();
     let plan = gpu::plan::plan(&program, &dims);
-    let result = gpu::bench::bench(&gpu, &plan, &inputs, warmup, iters).map_err(|e| report(Code::Backend, e))?;
-    print!("{}", result.render(&target, iters));
+    let result = gpu::bench::bench(&gpu, &plan, &inputs, o.warmup, o.iters).map_err(|e| report(Code::Backend, e))?;
+    Ok((result.render(&target, o.iters), result))
+}
+
+/// `--sweep NAME=V1,V2,…`: a benchmark per value, a row each, and a plot.
+fn bench_sweep(file: &Path, set: &[String], o: &BenchOpts, sweep: &str, plot: &Path) -> Result<(), Failed> {
+    let bad = |why: &str| report(Code::BadSetting, format_args!("--sweep `{sweep}`: {why} (expected NAME=V1,V2,…)"));
+    let (name, values) = sweep.split_once('=').ok_or_else(|| bad("no `=`"))?;
+    let values: Vec<u64> = values
+        .split(',')
+        .map(|v| v.trim().parse::<u64>().map_err(|_| bad(&format!("`{v}` is not a whole number"))))
+        .collect::<Result<_, _>>()?;
+    if name.is_empty() || values.is_empty() {
+        return Err(bad("no name or no values"));
+    }
+    println!("{}", sweep::header(name));
+    let mut points = vec![];
+    let mut device = String::new();
+    for (i, v) in values.iter().enumerate() {
+        eprintln!("[{}/{}] {name}={v} ...", i + 1, values.len());
+        let mut sets: Vec<String> = set.iter().filter(|s| s.split('=').next() != Some(name)).cloned().collect();
+        sets.push(format!("{name}={v}"));
+        let (_, r) = bench(file, &sets, o)?;
+        device = r.device.clone();
+        let p = sweep::Point::of(*v, &r);
+        println!("{}", sweep::row(&p));
+        points.push(p);
+    }
+    sweep::plot(plot, name, &device, &points).map_err(|e| report(Code::TensorFile, e))?;
+    eprintln!("wrote the plot to {}", plot.display());
     Ok(())
 }
 

@@ -96,3 +96,25 @@ fn reward_estimators_are_one_group_pass_in_cumulative_count_form() {
         }
     }
 }
+
+/// Attention reads split heads and interleaved pseudo-heads in place and
+/// writes merged heads or the deinterleaved layout directly: MHA, GQA and MQA
+/// plan no copy launch (four GEMMs and the attention), and IHA none around
+/// its attention.
+#[test]
+fn attention_reads_and_writes_head_layouts_in_place() {
+    for spec in ["mha", "gqa", "mqa", "iha"] {
+        let c = compile_stdlib(spec, &small(spec).into_iter().filter(|(k, _)| *k != "rope").collect::<Vec<_>>());
+        let dims = bind::default_dims(&c.program).unwrap();
+        let p = plan::plan(&c.program, &dims);
+        let kinds: Vec<&str> = p.launches.iter().map(|l| l.spec.kind()).collect();
+        if spec == "iha" {
+            // Only the head splits before mixing and the merge after collapsing remain.
+            assert_eq!(kinds.iter().filter(|k| **k == "gather").count(), 4, "{spec}: {kinds:?}");
+            let at = kinds.iter().position(|k| *k == "attention").unwrap();
+            assert_eq!([kinds[at - 1], kinds[at + 1]], ["mix_heads", "collapse"], "{spec}: {kinds:?}");
+        } else {
+            assert_eq!(kinds, ["matmul", "matmul", "matmul", "attention", "matmul"], "{spec}");
+        }
+    }
+}

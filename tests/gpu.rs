@@ -96,6 +96,165 @@ fn stdlib_specs(gpu: &Gpu) {
     }
 }
 
+/// One attention launch at a size users run: `h` query heads over `hk`
+/// key/value heads, `m` queries against `n` keys (queries aligned to the
+/// last keys), head width `d`.
+struct Sized {
+    h: usize,
+    hk: usize,
+    m: usize,
+    n: usize,
+    d: usize,
+    mask: &'static str,
+    window: Option<usize>,
+    block: usize,
+}
+
+fn sized_spec(c: &Sized) -> attnc_compiler::Compiled {
+    let window = c.window.map_or("none".to_string(), |w| w.to_string());
+    let source = format!(
+        "spec sized\ninput q: [1, {h}, {m}, {d}]\ninput k: [1, {hk}, {n}, {d}]\ninput v: [1, {hk}, {n}, {d}]\n\
+         output o = attention(q, k, v, mask = {mask}, window = {window}, block = {block})\n",
+        h = c.h,
+        hk = c.hk,
+        m = c.m,
+        n = c.n,
+        d = c.d,
+        mask = c.mask,
+        block = c.block,
+    );
+    attnc_compiler::compile(&source, &[]).unwrap_or_else(|e| panic!("{}", attnc_compiler::render("sized", &source, &e)))
+}
+
+/// Every output row against the interpreter: a row that sees no key is
+/// exactly 0; every other row within `TOL` relative error, and the whole
+/// output too.
+fn check_rows(got: &Tensor, want: &Tensor, what: &str) {
+    assert_eq!(got.shape, want.shape, "{what}: shape");
+    let width = *want.shape.last().unwrap();
+    let mut zero_rows = 0;
+    for (r, (g, w)) in got.data.chunks(width).zip(want.data.chunks(width)).enumerate() {
+        assert!(g.iter().all(|v| v.is_finite()), "{what}: row {r} is not finite: {g:?}");
+        if w.iter().all(|v| *v == 0.0) {
+            assert!(g.iter().all(|v| *v == 0.0), "{what}: fully masked row {r} is {g:?}, not 0");
+            zero_rows += 1;
+            continue;
+        }
+        let e = attnc_runtime::relative_error(g, w);
+        assert!(e <= TOL, "{what}: row {r} relative error {e:e} > {TOL:e}");
+    }
+    let e = attnc_runtime::relative_error(&got.data, &want.data);
+    assert!(e <= TOL, "{what}: relative error {e:e} > {TOL:e}");
+    eprintln!("{what}: relative error {e:.2e}, {zero_rows} fully masked rows");
+}
+
+fn run_sized(gpu: &Gpu, c: &Sized, seed: u64) {
+    let spec = sized_spec(c);
+    let mut rng = Rng::for_input(seed, "sized");
+    let inputs = named(vec![
+        ("q", random(&mut rng, &[1, c.h, c.m, c.d])),
+        ("k", random(&mut rng, &[1, c.hk, c.n, c.d])),
+        ("v", random(&mut rng, &[1, c.hk, c.n, c.d])),
+    ]);
+    // Logits of a few units, so the softmax is neither flat nor one-hot.
+    let mut inputs = inputs;
+    let q = inputs.get_mut("q").unwrap();
+    q.data.iter_mut().for_each(|v| *v *= 3.0);
+    let want = &eval(&spec, &inputs)["o"];
+    let dims = bind::default_dims(&spec.program).unwrap();
+    let what = format!(
+        "attention H={} H_kv={} M={} N={} d={} mask={} window={:?} block={}",
+        c.h, c.hk, c.m, c.n, c.d, c.mask, c.window, c.block
+    );
+    let (got, _) = gpu.run(&plan::plan(&spec.program, &dims), &inputs).unwrap_or_else(|e| panic!("{what}: {e}"));
+    check_rows(&got[0], want, &what);
+}
+
+/// The size tier: attention at the sizes users run, every head width the
+/// kernels specialise differently (vectors of 4, 2 and 1; key tiles of 4 to
+/// 32), square and unequal lengths, GQA and MQA, every mask and window.
+/// Before the tiled kernels, Mesa's CPU drivers cut every loop of the old
+/// kernel short from N·d ≈ 30 000 and these rows came back wrong.
+fn size_tier(gpu: &Gpu) {
+    let s = |h, hk, m, n, d, mask, window, block| Sized { h, hk, m, n, d, mask, window, block };
+    let cases = [
+        s(1, 1, 4096, 4096, 64, "causal", None, 1),
+        s(2, 1, 1500, 1500, 128, "none", None, 1),
+        s(1, 1, 1000, 1000, 256, "causal", Some(300), 1),
+        s(1, 1, 777, 777, 8, "none", Some(100), 1),
+        s(4, 2, 700, 700, 32, "causal", None, 1),
+        s(1, 1, 612, 612, 40, "token_causal", Some(40), 3),
+        s(1, 1, 900, 900, 59, "token_causal", None, 4),
+        s(1, 1, 520, 520, 80, "none", None, 1),
+        s(1, 1, 480, 480, 111, "causal", None, 1),
+        s(2, 2, 1, 3000, 64, "causal", None, 1),
+        s(4, 1, 70, 2500, 64, "causal", Some(500), 1),
+        s(2, 2, 2100, 300, 48, "causal", None, 1),
+        s(1, 1, 1200, 333, 16, "none", None, 1),
+    ];
+    for (i, c) in cases.iter().enumerate() {
+        run_sized(gpu, c, 100 + i as u64);
+    }
+}
+
+/// The issue's reproduction and IHA at real sizes: P up to 8, both
+/// collapses, RoPE, through the whole spec (projections, mixing, collapse).
+fn stdlib_at_real_sizes(gpu: &Gpu) {
+    let cases: Vec<(&str, Vec<(&'static str, String)>)> = vec![
+        ("mha", sets(&[("H", "1"), ("d", "64"), ("N", "480")])),
+        ("gqa", sets(&[("H", "4"), ("d", "32"), ("N", "600")])),
+        ("iha", sets(&[("H", "2"), ("P", "8"), ("d", "32"), ("N", "160"), ("rope", "10000.0")])),
+        (
+            "iha",
+            sets(&[
+                ("H", "2"),
+                ("P", "4"),
+                ("d", "40"),
+                ("N", "300"),
+                ("mask", "token_causal"),
+                ("window", "64"),
+                ("collapse", "per_head"),
+            ]),
+        ),
+    ];
+    for (spec, s) in cases {
+        let c = compile_stdlib(spec, &s);
+        let inputs = seeded(&c, 21);
+        check_spec(gpu, &c, &inputs, true, &format!("{spec} {s:?} optimized"));
+    }
+}
+
+/// Narrower planes than the device's (and none) give the same answers.
+fn plane_widths(make: fn() -> Result<Gpu, attnc_runtime::gpu::exec::GpuError>) {
+    for w in [1, 2, 4] {
+        let gpu = device(make).with_plane_width(w);
+        run_sized(&gpu, &Sized { h: 2, hk: 1, m: 300, n: 300, d: 40, mask: "causal", window: None, block: 1 }, 7);
+        let c = compile_stdlib("mha", &sets(&[("H", "3"), ("d", "10"), ("N", "150")]));
+        check_spec(&gpu, &c, &seeded(&c, 8), false, &format!("mha at plane width {w}"));
+    }
+}
+
+/// A launch past the loop iterations Mesa's CPU drivers run is refused with
+/// a clear error there, never run wrongly; elsewhere it runs and is right.
+fn loop_limit(gpu: &Gpu) {
+    let source = "spec long\ninput x: [2, 70000]\noutput y = sum(x, axis = 1)\n";
+    let c = attnc_compiler::compile(source, &[]).unwrap();
+    let inputs = seeded(&c, 3);
+    let dims = bind::default_dims(&c.program).unwrap();
+    let p = plan::plan(&c.program, &dims);
+    match gpu.run(&p, &inputs) {
+        Err(e) => {
+            assert!(gpu.bounds_loops(), "refused on a driver without the limit: {e}");
+            let msg = e.to_string();
+            assert!(msg.contains("loop iterations") && msg.contains("65000"), "unclear refusal: {msg}");
+        }
+        Ok(_) => {
+            assert!(!gpu.bounds_loops(), "{}: ran a launch past its loop limit", gpu.adapter);
+            check_spec(gpu, &c, &inputs, false, "a reduction over 70 000 elements");
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 struct Cfg {
     h: usize,
@@ -116,8 +275,9 @@ fn cfg() -> impl Strategy<Value = Cfg> {
         1..=4usize,
         0..2usize,
         1..=3usize,
-        1..=5usize,
-        1..=70usize,
+        prop_oneof![1..=5usize, 6..=40usize],
+        // Past several query (64) and key (4 to 32) tiles.
+        prop_oneof![1..=70usize, 71..=260usize],
         1..=2usize,
         0..3usize,
         prop::option::of(1..=6usize),
@@ -210,8 +370,10 @@ fn precompiled_wgsl_matches(make: fn() -> Result<Gpu, attnc_runtime::gpu::exec::
 /// reductions over the levels and the group. The group kernels keep such
 /// values lifted (two rows per level, O(G + K)) where they can and densify
 /// where they cannot (a sample-dependent `z`, `std` over the levels). A
-/// random per-sample term keeps the output away from exact cancellations
-/// (`Σ_g (t − p) = 0`), where a relative error measures f32 rounding only.
+/// random per-sample term, added last (a leave-one-out mean of it would
+/// shrink it by the group size), keeps the output away from exact
+/// cancellations (`Σ_g (t − p) = 0`), where a relative error measures f32
+/// rounding only.
 #[derive(Clone, Debug)]
 struct Decomp {
     k: usize,
@@ -265,7 +427,7 @@ fn decomposition(gpu: &Gpu, d: &Decomp) {
          input r: [B, G] in integers(1, K)\ninput z: [B, G, 1]\ninput w: [{l}]\n\
          let t = thresholds(r, levels = K)\nlet p = mean(t, axis = 1)\nlet s = {stat}(t, axis = 1)\n\
          let e = {expr}\nlet red = {red}(e, axis = 2, keepdim = false)\nlet q = {stat2}(e, axis = 1)\n\
-         let y0 = red + sum(q, axis = 2, keepdim = false) + sum(z, axis = 2, keepdim = false)\noutput y = {y}\n",
+         let y0 = red + sum(q, axis = 2, keepdim = false)\noutput y = {y} + sum(z, axis = 2, keepdim = false)\n",
         k = d.k,
         l = d.k - 1,
         b = d.b,
@@ -288,6 +450,26 @@ macro_rules! backend_tests {
             #[test]
             fn stdlib_specs_match_the_interpreter() {
                 stdlib_specs(&device($make));
+            }
+
+            #[test]
+            fn attention_size_tier_matches_the_interpreter_row_by_row() {
+                size_tier(&device($make));
+            }
+
+            #[test]
+            fn stdlib_specs_at_real_sizes_match_the_interpreter() {
+                stdlib_at_real_sizes(&device($make));
+            }
+
+            #[test]
+            fn narrower_plane_widths_match_the_interpreter() {
+                plane_widths($make);
+            }
+
+            #[test]
+            fn launches_past_a_drivers_loop_limit_are_refused_or_right() {
+                loop_limit(&device($make));
             }
 
             #[test]

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The device check for a session lent an NVIDIA GPU (see the developers'
 # brief): run every stdlib spec on CUDA against the float64 interpreter, then
-# time the kernels. Build here first and carry the binary:
+# time the kernels against cubek (in `bench`) and PyTorch (torch_ref.py). Build here first and carry the binary:
 #   cargo build --release --features cuda   (after `eval "$(bash .ci/llvm-for-cuda.sh)"`)
 #   cp target/release/attnc .device-bin/attnc  (an ignored folder named in `carry`)
 # On the device: bash bench/device/run.sh  (writes its log under $OUT)
@@ -31,17 +31,34 @@ while read -r spec key sets; do
   echo "cuda vs interpreter: $spec $sets: relative error $err" | tee -a "$log"
 done <<'CASES'
 mha y --set H=4 --set d=32 --set N=77
+mha y --set H=8 --set d=64 --set N=2048
+mha y --set H=4 --set d=128 --set N=1500 --set mask=none
+mha y --set H=2 --set d=59 --set N=1111 --set window=100
 gqa y --set H=8 --set d=32 --set N=77
 mqa y --set H=4 --set d=32 --set N=77
 iha y --set H=4 --set P=3 --set d=32 --set N=41 --set rope=10000.0
 iha y --set H=4 --set P=2 --set d=16 --set N=65 --set mask=token_causal --set window=8 --set collapse=per_head
+iha y --set H=4 --set P=8 --set d=64 --set N=512
 grpo advantages --set B=64 --set G=16
 rloo advantages --set B=64 --set G=16
 gdpo advantages --set B=64 --set G=16
 odrpo advantages --set B=64 --set G=16
 CASES
-for args in "stdlib/mha.attn --set H=8 --set d=64 --set N=4096" "stdlib/iha.attn --set H=8 --set P=2 --set d=64 --set N=2048" "stdlib/iha.attn --set H=8 --set P=8 --set d=64 --set N=1 --optimize"; do
+for args in "stdlib/mha.attn --set H=8 --set d=64 --set N=4096 --set mask=none" "stdlib/mha.attn --set H=8 --set d=64 --set N=4096" "stdlib/iha.attn --set H=8 --set P=2 --set d=64 --set N=2048" "stdlib/iha.attn --set H=8 --set P=8 --set d=64 --set N=1 --optimize"; do
   echo "== bench $args" | tee -a "$log"
   timeout 240 "$BIN" bench $args --backend cuda --iters 20 --warmup 3 2>&1 | tee -a "$log" || status=1
 done
+# Against PyTorch on the same inputs: SDPA on the interleaved sequence, the
+# mixing and collapse as einsums (prints `baseline pytorch (sdpa): ...`).
+while read -r p mask collapse n; do
+  sets="--set H=8 --set P=$p --set d=64 --set N=$n --set mask=$mask --set collapse=$collapse"
+  "$BIN" run stdlib/iha.attn --seed 0 $sets --backend cuda --out "$OUT/torch-in.safetensors" 2>>"$log" || status=1
+  timeout 240 "$BIN" bench stdlib/iha.attn $sets --backend cuda --iters 20 --warmup 3 >"$OUT/torch-bench.txt" 2>&1 || status=1
+  python3 bench/device/torch_ref.py iha "$OUT/torch-in.safetensors" "$OUT/torch-in.safetensors" "$OUT/torch-bench.txt" \
+    "$p" "$mask" "$collapse" 2>&1 | tee -a "$log" || status=1
+done <<'TORCH'
+1 flat_causal global 4096
+4 flat_causal global 1024
+4 token_causal per_head 1024
+TORCH
 exit $status

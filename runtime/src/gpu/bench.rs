@@ -1,9 +1,10 @@
 //! `attnc bench`: median wall-clock time per kernel and per run after
 //! warm-up, next to each kernel's roofline (FLOPs, bytes, and the fraction of
-//! the target's ceiling reached), and for plain attention the same numbers for
-//! cubek-attention on the same device.
+//! the target's ceiling reached), and the same numbers for CubeCL's library
+//! kernels on the same device: cubek-attention for plain attention,
+//! cubek-matmul for every GEMM.
 
-use super::baseline::time_cubek_attention;
+use super::baseline::{time_cubek_attention, time_cubek_matmul};
 use super::exec::{Gpu, GpuError};
 use super::plan::{KernelSpec, Plan};
 use crate::tensor::Tensor;
@@ -27,12 +28,32 @@ pub struct Baseline {
     pub work: OpCost,
 }
 
+/// One GEMM launch against cubek-matmul at its `[m, k, n]`.
+pub struct GemmBaseline {
+    pub launch: String,
+    pub mkn: [usize; 3],
+    pub ours: f64,
+    pub cubek: Result<f64, String>,
+    pub work: OpCost,
+}
+
 pub struct BenchReport {
     pub device: String,
     pub kernels: Vec<KernelTiming>,
     /// Median of whole runs (upload, launches, read-back).
     pub total: f64,
     pub baseline: Option<Result<Baseline, String>>,
+    pub gemms: Vec<GemmBaseline>,
+}
+
+impl BenchReport {
+    /// Our attention's time over cubek-attention's, when measured.
+    pub fn attention_ratio(&self) -> Option<f64> {
+        match &self.baseline {
+            Some(Ok(b)) => Some(b.ours / b.cubek),
+            _ => None,
+        }
+    }
 }
 
 fn median(mut xs: Vec<f64>) -> f64 {
@@ -92,7 +113,28 @@ pub fn bench(
         }
         _ => None,
     });
-    Ok(BenchReport { device: format!("{} ({})", gpu.adapter, gpu.backend), kernels, total: median(totals), baseline })
+    // Every GEMM against cubek-matmul at its shape (each shape timed once).
+    let mut cubek: BTreeMap<[usize; 3], Result<f64, String>> = BTreeMap::new();
+    let mut gemms = vec![];
+    for (l, k) in plan.launches.iter().zip(&kernels) {
+        if let KernelSpec::MatMul { rows, k: kk, f } = l.spec {
+            let mkn = [rows, kk, f];
+            let theirs = cubek
+                .entry(mkn)
+                .or_insert_with(|| {
+                    time_cubek_matmul(gpu, mkn, warmup.max(1), iters).map(median).map_err(|e| e.to_string())
+                })
+                .clone();
+            gemms.push(GemmBaseline { launch: l.name.clone(), mkn, ours: k.median, cubek: theirs, work: k.work });
+        }
+    }
+    Ok(BenchReport {
+        device: format!("{} ({})", gpu.adapter, gpu.backend),
+        kernels,
+        total: median(totals),
+        baseline,
+        gemms,
+    })
 }
 
 fn roofline(w: &OpCost, t: &Target) -> f64 {
@@ -146,18 +188,42 @@ impl BenchReport {
             Some(Ok(b)) => {
                 let _ = writeln!(
                     out,
-                    "\nbaseline: cubek-attention 0.3.1 (Unit) on [B, H, S, d] = {:?}, causal = {}:\n  attnc attention {} vs cubek {}: attnc/cubek time ratio {:.3} ({:.3} GFLOP/s vs {:.3} GFLOP/s)",
+                    "\ncubek-attention 0.3.1 (Unit) on [B, H, S, d] = {:?}, causal = {}: attnc {} ({:.3} GFLOP/s), cubek {} ({:.3} GFLOP/s)",
                     b.shape,
                     b.causal,
                     format_seconds(b.ours),
-                    format_seconds(b.cubek),
-                    b.ours / b.cubek,
                     b.work.flops / b.ours / 1e9,
+                    format_seconds(b.cubek),
                     b.work.flops / b.cubek / 1e9
                 );
+                let _ = writeln!(out, "baseline cubek-attention: attnc/cubek time ratio {:.3}", b.ours / b.cubek);
             }
             Some(Err(e)) => {
                 let _ = writeln!(out, "\nbaseline: cubek-attention failed: {e}");
+            }
+        }
+        if !self.gemms.is_empty() {
+            let _ = writeln!(out, "\ncubek-matmul 0.3.1 (Strategy::Auto), per GEMM launch:");
+        }
+        for g in &self.gemms {
+            let [m, k, n] = g.mkn;
+            match &g.cubek {
+                Ok(t) => {
+                    let _ = writeln!(
+                        out,
+                        "{}: attnc {} ({:.3} GFLOP/s), cubek {} ({:.3} GFLOP/s)",
+                        g.launch,
+                        format_seconds(g.ours),
+                        g.work.flops / g.ours / 1e9,
+                        format_seconds(*t),
+                        g.work.flops / t / 1e9
+                    );
+                    let _ =
+                        writeln!(out, "baseline cubek-matmul ({m}x{k}x{n}): attnc/cubek time ratio {:.3}", g.ours / t);
+                }
+                Err(e) => {
+                    let _ = writeln!(out, "baseline cubek-matmul ({m}x{k}x{n}) failed: {e}");
+                }
             }
         }
         out

@@ -6,12 +6,15 @@
 use super::group::GroupStep;
 use super::kernels as k;
 use super::plan::{KernelSpec, View, GROUP_UNITS};
+use super::{attention, gemm};
 use cubecl::prelude::*;
 use std::sync::Arc;
 
 pub struct IrKernel {
     pub name: String,
     pub spec: KernelSpec,
+    /// Units of a plane that share loaded rows by broadcasts (1: none).
+    pub plane: u32,
     pub settings: KernelSettings,
     pub props: Arc<DeviceProperties>,
     pub target: Arc<TargetProperties>,
@@ -20,9 +23,20 @@ pub struct IrKernel {
 impl IrKernel {
     pub fn new(name: &str, spec: &KernelSpec, props: Arc<DeviceProperties>, target: Arc<TargetProperties>) -> IrKernel {
         let ((x, y, z), _) = spec.grid();
-        let settings = KernelSettings::new(CubeDim::new_3d(x, y, z).into(), ExecutionMode::Checked, AddressType::U32)
-            .kernel_name(name);
-        IrKernel { name: name.to_string(), spec: spec.clone(), settings, props, target }
+        let mode = match spec {
+            // Every read is clamped and every write guarded by construction.
+            KernelSpec::MatMul { .. } | KernelSpec::Attention { .. } => ExecutionMode::Unchecked,
+            _ => ExecutionMode::Checked,
+        };
+        let settings = KernelSettings::new(CubeDim::new_3d(x, y, z).into(), mode, AddressType::U32).kernel_name(name);
+        let plane = plane_width(&props);
+        IrKernel { name: name.to_string(), spec: spec.clone(), plane, settings, props, target }
+    }
+
+    /// The same kernel sharing rows over planes of `plane` units instead.
+    pub fn with_plane(mut self, plane: u32) -> IrKernel {
+        self.plane = plane.max(1);
+        self
     }
 
     /// Buffers this kernel binds before its output.
@@ -43,7 +57,7 @@ impl KernelMetadata for IrKernel {
             .address_type(self.settings.address_type)
             .cube_dim(self.settings.cube_dim)
             .mode(self.settings.execution_mode)
-            .info(format!("{}:{:?}", self.name, self.spec))
+            .info(format!("{}:{}:{:?}", self.name, self.plane, self.spec))
     }
 
     fn address_type(&self) -> ElemType {
@@ -102,59 +116,86 @@ pub fn mask_code(mask: &str) -> u32 {
     }
 }
 
+/// The plane width kernels may rely on: the device's smallest plane when it
+/// has plane operations (Mesa's CPU drivers have them, 8 wide, though wgpu
+/// does not advertise them), else 1.
+pub fn plane_width(props: &DeviceProperties) -> u32 {
+    let ops =
+        props.features.plane.contains(cubecl::ir::features::Plane::Ops) || props.identity.name.starts_with("llvmpipe");
+    let w = props.hardware.plane_size_min.min(32);
+    if ops && w > 1 {
+        1 << w.ilog2()
+    } else {
+        1
+    }
+}
+
 impl CubeKernel for IrKernel {
     fn define(&self) -> KernelDefinition {
         let mut builder = KernelBuilder::new(self.settings.clone());
         builder.runtime_properties(self.target.as_ref().clone());
         builder.device_properties(&self.props);
+        if matches!(self.spec, KernelSpec::MatMul { .. } | KernelSpec::Attention { .. }) {
+            match self.spec.line_size() {
+                4 => self.define_vectorized::<Const<4>>(&mut builder),
+                2 => self.define_vectorized::<Const<2>>(&mut builder),
+                _ => self.define_vectorized::<Const<1>>(&mut builder),
+            }
+            return builder.build();
+        }
         let arg = BufferCompilationArg { inplace: None };
         let mut bufs: Vec<NativeExpand<[f32]>> =
             (0..=self.operand_count()).map(|_| <[f32] as LaunchArg>::expand(&arg, &mut builder)).collect();
-        let scale = match self.spec {
-            KernelSpec::Attention { .. } => Some(<f32 as LaunchArg>::expand(&(), &mut builder)),
-            _ => None,
-        };
         let out = bufs.pop().expect("an output buffer");
         let scope: &Scope = &builder.scope;
         let nonempty = k::has_elements::expand(scope, &out);
-        if_expand(scope, nonempty, |scope| self.body(scope, &bufs, out, scale));
+        if_expand(scope, nonempty, |scope| self.body(scope, &bufs, out));
         builder.build()
     }
 }
 
 impl IrKernel {
-    fn body(
-        &self,
-        scope: &Scope,
-        bufs: &[NativeExpand<[f32]>],
-        mut out: NativeExpand<[f32]>,
-        scale: Option<NativeExpand<f32>>,
-    ) {
+    /// GEMM and attention: buffers of vectors of `N` floats.
+    fn define_vectorized<N: Size>(&self, builder: &mut KernelBuilder) {
+        let arg = BufferCompilationArg { inplace: None };
+        let mut bufs: Vec<NativeExpand<[Vector<f32, N>]>> =
+            (0..=self.operand_count()).map(|_| <[Vector<f32, N>] as LaunchArg>::expand(&arg, builder)).collect();
+        let scale = match self.spec {
+            KernelSpec::Attention { .. } => Some(<f32 as LaunchArg>::expand(&(), builder)),
+            _ => None,
+        };
+        let mut out = bufs.pop().expect("an output buffer");
+        let scope: &Scope = &builder.scope;
+        let lanes = self.spec.line_size();
+        let nonempty = k::has_vectors::expand::<N>(scope, &out);
+        if_expand(scope, nonempty, |scope| match self.spec {
+            KernelSpec::MatMul { rows, k: kk, f } => {
+                gemm::build::<N>(scope, &bufs[0], &bufs[1], &mut out, rows, kk, f, lanes, self.plane)
+            }
+            KernelSpec::Attention { h, hk, s, sk, d, e, ref mask, window, block, q, k: kv, v, out: o, .. } => {
+                let shape = attention::Shape {
+                    h,
+                    hk,
+                    s,
+                    sk,
+                    d,
+                    e,
+                    kind: mask_code(mask),
+                    window: window.unwrap_or(0),
+                    block,
+                    views: [q, kv, v, o].map(|view| view.in_vectors(lanes)),
+                };
+                let scale = scale.expect("attention takes a scale");
+                attention::build::<N>(scope, &bufs[0], &bufs[1], &bufs[2], &mut out, scale, &shape, lanes, self.plane)
+            }
+            _ => unreachable!("only GEMM and attention are vectorised"),
+        });
+    }
+
+    fn body(&self, scope: &Scope, bufs: &[NativeExpand<[f32]>], mut out: NativeExpand<[f32]>) {
         let spec = &self.spec;
         if let KernelSpec::Group { len, groups, scratch, ref steps, .. } = *spec {
             group_body(scope, bufs, out, steps, scratch, len / groups);
-        } else if let KernelSpec::MatMul { rows, k: kk, f } = *spec {
-            k::matmul_tiled::expand(scope, &bufs[0], &bufs[1], &mut out, rows, kk, f);
-        } else if let KernelSpec::Attention { h, hk, s, sk, d, e, ref mask, window, block, .. } = *spec {
-            let scale = scale.expect("attention takes a scale");
-            let (q, kb, v) = (&bufs[0], &bufs[1], &bufs[2]);
-            k::attention::expand(
-                scope,
-                q,
-                kb,
-                v,
-                &mut out,
-                scale,
-                h,
-                hk,
-                s,
-                sk,
-                d,
-                e,
-                mask_code(mask),
-                window.unwrap_or(0),
-                block,
-            );
         } else {
             let i = ABSOLUTE_POS::expand(scope);
             let len = match spec {

@@ -3,7 +3,7 @@
 //! says how to launch each from one's own host code.
 
 use super::define::IrKernel;
-use super::plan::{BufferRole, KernelSpec, Plan, ATTN_TILE, TILE};
+use super::plan::{BufferRole, KernelSpec, Plan, ATTN_ROWS, GEMM_ROWS, GEMM_UNITS};
 use cubecl::ir::features::Features;
 use cubecl::ir::{DeviceIdentity, HardwareProperties, MemoryDeviceProperties};
 use cubecl::prelude::*;
@@ -26,11 +26,16 @@ impl Target {
     }
 }
 
-/// A generic device description for offline compilation (32-wide planes,
-/// 1024 units and 48 KiB of shared memory per cube).
-pub fn offline_properties() -> Arc<DeviceProperties> {
+/// A generic device description for offline compilation (1024 units and
+/// 48 KiB of shared memory per cube). CUDA has 32-wide warps; WGSL kernels
+/// use no plane operations, so they run on any WebGPU device.
+pub fn offline_properties(target: Target) -> Arc<DeviceProperties> {
+    let mut features = Features::default();
+    if target == Target::Cuda {
+        features.plane.insert(cubecl::ir::features::Plane::Ops);
+    }
     Arc::new(DeviceProperties::new(
-        Features::default(),
+        features,
         MemoryDeviceProperties::new(u64::MAX, 256),
         HardwareProperties {
             load_width: 128,
@@ -55,22 +60,24 @@ pub fn offline_properties() -> Arc<DeviceProperties> {
     ))
 }
 
-/// Source text of one launch's kernel, and the bytes of dynamic shared memory it needs (CUDA).
-pub fn kernel_source(name: &str, spec: &KernelSpec, target: Target) -> Result<(String, usize), String> {
-    let kernel = IrKernel::new(name, spec, offline_properties(), Arc::new(TargetProperties::default()));
+/// Source text of one launch's kernel, the bytes of dynamic shared memory it
+/// needs (CUDA), and the plane width it relies on.
+pub fn kernel_source(name: &str, spec: &KernelSpec, target: Target) -> Result<(String, usize, u32), String> {
+    let kernel = IrKernel::new(name, spec, offline_properties(target), Arc::new(TargetProperties::default()));
+    let plane = kernel.plane;
     let def = kernel.define();
     match target {
         Target::Wgsl => {
             let shader = cubecl::wgpu::WgslCompiler::default()
                 .compile(def, &cubecl::WgpuCompilationOptions::default())
                 .map_err(|e| format!("{e:?}"))?;
-            Ok((shader.to_string(), 0))
+            Ok((shader.to_string(), 0, plane))
         }
         Target::Cuda => {
             let k = cubecl_cpp::shared::CppCompiler::<cubecl_cpp::target::Cuda>::default()
                 .compile(def, &cubecl_cpp::shared::CompilationOptions::default())
                 .map_err(|e| format!("{e:?}"))?;
-            Ok((k.source, k.shared_memory_size))
+            Ok((k.source, k.shared_memory_size, plane))
         }
     }
 }
@@ -105,6 +112,12 @@ pub struct LaunchInfo {
     /// The `info` buffer's layout as the kernel declares it.
     pub info_struct: String,
     pub shared_memory_bytes: usize,
+    /// Floats per vector in the kernel's buffers (`array<vec4<f32>>` when 4):
+    /// bind the same f32 data; the lengths in `info` count vectors.
+    pub line_size: usize,
+    /// Lanes of a plane (subgroup, warp) that share rows by broadcasts: the
+    /// device's planes must be at least this wide (1: no plane operations).
+    pub plane_width: u32,
 }
 
 #[derive(Serialize)]
@@ -148,11 +161,9 @@ pub fn emit(plan: &Plan, target: Target) -> Result<(Vec<(String, String)>, Manif
     let mut files = vec![];
     let mut launches = vec![];
     for (i, l) in plan.launches.iter().enumerate() {
-        let (source, shared) = kernel_source(&l.name, &l.spec, target)?;
+        let (source, shared, plane_width) = kernel_source(&l.name, &l.spec, target)?;
         let info_struct = info_struct(&source);
         let shared = shared.max(match l.spec {
-            KernelSpec::MatMul { .. } => 2 * TILE * TILE * 4,
-            KernelSpec::Attention { d, e, .. } => ATTN_TILE * (d + e) * 4,
             KernelSpec::Group { scratch, .. } => scratch * 4,
             _ => 0,
         });
@@ -179,8 +190,12 @@ pub fn emit(plan: &Plan, target: Target) -> Result<(Vec<(String, String)>, Manif
             _ => vec![],
         };
         let grid_rule = match &l.spec {
-            KernelSpec::MatMul { .. } => "[ceil(f / 16), ceil(rows / 16), 1]".to_string(),
-            KernelSpec::Attention { .. } => "[ceil(s / 32), batch * h, 1]".to_string(),
+            KernelSpec::MatMul { .. } => format!(
+                "[ceil(f / line_size / cols), ceil(rows / {}), 1] with cols = max(1, min({}, f / line_size))",
+                GEMM_UNITS * GEMM_ROWS,
+                super::plan::GEMM_COLS / l.spec.line_size(),
+            ),
+            KernelSpec::Attention { .. } => format!("[ceil(s / {ATTN_ROWS}), batch * h, 1]"),
             KernelSpec::Group { .. } => "[groups, 1, 1]".to_string(),
             _ => "[ceil(elements / 256), 1, 1]".to_string(),
         };
@@ -195,6 +210,8 @@ pub fn emit(plan: &Plan, target: Target) -> Result<(Vec<(String, String)>, Manif
             scalars,
             info_struct,
             shared_memory_bytes: shared,
+            line_size: l.spec.line_size(),
+            plane_width,
         });
     }
     let manifest = Manifest {

@@ -3,7 +3,7 @@
 //! The executor keeps its own accounting of device bytes allocated.
 
 use super::define::IrKernel;
-use super::plan::{BufferRole, KernelSpec, Plan};
+use super::plan::{BufferRole, KernelSpec, Plan, LOOP_TRIPS_CPU};
 use crate::tensor::Tensor;
 use cubecl::prelude::*;
 use cubecl::server::Handle;
@@ -21,6 +21,12 @@ pub enum GpuError {
     Launch(String, String),
     #[error("input tensor `{0}` is missing")]
     MissingInput(String),
+    #[error(
+        "kernel `{kernel}` would run {trips} loop iterations per unit, past the {limit} that Mesa's CPU \
+         drivers (llvmpipe, lavapipe) run before they leave every loop without a word (wrong results); \
+         run these sizes on a GPU or on `--backend interp`"
+    )]
+    LoopLimit { kernel: String, trips: usize, limit: usize },
 }
 
 /// A device and its client.
@@ -30,6 +36,8 @@ pub struct Gpu {
     pub adapter: String,
     /// WGSL text by entry point, launched instead of the in-process definitions.
     precompiled: Option<BTreeMap<String, String>>,
+    /// Plane width the kernels rely on, instead of the device's (see `define::plane_width`).
+    plane: Option<u32>,
 }
 
 /// A kernel whose source was generated earlier (by `attnc compile`).
@@ -92,7 +100,7 @@ impl Gpu {
         let client = std::panic::catch_unwind(|| device.client())
             .map_err(|_| GpuError::Unavailable("wgpu", "creating the device client failed".into()))?;
         let adapter = client.properties().identity.name.clone();
-        Ok(Gpu { client, backend: "wgpu", adapter, precompiled: None })
+        Ok(Gpu { client, backend: "wgpu", adapter, precompiled: None, plane: None })
     }
 
     /// The CUDA device 0, when built with the `cuda` feature and a driver is present.
@@ -108,7 +116,7 @@ impl Gpu {
             let client = std::panic::catch_unwind(|| device.client())
                 .map_err(|_| GpuError::Unavailable("cuda", "creating the CUDA client failed".into()))?;
             let adapter = client.properties().identity.name.clone();
-            Ok(Gpu { client, backend: "cuda", adapter, precompiled: None })
+            Ok(Gpu { client, backend: "cuda", adapter, precompiled: None, plane: None })
         }
         #[cfg(not(feature = "cuda"))]
         Err(GpuError::NotBuilt("cuda"))
@@ -118,6 +126,32 @@ impl Gpu {
     pub fn with_precompiled(mut self, sources: BTreeMap<String, String>) -> Gpu {
         self.precompiled = Some(sources);
         self
+    }
+
+    /// Kernels share rows over planes of `width` units (1: no plane operations)
+    /// rather than the device's smallest plane; `width` must not exceed it.
+    pub fn with_plane_width(mut self, width: u32) -> Gpu {
+        self.plane = Some(width.max(1));
+        self
+    }
+
+    /// Whether this is one of Mesa's CPU drivers, which bound loop iterations.
+    pub fn bounds_loops(&self) -> bool {
+        self.adapter.starts_with("llvmpipe")
+    }
+
+    /// Refuse a plan a driver would run wrongly (before anything runs).
+    pub fn check(&self, plan: &Plan) -> Result<(), GpuError> {
+        if !self.bounds_loops() {
+            return Ok(());
+        }
+        for l in &plan.launches {
+            let trips = l.spec.loop_trips();
+            if trips > LOOP_TRIPS_CPU {
+                return Err(GpuError::LoopLimit { kernel: l.name.clone(), trips, limit: LOOP_TRIPS_CPU });
+            }
+        }
+        Ok(())
     }
 
     pub fn client(&self) -> &Client {
@@ -147,6 +181,7 @@ impl Gpu {
         inputs: &BTreeMap<String, Tensor>,
         mut times: Option<&mut Vec<f64>>,
     ) -> Result<(Vec<Tensor>, RunStats), GpuError> {
+        self.check(plan)?;
         let mut handles: Vec<Option<Handle>> = vec![None; plan.buffers.len()];
         let mut stats = RunStats::default();
         let mut live: u64 = 0;
@@ -195,7 +230,11 @@ impl Gpu {
     }
 
     fn launch(&self, name: &str, spec: &KernelSpec, bindings: &[usize], plan: &Plan, handles: &[Option<Handle>]) {
-        let kernel = IrKernel::new(name, spec, self.client.properties_shared(), self.client.target_properties_shared());
+        let mut kernel =
+            IrKernel::new(name, spec, self.client.properties_shared(), self.client.target_properties_shared());
+        if let Some(w) = self.plane {
+            kernel = kernel.with_plane(w);
+        }
         match self.precompiled.as_ref().and_then(|p| p.get(name)) {
             Some(source) => {
                 let kernel =
@@ -224,12 +263,28 @@ impl Gpu {
             let io = if slot + 1 == bindings.len() { BufferIOAttr::ReadWrite } else { BufferIOAttr::ReadOnly };
             launcher.declare_io(io);
             let handle = handles[*id].clone().expect("operands are alive");
-            let arg = unsafe { BufferArg::from_raw_parts(handle, plan.buffers[*id].len) };
-            let _ = <[f32] as LaunchArg>::register(arg, &mut launcher);
+            let len = plan.buffers[*id].len;
+            match spec {
+                KernelSpec::MatMul { .. } | KernelSpec::Attention { .. } => match spec.line_size() {
+                    4 => register_vectors::<Const<4>>(handle, len, &mut launcher),
+                    2 => register_vectors::<Const<2>>(handle, len, &mut launcher),
+                    _ => register_vectors::<Const<1>>(handle, len, &mut launcher),
+                },
+                _ => {
+                    let arg = unsafe { BufferArg::from_raw_parts(handle, len) };
+                    let _ = <[f32] as LaunchArg>::register(arg, &mut launcher);
+                }
+            }
         }
         if let KernelSpec::Attention { scale_bits, .. } = spec {
             <f32 as LaunchArg>::register(f64::from_bits(*scale_bits) as f32, &mut launcher);
         }
         launcher.launch(CubeCount::Static(gx, gy, gz), kernel, &self.client);
     }
+}
+
+/// Bind `len` floats as `len / N` vectors.
+fn register_vectors<N: Size>(handle: Handle, len: usize, launcher: &mut KernelLauncher) {
+    let arg = unsafe { BufferArg::from_raw_parts(handle, len / N::value()) };
+    let _ = <[Vector<f32, N>] as LaunchArg>::register(arg, launcher);
 }

@@ -465,3 +465,22 @@ impl Builder<'_> {
         Some(src)
     }
 }
+
+/// Loop iterations one unit runs over all `steps` (see `KernelSpec::loop_trips`):
+/// element loops are unrolled by chunks of the cube, and each chunk runs the
+/// step's inner loop.
+pub fn loop_trips(steps: &[GroupStep]) -> usize {
+    let chunks = |len: usize| len.div_ceil(super::plan::GROUP_UNITS);
+    steps
+        .iter()
+        .map(|step| match *step {
+            GroupStep::Reduce { len, ref op, count, .. } => {
+                chunks(len) * if op.starts_with("var") { 2 * count } else { count }
+            }
+            GroupStep::LooMean { len, n, .. } => chunks(len) * n,
+            GroupStep::Levels { g, l, .. } => g + 2 * l + 1,
+            GroupStep::LiftScan { l, .. } => 2 * l,
+            _ => 0,
+        })
+        .sum()
+}

@@ -135,48 +135,6 @@ pub fn apply_threshold(v: f32, i: usize, #[comptime] levels: usize) -> f32 {
     r
 }
 
-/// `out[rows, f] = a[rows, k] · b[k, f]` with 16 × 16 tiles in shared memory.
-#[cube]
-pub fn matmul_tiled(
-    a: &[f32],
-    b: &[f32],
-    out: &mut [f32],
-    #[comptime] rows: usize,
-    #[comptime] k: usize,
-    #[comptime] f: usize,
-) {
-    let tx = UNIT_POS_X as usize;
-    let ty = UNIT_POS_Y as usize;
-    let row = CUBE_POS_Y as usize * 16 + ty;
-    let col = CUBE_POS_X as usize * 16 + tx;
-    // One shared array holds both tiles (A at 0, B at 256): with a single
-    // allocation the emitted CUDA names it the same way on every run.
-    let mut tiles = Shared::<[f32]>::new_slice(512usize);
-    let mut acc = f32::new(0.0);
-    for t in 0..comptime![k.div_ceil(16)] {
-        let ka = t * 16 + tx;
-        let kb = t * 16 + ty;
-        let mut va = f32::new(0.0);
-        let mut vb = f32::new(0.0);
-        if row < rows && ka < k {
-            va = a[row * k + ka];
-        }
-        if kb < k && col < f {
-            vb = b[kb * f + col];
-        }
-        tiles[ty * 16 + tx] = va;
-        tiles[256 + ty * 16 + tx] = vb;
-        sync_cube();
-        for kk in 0..16usize {
-            acc += tiles[ty * 16 + kk] * tiles[256 + kk * 16 + tx];
-        }
-        sync_cube();
-    }
-    if row < rows && col < f {
-        out[row * f + col] = acc;
-    }
-}
-
 /// `out[b,h,j,s,e] = Σ_m alpha[m,h,j] · x[b,m,s,e]`.
 #[cube]
 pub fn mix_heads(
@@ -443,158 +401,6 @@ pub fn visible(i: usize, j: usize, #[comptime] kind: u32, #[comptime] window: us
     ok
 }
 
-/// Whether any query row in `q0..=q1` sees any key row in `k0..=k1` (tile skipping).
-#[cube]
-pub fn tile_visible(
-    q0: usize,
-    q1: usize,
-    k0: usize,
-    k1: usize,
-    #[comptime] kind: u32,
-    #[comptime] window: usize,
-    #[comptime] block: usize,
-) -> bool {
-    let mut ok = true;
-    if comptime![kind == MASK_CAUSAL] {
-        ok = k0 <= q1;
-        if comptime![window > 0] {
-            ok = ok && q0 < k1 + comptime![window * block];
-        }
-    } else if comptime![kind == MASK_TOKEN_CAUSAL] {
-        ok = k0 / block <= q1 / block;
-        if comptime![window > 0] {
-            ok = ok && q0 / block < k1 / block + window;
-        }
-    } else if comptime![window > 0] {
-        ok = q0 / block < k1 / block + window && k0 / block < q1 / block + window;
-    }
-    ok
-}
-
-/// Flash attention. A cube handles 32 query rows of one (batch, head); it walks
-/// the `sk` key rows in tiles of 32 staged in shared memory, skipping tiles the mask
-/// hides entirely, and keeps a running max, sum and output per query row (the
-/// online softmax), so no score matrix is ever stored. A row that sees no key is 0.
-#[cube]
-pub fn attention(
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    out: &mut [f32],
-    scale: f32,
-    #[comptime] h: usize,
-    #[comptime] hk: usize,
-    #[comptime] s: usize,
-    #[comptime] sk: usize,
-    #[comptime] d: usize,
-    #[comptime] e: usize,
-    #[comptime] kind: u32,
-    #[comptime] window: usize,
-    #[comptime] block: usize,
-) {
-    let tile = 32usize;
-    let t = UNIT_POS as usize;
-    let bh = CUBE_POS_Y as usize;
-    let bi = bh / h;
-    let hi = bh % h;
-    let g = hi / comptime![h / hk];
-    let q0 = CUBE_POS_X as usize * tile;
-    let i = q0 + t;
-    let mut q1 = q0 + tile - 1;
-    if q1 >= s {
-        q1 = s - 1;
-    }
-    let qbase = (bh * s + i) * d;
-    // Queries are the last `s` of `sk` positions: compare query row `i + sk`
-    // with key row `j + s` (as `Mask::visible`); no shift when `s == sk`.
-    let qoff = comptime![if s == sk { 0 } else { sk }];
-    let koff = comptime![if s == sk { 0 } else { s }];
-    let kbase = (bi * hk + g) * sk;
-
-    let mut qreg = Array::<f32>::new(d);
-    let mut acc = Array::<f32>::new(e);
-    for c in 0..d {
-        let mut val = f32::new(0.0);
-        if i < s {
-            val = q[qbase + c];
-        }
-        qreg[c] = val;
-    }
-    for c in 0..e {
-        acc[c] = f32::new(0.0);
-    }
-    let mut m_run = f32::new(-3.0e38);
-    let mut l_run = f32::new(0.0);
-    let mut seen = false;
-
-    // Keys at 0, values at 32·d, in one shared array (deterministic CUDA names).
-    let mut kv = Shared::<[f32]>::new_slice(comptime![32 * (d + e)]);
-    let voff = comptime![32 * d];
-    for kt in 0..comptime![sk.div_ceil(32)] {
-        let k0 = kt * tile;
-        let mut k1 = k0 + tile - 1;
-        if k1 >= sk {
-            k1 = sk - 1;
-        }
-        let (sq0, sq1) = (shifted(q0, qoff), shifted(q1, qoff));
-        if tile_visible(sq0, sq1, shifted(k0, koff), shifted(k1, koff), kind, window, block) {
-            let j = k0 + t;
-            for c in 0..d {
-                let mut val = f32::new(0.0);
-                if j < sk {
-                    val = k[(kbase + j) * d + c];
-                }
-                kv[t * d + c] = val;
-            }
-            for c in 0..e {
-                let mut val = f32::new(0.0);
-                if j < sk {
-                    val = v[(kbase + j) * e + c];
-                }
-                kv[voff + t * e + c] = val;
-            }
-            sync_cube();
-            for jj in 0..tile {
-                let jk = k0 + jj;
-                if i < s && jk < sk && visible(shifted(i, qoff), shifted(jk, koff), kind, window, block) {
-                    let mut dot = f32::new(0.0);
-                    for c in 0..d {
-                        dot += qreg[c] * kv[jj * d + c];
-                    }
-                    let sc = dot * scale;
-                    let m_new = max(m_run, sc);
-                    let corr = (m_run - m_new).exp();
-                    let p = (sc - m_new).exp();
-                    if seen {
-                        l_run = l_run * corr + p;
-                        for c in 0..e {
-                            acc[c] = acc[c] * corr + p * kv[voff + jj * e + c];
-                        }
-                    } else {
-                        l_run = p;
-                        for c in 0..e {
-                            acc[c] = p * kv[voff + jj * e + c];
-                        }
-                    }
-                    m_run = m_new;
-                    seen = true;
-                }
-            }
-            sync_cube();
-        }
-    }
-    if i < s {
-        let obase = (bh * s + i) * e;
-        for c in 0..e {
-            let mut val = f32::new(0.0);
-            if seen {
-                val = acc[c] / l_run;
-            }
-            out[obase + c] = val;
-        }
-    }
-}
-
 // Group kernels (`KernelSpec::Group`): one cube per group; every value of the
 // group lives in one shared array `s`, at offsets fixed by the plan.
 
@@ -832,4 +638,149 @@ pub fn densify(
         r = s[v + l + t];
     }
     s[dst + i] = r;
+}
+
+// Register-blocked kernels (`attention.rs`, `gemm.rs`) are assembled on the
+// host from the helpers below: loops over channels and key rows are unrolled
+// there, so values live in registers, and the only loops left in the kernel
+// run over key tiles or K steps (see `plan::LOOP_TRIPS_CPU`).
+
+/// Vector `i` of `x`.
+#[cube]
+pub fn vload<N: Size>(x: &[Vector<f32, N>], i: usize) -> Vector<f32, N> {
+    x[i]
+}
+
+/// Vector `min(lane·per + r, n − 1)` of the `n`-vector row at `row` of `x`:
+/// this lane's share `r` of a row spread over a plane.
+#[cube]
+pub fn vload_share<N: Size>(
+    x: &[Vector<f32, N>],
+    row: usize,
+    lane: usize,
+    #[comptime] per: usize,
+    #[comptime] r: usize,
+    #[comptime] n: usize,
+) -> Vector<f32, N> {
+    if comptime![n == per] {
+        // The whole row per unit: no share to clamp.
+        x[row + r]
+    } else {
+        x[row + min(lane * per + r, comptime![n - 1])]
+    }
+}
+
+/// A register array of `n` vectors, zeroed.
+#[cube]
+pub fn vzeros<N: Size>(#[comptime] n: usize) -> Array<Vector<f32, N>> {
+    let mut a = Array::<Vector<f32, N>>::new(n);
+    #[unroll]
+    for c in 0..n {
+        a[c] = Vector::new(f32::new(0.0));
+    }
+    a
+}
+
+#[cube]
+pub fn vget<N: Size>(a: &Array<Vector<f32, N>>, #[comptime] i: usize) -> Vector<f32, N> {
+    a[i]
+}
+
+#[cube]
+pub fn vset<N: Size>(a: &mut Array<Vector<f32, N>>, #[comptime] i: usize, v: Vector<f32, N>) {
+    a[i] = v;
+}
+
+/// `v` as held by plane lane `lane`.
+#[cube]
+pub fn from_lane<N: Size>(v: Vector<f32, N>, #[comptime] lane: u32) -> Vector<f32, N> {
+    plane_broadcast(v, lane)
+}
+
+/// This unit's lane in a plane of `width` units.
+#[cube]
+pub fn plane_lane(#[comptime] width: u32) -> usize {
+    (UNIT_POS_PLANE % width) as usize
+}
+
+/// `acc + a·b` summed over the vector's components.
+#[cube]
+pub fn dot_add<N: Size>(acc: f32, a: Vector<f32, N>, b: Vector<f32, N>) -> f32 {
+    acc + a.dot(b)
+}
+
+/// `acc + Vector(s)·b`.
+#[cube]
+pub fn axpy<N: Size>(acc: Vector<f32, N>, s: f32, b: Vector<f32, N>) -> Vector<f32, N> {
+    acc + Vector::new(s) * b
+}
+
+/// `v · Vector(s)`.
+#[cube]
+pub fn vscale<N: Size>(v: Vector<f32, N>, s: f32) -> Vector<f32, N> {
+    v * Vector::new(s)
+}
+
+/// Component `c` of `v`.
+#[cube]
+pub fn component<N: Size>(v: Vector<f32, N>, #[comptime] c: usize) -> f32 {
+    v.extract(c)
+}
+
+#[cube]
+pub fn fconst(#[comptime] v: f32) -> f32 {
+    f32::new(v)
+}
+
+#[cube]
+pub fn fmax(a: f32, b: f32) -> f32 {
+    max(a, b)
+}
+
+#[cube]
+pub fn fadd(a: f32, b: f32) -> f32 {
+    a + b
+}
+
+#[cube]
+pub fn fmul(a: f32, b: f32) -> f32 {
+    a * b
+}
+
+/// `exp(a − b)`.
+#[cube]
+pub fn exp_diff(a: f32, b: f32) -> f32 {
+    (a - b).exp()
+}
+
+#[cube]
+pub fn fregs(#[comptime] n: usize) -> Array<f32> {
+    Array::<f32>::new(n)
+}
+
+#[cube]
+pub fn fget(a: &Array<f32>, #[comptime] i: usize) -> f32 {
+    a[i]
+}
+
+#[cube]
+pub fn fset(a: &mut Array<f32>, #[comptime] i: usize, v: f32) {
+    a[i] = v;
+}
+
+#[cube]
+pub fn uget(a: &Array<usize>, #[comptime] i: usize) -> usize {
+    a[i]
+}
+
+/// `a · c`.
+#[cube]
+pub fn mul_const(a: usize, #[comptime] c: usize) -> usize {
+    a * c
+}
+
+/// As [`has_elements`], for a buffer of vectors.
+#[cube]
+pub fn has_vectors<N: Size>(out: &[Vector<f32, N>]) -> bool {
+    out.len() > 0
 }

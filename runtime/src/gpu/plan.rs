@@ -60,6 +60,60 @@ impl View {
     }
 }
 
+/// Where row `(b, h, r)` of a `[B, H, S, w]` attention operand or output
+/// starts, in floats: `offset + b·batch + h·head + (r / block)·outer + (r % block)·inner`;
+/// the row's `w` values are contiguous. Head splits and merges and
+/// (de)interleaving of pseudo-heads are such views, so attention reads and
+/// writes those layouts in place instead of through copy launches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+pub struct RowView {
+    pub offset: usize,
+    pub batch: usize,
+    pub head: usize,
+    pub block: usize,
+    pub outer: usize,
+    pub inner: usize,
+}
+
+impl RowView {
+    /// A row-major `[B, h, s, w]` tensor.
+    pub fn contiguous(h: usize, s: usize, w: usize) -> RowView {
+        RowView { offset: 0, batch: h * s * w, head: s * w, block: 1, outer: w, inner: 0 }
+    }
+
+    /// `split_heads` of a `[B, s, h·w]` tensor (and `merge_heads` into one).
+    pub fn merged(h: usize, s: usize, w: usize) -> RowView {
+        RowView { offset: 0, batch: s * h * w, head: w, block: 1, outer: h * w, inner: 0 }
+    }
+
+    /// `interleave` of a `[B, h, p, s, w]` tensor: row `r` is token `r / p`,
+    /// pseudo-head `r % p` (and `deinterleave` into one).
+    pub fn pseudo(h: usize, p: usize, s: usize, w: usize) -> RowView {
+        RowView { offset: 0, batch: h * p * s * w, head: p * s * w, block: p, outer: w, inner: s * w }
+    }
+
+    /// The float offset of row `(b, h, r)` (the host-side definition kernels follow).
+    pub fn row(&self, b: usize, h: usize, r: usize) -> usize {
+        self.offset + b * self.batch + h * self.head + r / self.block * self.outer + r % self.block * self.inner
+    }
+
+    /// Every offset and stride divided by `l` (all are multiples of it).
+    pub fn in_vectors(&self, l: usize) -> RowView {
+        let v = |x: usize| {
+            debug_assert_eq!(x % l, 0, "a row view stride is not a multiple of the line size");
+            x / l
+        };
+        RowView {
+            offset: v(self.offset),
+            batch: v(self.batch),
+            head: v(self.head),
+            block: self.block,
+            outer: v(self.outer),
+            inner: v(self.inner),
+        }
+    }
+}
+
 pub(crate) fn row_major_strides(shape: &[usize]) -> Vec<usize> {
     let mut s = vec![1; shape.len()];
     for i in (0..shape.len().saturating_sub(1)).rev() {
@@ -114,6 +168,11 @@ pub enum KernelSpec {
         window: Option<usize>,
         block: usize,
         scale_bits: u64,
+        /// Layouts of the operands and the output (views of their buffers).
+        q: RowView,
+        k: RowView,
+        v: RowView,
+        out: RowView,
     },
     /// `out[o] = reduce_r x[base(o) + inner(r)]` over `count` elements.
     Reduce { len: usize, op: String, count: usize, base: View, inner: View },
@@ -129,11 +188,13 @@ impl KernelSpec {
     pub fn grid(&self) -> ((u32, u32, u32), (u32, u32, u32)) {
         let linear = |len: usize| ((256, 1, 1), ((len.div_ceil(256)).max(1) as u32, 1, 1));
         match self {
-            KernelSpec::MatMul { rows, f, .. } => {
-                ((TILE as u32, TILE as u32, 1), (f.div_ceil(TILE) as u32, rows.div_ceil(TILE) as u32, 1))
+            KernelSpec::MatMul { rows, k, f } => {
+                let cols = gemm_cols(*f, line_size(&[*k, *f]));
+                let x = (f / line_size(&[*k, *f])).div_ceil(cols);
+                ((GEMM_UNITS as u32, 1, 1), (x as u32, rows.div_ceil(GEMM_UNITS * GEMM_ROWS) as u32, 1))
             }
             KernelSpec::Attention { batch, h, s, .. } => {
-                ((ATTN_TILE as u32, 1, 1), (s.div_ceil(ATTN_TILE) as u32, (batch * h) as u32, 1))
+                ((ATTN_ROWS as u32, 1, 1), (s.div_ceil(ATTN_ROWS) as u32, (batch * h) as u32, 1))
             }
             KernelSpec::Group { groups, .. } => ((GROUP_UNITS as u32, 1, 1), (*groups as u32, 1, 1)),
             other => linear(other.len()),
@@ -164,6 +225,41 @@ impl KernelSpec {
         }
     }
 
+    /// The vector width (floats) of the kernel's loads and stores.
+    pub fn line_size(&self) -> usize {
+        match *self {
+            KernelSpec::MatMul { k, f, .. } => line_size(&[k, f]),
+            KernelSpec::Attention { d, e, .. } => line_size(&[d, e]),
+            _ => 1,
+        }
+    }
+
+    /// The most loop iterations one unit runs (every loop, nested ones
+    /// multiplied), for drivers that bound them ([`LOOP_TRIPS_CPU`]).
+    pub fn loop_trips(&self) -> usize {
+        match *self {
+            KernelSpec::MatMul { k, f, .. } => k / line_size(&[k, f]),
+            KernelSpec::Attention { sk, d, e, .. } => {
+                let l = line_size(&[d, e]);
+                2 * sk.div_ceil(attn_key_tile(d / l, e / l, sk)) + 2
+            }
+            KernelSpec::MixHeads { m, .. } => m,
+            KernelSpec::MixCols { m, .. } => m,
+            KernelSpec::Collapse { c, .. } | KernelSpec::CollapseCols { c, .. } => c,
+            KernelSpec::CollapseRows { h, .. } => h,
+            KernelSpec::Reduce { ref op, count, .. } => {
+                if op.starts_with("var") {
+                    2 * count
+                } else {
+                    count
+                }
+            }
+            KernelSpec::LooMean { n, .. } => n,
+            KernelSpec::Group { ref steps, .. } => group::loop_trips(steps),
+            _ => 1,
+        }
+    }
+
     /// A short name for the kernel kind (`matmul`, `attention`, …).
     pub fn kind(&self) -> &'static str {
         match self {
@@ -189,10 +285,37 @@ impl KernelSpec {
     }
 }
 
-/// GEMM tile edge (units per cube are TILE × TILE).
-pub const TILE: usize = 16;
-/// Query rows per attention cube, and key rows per shared-memory tile.
-pub const ATTN_TILE: usize = 32;
+/// Units per GEMM cube; each owns [`GEMM_ROWS`] rows of the output.
+pub const GEMM_UNITS: usize = 64;
+pub const GEMM_ROWS: usize = 4;
+/// Output columns (floats) per GEMM cube, at most.
+pub const GEMM_COLS: usize = 32;
+/// Query rows per attention cube (one per unit).
+pub const ATTN_ROWS: usize = 64;
+/// Loop iterations one unit may run on Mesa's CPU drivers (llvmpipe,
+/// lavapipe): they count every loop back-edge of an invocation against one
+/// limit of 65 535 and, past it, leave every loop silently. Kernels unroll
+/// their inner loops so that only tiles and steps count (see [`KernelSpec::loop_trips`]).
+pub const LOOP_TRIPS_CPU: usize = 65_000;
+
+/// The widest vector (4, 2 or 1 floats) dividing every length in `ns`.
+pub fn line_size(ns: &[usize]) -> usize {
+    [4, 2, 1].into_iter().find(|l| ns.iter().all(|n| n % l == 0)).unwrap_or(1)
+}
+
+/// Column vectors per GEMM cube for `f` output columns in vectors of `lanes`.
+pub fn gemm_cols(f: usize, lanes: usize) -> usize {
+    (GEMM_COLS / lanes).min(f / lanes).max(1)
+}
+
+/// Key rows per attention tile, for `dl` query and `el` value vectors a row:
+/// the tile is unrolled, so it shrinks as rows grow (16 keys at d = 64 in
+/// vectors of 4, 4 at d = 256), and to fit `sk` keys.
+pub fn attn_key_tile(dl: usize, el: usize, sk: usize) -> usize {
+    let k = (512 / (dl + el).max(1)).clamp(4, 32);
+    (1 << k.ilog2()).min(sk.next_power_of_two().max(4))
+}
+
 /// Units per group-kernel cube (`kernels::unit_element` strides by it).
 pub const GROUP_UNITS: usize = 256;
 
@@ -283,6 +406,19 @@ fn push_buffer(buffers: &mut Vec<Buffer>, shape: &[usize], role: BufferRole) -> 
     buffers.len() - 1
 }
 
+/// The nodes that read each node.
+fn readers(p: &Program) -> Vec<Vec<usize>> {
+    let mut r = vec![vec![]; p.nodes.len()];
+    for (i, node) in p.nodes.iter().enumerate() {
+        for o in node.op.operands() {
+            if !r[o.0 as usize].contains(&i) {
+                r[o.0 as usize].push(i);
+            }
+        }
+    }
+    r
+}
+
 /// Plan `p` at the concrete `dims`.
 pub fn plan(p: &Program, dims: &DimValues) -> Plan {
     let shapes: Vec<Vec<usize>> = p.nodes.iter().map(|n| concrete(&n.shape, dims)).collect();
@@ -303,7 +439,41 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
             None => group::cone(p, &local, &roots, r).into_iter().for_each(|n| generic[n] = true),
         }
     }
+    // Layout operations attention reads or writes in place (see `RowView`).
+    let readers = readers(p);
+    let is_output = |n: usize| p.outputs.iter().any(|(_, o)| o.0 as usize == n);
+    let attention_only = |n: usize| {
+        !is_output(n)
+            && !readers[n].is_empty()
+            && readers[n].iter().all(|&r| matches!(p.nodes[r].op, Op::Attention { .. }))
+    };
+    let mut read_views: BTreeMap<usize, (usize, RowView)> = BTreeMap::new();
+    let mut written_by: BTreeMap<usize, usize> = BTreeMap::new();
     for (i, node) in p.nodes.iter().enumerate() {
+        if let Some(&writer) = written_by.get(&i) {
+            node_buf.push(node_buf[writer]); // the attention launch wrote this layout
+            continue;
+        }
+        if shapes[i].len() == 4 && attention_only(i) {
+            let view = match node.op {
+                Op::SplitHeads { x, .. } if shapes[x.0 as usize].len() == 3 => {
+                    let [_, h, s, w] = shapes[i][..] else { unreachable!() };
+                    Some((x.0 as usize, RowView::merged(h, s, w)))
+                }
+                Op::Interleave { x } => {
+                    let [_, h, pp, s, w] = shapes[x.0 as usize][..] else { unreachable!() };
+                    Some((x.0 as usize, RowView::pseudo(h, pp, s, w)))
+                }
+                _ => None,
+            };
+            if let Some((src, view)) = view {
+                if node_buf[src] != usize::MAX {
+                    read_views.insert(i, (node_buf[src], view));
+                    node_buf.push(usize::MAX); // read in place by the attention launches
+                    continue;
+                }
+            }
+        }
         if let Some(k) = fused.remove(&i) {
             let mut bindings: Vec<usize> = k.inputs.iter().map(|&n| node_buf[n]).collect();
             let out = push_buffer(&mut buffers, &shapes[i], BufferRole::Temp);
@@ -321,6 +491,8 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
         let len: usize = shape.iter().product();
         let operands = node.op.operands();
         let mut rope_table: Option<Vec<f64>> = None;
+        let mut bindings_override: Option<Vec<usize>> = None;
+        let mut out_shape: Option<Vec<usize>> = None;
         let sh = |k: usize| shapes[operands[k].0 as usize].clone();
         let spec = match &node.op {
             Op::Input { index } => {
@@ -453,6 +625,29 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
             Op::Attention { mask, scale, .. } => {
                 let (q, k, v) = (sh(0), sh(1), sh(2));
                 let Mask { kind, window, block } = *mask;
+                let view = |n: usize, shape: &[usize]| match read_views.get(&(operands[n].0 as usize)) {
+                    Some(&(buf, view)) => (buf, view),
+                    None => (node_buf[operands[n].0 as usize], RowView::contiguous(shape[1], shape[2], shape[3])),
+                };
+                let views = [view(0, &q), view(1, &k), view(2, &v)];
+                bindings_override = Some(views.iter().map(|(b, _)| *b).collect());
+                // One reader that merges heads or deinterleaves: write its layout.
+                let mut out = RowView::contiguous(q[1], q[2], v[3]);
+                if let [c] = readers[i][..] {
+                    let written = match p.nodes[c].op {
+                        Op::MergeHeads { .. } if shapes[c].len() == 3 => Some(RowView::merged(q[1], q[2], v[3])),
+                        Op::Deinterleave { pseudo, .. } => {
+                            let pp = pseudo as usize;
+                            Some(RowView::pseudo(q[1], pp, q[2] / pp, v[3]))
+                        }
+                        _ => None,
+                    };
+                    if let Some(w) = written.filter(|_| !is_output(i)) {
+                        out = w;
+                        out_shape = Some(shapes[c].clone());
+                        written_by.insert(c, i);
+                    }
+                }
                 KernelSpec::Attention {
                     batch: q[0],
                     h: q[1],
@@ -470,6 +665,10 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
                     window: window.map(|w| w as usize),
                     block: block as usize,
                     scale_bits: scale.to_bits(),
+                    q: views[0].1,
+                    k: views[1].1,
+                    v: views[2].1,
+                    out,
                 }
             }
             Op::Reduce { kind, axes, .. } => {
@@ -483,12 +682,13 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
                 KernelSpec::LooMean { len, n: x[*axis], stride: row_major_strides(&x)[*axis] }
             }
         };
-        let mut bindings: Vec<usize> = operands.iter().map(|o| node_buf[o.0 as usize]).collect();
+        let mut bindings: Vec<usize> =
+            bindings_override.unwrap_or_else(|| operands.iter().map(|o| node_buf[o.0 as usize]).collect());
         if let Some(values) = rope_table {
             let n = values.len();
             bindings.push(push_buffer(&mut buffers, &[n], BufferRole::Constant { values }));
         }
-        let out = push_buffer(&mut buffers, &shape, BufferRole::Temp);
+        let out = push_buffer(&mut buffers, out_shape.as_ref().unwrap_or(&shape), BufferRole::Temp);
         bindings.push(out);
         node_buf.push(out);
         let name = format!("attnc_{}_{:02}_{}", p.name, launches.len(), spec.kind());

@@ -1,0 +1,411 @@
+//! The attention kernel, FlashAttention-2 style, assembled on the host from
+//! `#[cube]` helpers so that every loop over channels and keys is unrolled.
+//!
+//! A cube owns [`ATTN_ROWS`] query rows of one (batch, head), one row per unit,
+//! its query (pre-scaled) and output accumulator in registers as vectors of
+//! the line size. It walks key tiles of `bk` rows: each key row is loaded once
+//! per plane, every lane loading its share of the row's vectors, and reaches
+//! the other lanes by plane broadcasts. Per tile the scores go to registers,
+//! the running max is updated once and the accumulator rescaled once, then
+//! `exp(score − max)` weights the value rows.
+//!
+//! The tiles visited come from the mask, per cube: every visible key lies in
+//! an interval of rows per query row, monotone in the row, so the tiles
+//! every row of the cube sees whole run unmasked in one loop, and the
+//! boundary tiles (at most a few) run masked in another; tiles no row sees
+//! are never loaded. Causal cubes run heaviest first.
+//!
+//! Loop iterations per unit: one per key tile (see `plan::loop_trips`).
+
+use super::kernels::{self as k, shifted, visible, MASK_CAUSAL, MASK_NONE, MASK_TOKEN_CAUSAL};
+use super::plan::{attn_key_tile, RowView, ATTN_ROWS};
+use cubecl::prelude::*;
+
+/// Masked score for a key no query sees: `exp(MASKED − m)` is 0 for any
+/// finite running max `m ≥ M_INIT` (WGSL has no infinite literals).
+const MASKED: f32 = -3.4e38;
+/// The running max before any key.
+const M_INIT: f32 = -3.0e38;
+
+/// Slots of the per-unit setup array.
+pub const SET_Q: usize = 0;
+pub const SET_K: usize = 1;
+pub const SET_OUT: usize = 2;
+pub const SET_ROW: usize = 3;
+pub const SET_FULL0: usize = 4;
+pub const SET_FULL1: usize = 5;
+pub const SET_MASKED: usize = 6;
+pub const SET_VIS0: usize = 7;
+pub const SET_V: usize = 8;
+const SET_LEN: usize = 9;
+
+/// Vector offset of row `r` of head `(b, h)` in a view (strides in vectors).
+#[cube]
+fn view_row(b: usize, h: usize, r: usize, #[comptime] v: RowView) -> usize {
+    let mut at = b * comptime![v.batch] + h * comptime![v.head] + comptime![v.offset];
+    if comptime![v.block == 1] {
+        at += r * comptime![v.outer];
+    } else {
+        at += r / comptime![v.block] * comptime![v.outer] + r % comptime![v.block] * comptime![v.inner];
+    }
+    at
+}
+
+/// First key position (in the masks' shifted coordinates) that position `p` sees.
+#[cube]
+fn key_lo(p: usize, #[comptime] kind: u32, #[comptime] window: usize, #[comptime] block: usize) -> usize {
+    let mut lo = 0usize;
+    if comptime![window > 0] {
+        if comptime![kind == MASK_CAUSAL] {
+            let w = comptime![window * block];
+            if p + 1 > w {
+                lo = p + 1 - w;
+            }
+        } else {
+            let n = p / block;
+            if n + 1 > window {
+                lo = (n + 1 - window) * block;
+            }
+        }
+    }
+    lo
+}
+
+/// One past the last key position that position `p` sees (`inf` when unbounded).
+#[cube]
+fn key_hi(
+    p: usize,
+    #[comptime] kind: u32,
+    #[comptime] window: usize,
+    #[comptime] block: usize,
+    #[comptime] inf: usize,
+) -> usize {
+    let mut hi = inf.runtime();
+    if comptime![kind == MASK_CAUSAL] {
+        hi = p + 1;
+    } else if comptime![kind == MASK_TOKEN_CAUSAL] {
+        hi = (p / block + 1) * block;
+    } else if comptime![window > 0] {
+        hi = (p / block + window) * block;
+    }
+    hi
+}
+
+/// A shifted key position as a key row, clamped to `0..=sk`.
+#[cube]
+fn key_row_of(p: usize, #[comptime] koff: usize, #[comptime] sk: usize) -> usize {
+    let mut j = 0usize;
+    if p > koff {
+        j = p - koff;
+    }
+    if j > sk {
+        j = sk;
+    }
+    j
+}
+
+/// Per-unit addresses and the cube's key-tile ranges (slots `SET_*`).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn setup(
+    #[comptime] h: usize,
+    #[comptime] hk: usize,
+    #[comptime] s: usize,
+    #[comptime] sk: usize,
+    #[comptime] bk: usize,
+    #[comptime] kind: u32,
+    #[comptime] window: usize,
+    #[comptime] block: usize,
+    #[comptime] views: [RowView; 4],
+) -> Array<usize> {
+    let bq = comptime![ATTN_ROWS];
+    let mut r = Array::<usize>::new(comptime![SET_LEN]);
+    let mut qt = CUBE_POS_X as usize;
+    if comptime![kind != MASK_NONE] {
+        // Later query tiles see more keys: start them first.
+        qt = comptime![s.div_ceil(bq) - 1] - qt;
+    }
+    let bh = CUBE_POS_Y as usize;
+    let g = (bh % h) / comptime![h / hk];
+    let q0 = qt * bq;
+    let i = q0 + UNIT_POS as usize;
+    let mut q1 = q0 + comptime![bq - 1];
+    if q1 >= s {
+        q1 = comptime![s - 1];
+    }
+    let mut row = i;
+    if row >= s {
+        row = comptime![s - 1];
+    }
+    let b = bh / h;
+    r[SET_Q] = view_row(b, bh % h, row, comptime![views[0]]);
+    r[SET_K] = view_row(b, g, 0, comptime![views[1]]);
+    r[SET_V] = view_row(b, g, 0, comptime![views[2]]);
+    r[SET_OUT] = view_row(b, bh % h, row, comptime![views[3]]);
+    r[SET_ROW] = i;
+    // Queries are the last `s` of `sk` positions: query row `i` is position
+    // `i + sk` against key position `j + s` (as `Mask::visible`).
+    let qoff = comptime![if s == sk { 0 } else { sk }];
+    let koff = comptime![if s == sk { 0 } else { s }];
+    let inf = comptime![sk + koff];
+    let (p0, p1) = (shifted(q0, qoff), shifted(q1, qoff));
+    // Keys some row sees, and keys every row sees.
+    let any0 = key_row_of(key_lo(p0, kind, window, block), koff, sk);
+    let any1 = key_row_of(key_hi(p1, kind, window, block, inf), koff, sk);
+    let all0 = key_row_of(key_lo(p1, kind, window, block), koff, sk);
+    let all1 = key_row_of(key_hi(p0, kind, window, block, inf), koff, sk);
+    let vis0 = any0 / bk;
+    let mut vis1 = (any1 + comptime![bk - 1]) / bk;
+    if any1 <= any0 {
+        vis1 = vis0;
+    }
+    let mut full0 = (all0 + comptime![bk - 1]) / bk;
+    let mut full1 = all1 / bk;
+    if all1 <= all0 || full1 <= full0 {
+        full0 = vis1;
+        full1 = vis1;
+    }
+    r[SET_FULL0] = full0;
+    r[SET_FULL1] = full1;
+    r[SET_MASKED] = (full0 - vis0) + (vis1 - full1);
+    r[SET_VIS0] = vis0;
+    r
+}
+
+/// The `t`-th masked (boundary) tile: those before the full ones, then those after.
+#[cube]
+fn masked_tile(set: &Array<usize>, t: usize) -> usize {
+    let vis0 = set[SET_VIS0];
+    let before = set[SET_FULL0] - vis0;
+    let mut kt = vis0 + t;
+    if t >= before {
+        kt = set[SET_FULL1] + t - before;
+    }
+    kt
+}
+
+/// Vector offset of key row `k0 + jj` (clamped to the last) in view `v`, from
+/// the offset `base` of row 0 of the head.
+#[cube]
+fn key_row(
+    k0: usize,
+    base: usize,
+    #[comptime] jj: usize,
+    #[comptime] sk: usize,
+    #[comptime] clamp: bool,
+    #[comptime] v: RowView,
+) -> usize {
+    let mut j = k0 + jj;
+    if comptime![clamp] {
+        j = min(j, comptime![sk - 1]);
+    }
+    let mut at = base;
+    if comptime![v.block == 1] {
+        at += j * comptime![v.outer];
+    } else {
+        at += j / comptime![v.block] * comptime![v.outer] + j % comptime![v.block] * comptime![v.inner];
+    }
+    at
+}
+
+/// `score` if query row `i` sees key row `k0 + jj`, else [`MASKED`].
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn mask_score(
+    score: f32,
+    i: usize,
+    k0: usize,
+    #[comptime] jj: usize,
+    #[comptime] s: usize,
+    #[comptime] sk: usize,
+    #[comptime] kind: u32,
+    #[comptime] window: usize,
+    #[comptime] block: usize,
+) -> f32 {
+    let j = k0 + jj;
+    let qoff = comptime![if s == sk { 0 } else { sk }];
+    let koff = comptime![if s == sk { 0 } else { s }];
+    let mut r = f32::new(MASKED);
+    if j < sk && visible(shifted(i, qoff), shifted(j, koff), kind, window, block) {
+        r = score;
+    }
+    r
+}
+
+/// This unit's query row, scaled.
+#[cube]
+fn load_query<N: Size>(q: &[Vector<f32, N>], base: usize, scale: f32, #[comptime] dl: usize) -> Array<Vector<f32, N>> {
+    let mut a = Array::<Vector<f32, N>>::new(dl);
+    #[unroll]
+    for c in 0..dl {
+        a[c] = q[base + c] * Vector::new(scale);
+    }
+    a
+}
+
+/// `[running max, running sum]`.
+#[cube]
+fn softmax_state() -> Array<f32> {
+    let mut a = Array::<f32>::new(2usize);
+    a[0] = f32::new(M_INIT);
+    a[1] = f32::new(0.0);
+    a
+}
+
+/// `out = acc / l`; a row that saw no key (`l = 0`) is 0, and NaN stays NaN.
+#[cube]
+fn store_row<N: Size>(
+    out: &mut [Vector<f32, N>],
+    acc: &Array<Vector<f32, N>>,
+    state: &Array<f32>,
+    set: &Array<usize>,
+    #[comptime] s: usize,
+    #[comptime] el: usize,
+) {
+    if set[SET_ROW] < s {
+        let l = state[1];
+        let mut inv = f32::new(0.0);
+        if l != f32::new(0.0) {
+            inv = f32::new(1.0) / l;
+        }
+        let base = set[SET_OUT];
+        #[unroll]
+        for c in 0..el {
+            out[base + c] = acc[c] * Vector::new(inv);
+        }
+    }
+}
+
+/// The attention launch's shape, as the plan gives it.
+pub struct Shape {
+    pub h: usize,
+    pub hk: usize,
+    pub s: usize,
+    pub sk: usize,
+    pub d: usize,
+    pub e: usize,
+    pub kind: u32,
+    pub window: usize,
+    pub block: usize,
+    /// Layouts of q, k, v and the output, strides in vectors.
+    pub views: [RowView; 4],
+}
+
+/// Emit the kernel body for vectors of `N` (`lanes` floats), spreading each
+/// key and value row over planes of `plane` units (1: every unit loads whole rows).
+#[allow(clippy::too_many_arguments)]
+pub fn build<N: Size>(
+    scope: &Scope,
+    q: &NativeExpand<[Vector<f32, N>]>,
+    kb: &NativeExpand<[Vector<f32, N>]>,
+    v: &NativeExpand<[Vector<f32, N>]>,
+    out: &mut NativeExpand<[Vector<f32, N>]>,
+    scale: NativeExpand<f32>,
+    a: &Shape,
+    lanes: usize,
+    plane: u32,
+) {
+    let (dl, el) = (a.d / lanes, a.e / lanes);
+    let bk = attn_key_tile(dl, el, a.sk);
+    let set = setup::expand(scope, a.h, a.hk, a.s, a.sk, bk, a.kind, a.window, a.block, a.views);
+    let qr = load_query::expand::<N>(scope, q, k::uget::expand(scope, &set, SET_Q), scale, dl);
+    let acc = k::vzeros::expand::<N>(scope, el);
+    let state = softmax_state::expand(scope);
+    let lane = k::plane_lane::expand(scope, plane.max(1));
+    let tile = |scope: &Scope, k0: NativeExpand<usize>, masked: bool| {
+        let t = Tile { a, set: &set, kb, v, qr: &qr, lane, k0, bk, dl, el, plane, masked };
+        t.emit(scope, acc, state);
+    };
+    let full = RangeExpand::new(k::uget::expand(scope, &set, SET_FULL0), k::uget::expand(scope, &set, SET_FULL1));
+    for_expand(scope, full, false, |scope, kt| tile(scope, k::mul_const::expand(scope, kt, bk), false));
+    if a.kind == MASK_NONE && a.window == 0 && a.sk % bk == 0 {
+        // Every tile is full.
+        store_row::expand::<N>(scope, out, &acc, &state, &set, a.s, el);
+        return;
+    }
+    let masked = RangeExpand::new(NativeExpand::from_lit(scope, 0usize), k::uget::expand(scope, &set, SET_MASKED));
+    for_expand(scope, masked, false, |scope, t| {
+        let kt = masked_tile::expand(scope, &set, t);
+        tile(scope, k::mul_const::expand(scope, kt, bk), true)
+    });
+    store_row::expand::<N>(scope, out, &acc, &state, &set, a.s, el);
+}
+
+/// One key tile of one cube, starting at key row `k0`.
+struct Tile<'a, N: Size> {
+    a: &'a Shape,
+    set: &'a NativeExpand<Array<usize>>,
+    kb: &'a NativeExpand<[Vector<f32, N>]>,
+    v: &'a NativeExpand<[Vector<f32, N>]>,
+    qr: &'a NativeExpand<Array<Vector<f32, N>>>,
+    lane: NativeExpand<usize>,
+    k0: NativeExpand<usize>,
+    bk: usize,
+    dl: usize,
+    el: usize,
+    plane: u32,
+    masked: bool,
+}
+
+impl<N: Size> Tile<'_, N> {
+    /// The `n` vectors of row `row` of `x`, in chunk order: loaded by their
+    /// lanes and broadcast when rows are spread over a plane.
+    fn row(
+        &self,
+        scope: &Scope,
+        x: &NativeExpand<[Vector<f32, N>]>,
+        row: NativeExpand<usize>,
+        n: usize,
+    ) -> Vec<NativeExpand<Vector<f32, N>>> {
+        if self.plane <= 1 {
+            let zero = NativeExpand::from_lit(scope, 0usize);
+            return (0..n).map(|c| k::vload_share::expand::<N>(scope, x, row, zero, n, c, n)).collect();
+        }
+        let per = n.div_ceil(self.plane as usize);
+        let held: Vec<_> = (0..per).map(|r| k::vload_share::expand::<N>(scope, x, row, self.lane, per, r, n)).collect();
+        (0..n).map(|c| k::from_lane::expand::<N>(scope, held[c % per], (c / per) as u32)).collect()
+    }
+
+    fn emit(&self, scope: &Scope, mut acc: NativeExpand<Array<Vector<f32, N>>>, mut state: NativeExpand<Array<f32>>) {
+        let a = self.a;
+        let k_base = k::uget::expand(scope, self.set, SET_K);
+        let v_base = k::uget::expand(scope, self.set, SET_V);
+        let i = k::uget::expand(scope, self.set, SET_ROW);
+        let qr: Vec<_> = (0..self.dl).map(|c| k::vget::expand::<N>(scope, self.qr, c)).collect();
+        let mut scores = Vec::with_capacity(self.bk);
+        let mut rows = Vec::with_capacity(self.bk);
+        for jj in 0..self.bk {
+            let row = key_row::expand(scope, self.k0, k_base, jj, a.sk, self.masked, a.views[1]);
+            rows.push(key_row::expand(scope, self.k0, v_base, jj, a.sk, self.masked, a.views[2]));
+            let keys = self.row(scope, self.kb, row, self.dl);
+            let mut dot = k::fconst::expand(scope, 0.0);
+            for (qc, kc) in qr.iter().zip(keys) {
+                dot = k::dot_add::expand::<N>(scope, dot, *qc, kc);
+            }
+            if self.masked {
+                dot = mask_score::expand(scope, dot, i, self.k0, jj, a.s, a.sk, a.kind, a.window, a.block);
+            }
+            scores.push(dot);
+        }
+        // One rescale per tile.
+        let m_old = k::fget::expand(scope, &state, 0);
+        let m_new = scores.iter().fold(m_old, |m, sc| k::fmax::expand(scope, m, *sc));
+        let corr = k::exp_diff::expand(scope, m_old, m_new);
+        let mut l = k::fmul::expand(scope, k::fget::expand(scope, &state, 1), corr);
+        let mut out: Vec<_> =
+            (0..self.el).map(|c| k::vscale::expand::<N>(scope, k::vget::expand::<N>(scope, &acc, c), corr)).collect();
+        for (sc, row) in scores.into_iter().zip(rows) {
+            let p = k::exp_diff::expand(scope, sc, m_new);
+            l = k::fadd::expand(scope, l, p);
+            let vals = self.row(scope, self.v, row, self.el);
+            for (o, vc) in out.iter_mut().zip(vals) {
+                *o = k::axpy::expand::<N>(scope, *o, p, vc);
+            }
+        }
+        for (c, o) in out.into_iter().enumerate() {
+            k::vset::expand::<N>(scope, &mut acc, c, o);
+        }
+        k::fset::expand(scope, &mut state, 0, m_new);
+        k::fset::expand(scope, &mut state, 1, l);
+    }
+}
