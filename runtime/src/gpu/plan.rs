@@ -309,10 +309,10 @@ pub fn gemm_cols(f: usize, lanes: usize) -> usize {
 }
 
 /// Key rows per attention tile, for `dl` query and `el` value vectors a row:
-/// the tile is unrolled, so it shrinks as rows grow (16 keys at d = 64 in
-/// vectors of 4, 4 at d = 256), and to fit `sk` keys.
+/// the tile is unrolled, so it shrinks as rows grow (32 keys at d = 64 in
+/// vectors of 4, 8 at d = 256), and to fit `sk` keys.
 pub fn attn_key_tile(dl: usize, el: usize, sk: usize) -> usize {
-    let k = (512 / (dl + el).max(1)).clamp(4, 32);
+    let k = (1024 / (dl + el).max(1)).clamp(4, 32);
     (1 << k.ilog2()).min(sk.next_power_of_two().max(4))
 }
 
