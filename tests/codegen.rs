@@ -118,3 +118,29 @@ fn attention_reads_and_writes_head_layouts_in_place() {
         }
     }
 }
+
+/// The row views attention reads and writes in place address exactly what
+/// the copy launches they replace would have gathered: `split_heads` and
+/// `interleave` (and so `merge_heads` and `deinterleave`, their inverses).
+#[test]
+fn row_views_address_what_the_layout_copies_gather() {
+    let (b, h, p, s, w) = (2, 3, 4, 5, 8);
+    // split_heads of [b, s, h·w] → [b, h, s, w]: the gather's view, as the planner builds it.
+    let split = plan::View::new(&[b, h, s, w], &[s * h * w, w, h * w, 1], 0);
+    let merged = plan::RowView::merged(h, s, w);
+    // interleave of [b, h, p, s, w] → [b, h, s·p, w].
+    let inter = plan::View::new(&[b, h, s, p, w], &[h * p * s * w, p * s * w, w, s * w, 1], 0);
+    let pseudo = plan::RowView::pseudo(h, p, s, w);
+    for bi in 0..b {
+        for hi in 0..h {
+            for r in 0..s {
+                let i = ((bi * h + hi) * s + r) * w;
+                assert_eq!(merged.row(bi, hi, r), split.index(i), "split_heads row ({bi}, {hi}, {r})");
+            }
+            for r in 0..s * p {
+                let i = ((bi * h + hi) * s * p + r) * w;
+                assert_eq!(pseudo.row(bi, hi, r), inter.index(i), "interleave row ({bi}, {hi}, {r})");
+            }
+        }
+    }
+}
