@@ -23,11 +23,7 @@ pub struct IrKernel {
 impl IrKernel {
     pub fn new(name: &str, spec: &KernelSpec, props: Arc<DeviceProperties>, target: Arc<TargetProperties>) -> IrKernel {
         let ((x, y, z), _) = spec.grid();
-        let mode = match spec {
-            // Every read is clamped and every write guarded by construction.
-            KernelSpec::MatMul { .. } | KernelSpec::Attention { .. } => ExecutionMode::Unchecked,
-            _ => ExecutionMode::Checked,
-        };
+        let mode = if spec.vectorised() { ExecutionMode::Unchecked } else { ExecutionMode::Checked };
         let settings = KernelSettings::new(CubeDim::new_3d(x, y, z).into(), mode, AddressType::U32).kernel_name(name);
         let plane = plane_width(&props);
         IrKernel { name: name.to_string(), spec: spec.clone(), plane, settings, props, target }
@@ -116,12 +112,16 @@ pub fn mask_code(mask: &str) -> u32 {
     }
 }
 
+/// Whether an adapter is one of Mesa's CPU drivers (llvmpipe, lavapipe):
+/// 8-wide planes that wgpu does not advertise, and a bound on loop iterations.
+pub fn mesa_cpu(adapter: &str) -> bool {
+    adapter.starts_with("llvmpipe")
+}
+
 /// The plane width kernels may rely on: the device's smallest plane when it
-/// has plane operations (Mesa's CPU drivers have them, 8 wide, though wgpu
-/// does not advertise them), else 1.
+/// has plane operations (Mesa's CPU drivers have them), else 1.
 pub fn plane_width(props: &DeviceProperties) -> u32 {
-    let ops =
-        props.features.plane.contains(cubecl::ir::features::Plane::Ops) || props.identity.name.starts_with("llvmpipe");
+    let ops = props.features.plane.contains(cubecl::ir::features::Plane::Ops) || mesa_cpu(&props.identity.name);
     let w = props.hardware.plane_size_min.min(32);
     if ops && w > 1 {
         1 << w.ilog2()
@@ -135,7 +135,7 @@ impl CubeKernel for IrKernel {
         let mut builder = KernelBuilder::new(self.settings.clone());
         builder.runtime_properties(self.target.as_ref().clone());
         builder.device_properties(&self.props);
-        if matches!(self.spec, KernelSpec::MatMul { .. } | KernelSpec::Attention { .. }) {
+        if self.spec.vectorised() {
             match self.spec.line_size() {
                 4 => self.define_vectorized::<Const<4>>(&mut builder),
                 2 => self.define_vectorized::<Const<2>>(&mut builder),

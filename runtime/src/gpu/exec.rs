@@ -137,7 +137,7 @@ impl Gpu {
 
     /// Whether this is one of Mesa's CPU drivers, which bound loop iterations.
     pub fn bounds_loops(&self) -> bool {
-        self.adapter.starts_with("llvmpipe")
+        super::define::mesa_cpu(&self.adapter)
     }
 
     /// Refuse a plan a driver would run wrongly (before anything runs).
@@ -264,16 +264,15 @@ impl Gpu {
             launcher.declare_io(io);
             let handle = handles[*id].clone().expect("operands are alive");
             let len = plan.buffers[*id].len;
-            match spec {
-                KernelSpec::MatMul { .. } | KernelSpec::Attention { .. } => match spec.line_size() {
+            if spec.vectorised() {
+                match spec.line_size() {
                     4 => register_vectors::<Const<4>>(handle, len, &mut launcher),
                     2 => register_vectors::<Const<2>>(handle, len, &mut launcher),
                     _ => register_vectors::<Const<1>>(handle, len, &mut launcher),
-                },
-                _ => {
-                    let arg = unsafe { BufferArg::from_raw_parts(handle, len) };
-                    let _ = <[f32] as LaunchArg>::register(arg, &mut launcher);
                 }
+            } else {
+                let arg = unsafe { BufferArg::from_raw_parts(handle, len) };
+                let _ = <[f32] as LaunchArg>::register(arg, &mut launcher);
             }
         }
         if let KernelSpec::Attention { scale_bits, .. } = spec {

@@ -225,6 +225,13 @@ impl KernelSpec {
         }
     }
 
+    /// Register-blocked kernels (`attention.rs`, `gemm.rs`): their buffers are
+    /// vectors of [`KernelSpec::line_size`] floats, every read clamped and
+    /// every write guarded by construction.
+    pub fn vectorised(&self) -> bool {
+        matches!(self, KernelSpec::MatMul { .. } | KernelSpec::Attention { .. })
+    }
+
     /// The vector width (floats) of the kernel's loads and stores.
     pub fn line_size(&self) -> usize {
         match *self {
