@@ -136,8 +136,17 @@ enum Command {
         #[arg(long = "set", value_name = "NAME=VALUE")]
         set: Vec<String>,
     },
-    /// Print a spec in canonical form (comments are dropped)
-    Fmt { file: PathBuf },
+    /// Format specs: canonical text with comments and paragraph breaks kept
+    Fmt {
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// Rewrite each file in place (atomically) instead of printing it
+        #[arg(long, conflicts_with = "check")]
+        write: bool,
+        /// Print nothing; exit 1 when a file is not formatted, naming it
+        #[arg(long)]
+        check: bool,
+    },
     /// Explain an error code, e.g. E0301
     ExplainError { code: String },
 }
@@ -238,7 +247,7 @@ fn main() -> ExitCode {
         }
         Command::Explain { file, set, target, mode } => explain(&file, &set, target.target(), mode.mode()),
         Command::Ir { file, set } => load(&file, &set).map(|c| print!("{}", c.program.pretty())),
-        Command::Fmt { file } => fmt(&file),
+        Command::Fmt { files, write, check } => fmt_files(&files, write, check),
         Command::ExplainError { code } => explain_error(&code),
     };
     match result {
@@ -293,19 +302,43 @@ fn check(files: &[PathBuf], set: &[String]) -> Result<(), Failed> {
     ok.then_some(()).ok_or(Failed)
 }
 
-fn fmt(file: &Path) -> Result<(), Failed> {
-    let source = read_source(file)?;
-    match attnc_grammar::parse(&source) {
-        Ok(spec) => {
-            print!("{}", attnc_grammar::print_spec(&spec));
-            Ok(())
-        }
-        Err(e) => {
-            let d: Diagnostic = attnc_compiler::syntax_diagnostic(&e);
-            eprint!("{}", render(&file.display().to_string(), &source, &[d]));
-            Err(Failed)
+/// `attnc fmt`: every file is read and parsed before any is written or
+/// printed, so a syntax error in one leaves all of them untouched.
+fn fmt_files(files: &[PathBuf], write: bool, check: bool) -> Result<(), Failed> {
+    let mut formatted = vec![];
+    let mut ok = true;
+    for file in files {
+        let source = read_source(file)?;
+        match attnc_grammar::parse(&source) {
+            Ok(spec) => formatted.push((file, attnc_grammar::format_spec(&source, &spec), source)),
+            Err(e) => {
+                let d: Diagnostic = attnc_compiler::syntax_diagnostic(&e);
+                eprint!("{}", render(&file.display().to_string(), &source, &[d]));
+                ok = false;
+            }
         }
     }
+    if !ok {
+        return Err(Failed);
+    }
+    for (file, text, source) in formatted {
+        if check {
+            if text != source {
+                eprintln!("{}: not formatted (run `attnc fmt --write {}`)", file.display(), file.display());
+                ok = false;
+            }
+        } else if write {
+            if text != source {
+                attnc_runtime::io::write_atomic(file, text.as_bytes()).map_err(|e| {
+                    eprintln!("error: {e}");
+                    Failed
+                })?;
+            }
+        } else {
+            print!("{text}");
+        }
+    }
+    ok.then_some(()).ok_or(Failed)
 }
 
 fn explain_error(code: &str) -> Result<(), Failed> {

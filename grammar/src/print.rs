@@ -21,7 +21,7 @@ pub fn print_spec(spec: &Spec) -> String {
     out
 }
 
-fn print_item(kind: &ItemKind, out: &mut String) {
+pub(crate) fn print_item(kind: &ItemKind, out: &mut String) {
     match kind {
         ItemKind::Param { name, ty, default } => {
             let _ = write!(out, "param {}: {}", name.name, print_type(ty));
