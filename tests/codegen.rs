@@ -144,3 +144,37 @@ fn row_views_address_what_the_layout_copies_gather() {
         }
     }
 }
+
+#[test]
+fn attention_tiles_stay_within_their_register_and_mask_bounds() {
+    use plan::{AttnTiles, ATTN_ROWS};
+    let widths = [1usize, 2, 4, 8, 10, 16, 20, 32, 59, 64, 111, 128];
+    for &dl in &widths {
+        for &el in &widths {
+            for s in [1usize, 5, 63, 64, 65, 200, 256, 1000, 1024, 4096, 100_000] {
+                for (masked, window_rows) in [(false, 0), (true, 0), (true, 40), (true, 300), (false, 2000)] {
+                    let t = AttnTiles::new(dl, el, s, s, masked, window_rows);
+                    let what = format!("dl {dl} el {el} s {s} masked {masked} window {window_rows}: {t:?}");
+                    assert!(t.unit_rows.is_power_of_two() && (1..=8).contains(&t.unit_rows), "{what}");
+                    assert!(t.key_tile.is_power_of_two() && (4..=32).contains(&t.key_tile), "{what}");
+                    // Registers: a unit's queries and accumulators.
+                    assert!(t.unit_rows == 1 || t.unit_rows * (dl + el) <= 256, "{what}");
+                    // Code size: one tile's unrolled vector operations.
+                    assert!(t.unit_rows * t.key_tile * (dl + el) <= 2048 || t.key_tile == 4, "{what}");
+                    // A cube never spans more than the queries need…
+                    assert!(t.unit_rows == 1 || ATTN_ROWS * t.unit_rows < 2 * s, "{what}");
+                    // …nor, under a mask, more than a quarter of them or the window.
+                    if masked {
+                        assert!(t.unit_rows == 1 || 4 * ATTN_ROWS * t.unit_rows <= s, "{what}");
+                    }
+                    if window_rows > 0 {
+                        assert!(t.unit_rows == 1 || ATTN_ROWS * t.unit_rows <= window_rows, "{what}");
+                    }
+                }
+            }
+        }
+    }
+    // The sizes benchmarked: d = 64 in vectors of 4, N = 1024.
+    assert_eq!(AttnTiles::new(16, 16, 1024, 1024, false, 0), AttnTiles { unit_rows: 8, key_tile: 8 });
+    assert_eq!(AttnTiles::new(16, 16, 1024, 1024, true, 0), AttnTiles { unit_rows: 4, key_tile: 16 });
+}

@@ -1,9 +1,10 @@
 //! The attention kernel, FlashAttention-2 style, assembled on the host from
 //! `#[cube]` helpers so that every loop over channels and keys is unrolled.
 //!
-//! A cube owns [`ATTN_ROWS`] query rows of one (batch, head), one row per unit,
-//! its query (pre-scaled) and output accumulator in registers as vectors of
-//! the line size. It walks key tiles of `bk` rows: each key row is loaded once
+//! A cube of [`ATTN_ROWS`] units owns `ATTN_ROWS · R` query rows of one
+//! (batch, head), `R` rows per unit (rows `u`, `u + ATTN_ROWS`, …; see
+//! `plan::AttnTiles`), their queries (pre-scaled) and output
+//! accumulators in registers as vectors of the line size. It walks key tiles of `bk` rows: each key row is loaded once
 //! per plane, every lane loading its share of the row's vectors, and reaches
 //! the other lanes by plane broadcasts. Per tile the scores go to registers,
 //! the running max is updated once and the accumulator rescaled once, then
@@ -18,7 +19,7 @@
 //! Loop iterations per unit: one per key tile (see `plan::loop_trips`).
 
 use super::kernels::{self as k, shifted, visible, MASK_CAUSAL, MASK_NONE, MASK_TOKEN_CAUSAL};
-use super::plan::{attn_key_tile, RowView, ATTN_ROWS};
+use super::plan::{AttnTiles, RowView, ATTN_ROWS};
 use cubecl::prelude::*;
 
 /// Masked score for a key no query sees: `exp(MASKED − m)` is 0 for any
@@ -27,17 +28,18 @@ const MASKED: f32 = -3.4e38;
 /// The running max before any key.
 const M_INIT: f32 = -3.0e38;
 
-/// Slots of the per-unit setup array.
-pub const SET_Q: usize = 0;
-pub const SET_K: usize = 1;
-pub const SET_OUT: usize = 2;
-pub const SET_ROW: usize = 3;
-pub const SET_FULL0: usize = 4;
-pub const SET_FULL1: usize = 5;
-pub const SET_MASKED: usize = 6;
-pub const SET_VIS0: usize = 7;
-pub const SET_V: usize = 8;
-const SET_LEN: usize = 9;
+/// Slots of the per-cube setup array.
+pub const SET_K: usize = 0;
+pub const SET_V: usize = 1;
+pub const SET_FULL0: usize = 2;
+pub const SET_FULL1: usize = 3;
+pub const SET_MASKED: usize = 4;
+pub const SET_VIS0: usize = 5;
+const SET_LEN: usize = 6;
+/// Slots of a unit's row array ([`row_slots`]).
+pub const ROW_Q: usize = 0;
+pub const ROW_OUT: usize = 1;
+pub const ROW_I: usize = 2;
 
 /// Vector offset of row `r` of head `(b, h)` in a view (strides in vectors).
 #[cube]
@@ -104,7 +106,40 @@ fn key_row_of(p: usize, #[comptime] koff: usize, #[comptime] sk: usize) -> usize
     j
 }
 
-/// Per-unit addresses and the cube's key-tile ranges (slots `SET_*`).
+/// This cube's query tile; causal cubes in reverse, since later query tiles
+/// see more keys and should start first.
+#[cube]
+fn query_tile(#[comptime] s: usize, #[comptime] bq: usize, #[comptime] kind: u32) -> usize {
+    let mut qt = CUBE_POS_X as usize;
+    if comptime![kind != MASK_NONE] {
+        qt = comptime![s.div_ceil(bq) - 1] - qt;
+    }
+    qt
+}
+
+/// Addresses of this unit's `r`-th query row (slots `ROW_*`): the row of
+/// the query and of the output (clamped to the last row) and its index.
+#[cube]
+fn row_slots(
+    #[comptime] h: usize,
+    #[comptime] s: usize,
+    #[comptime] bq: usize,
+    #[comptime] kind: u32,
+    #[comptime] r: usize,
+    #[comptime] views: [RowView; 4],
+) -> Array<usize> {
+    let mut a = Array::<usize>::new(3usize);
+    let bh = CUBE_POS_Y as usize;
+    let i = query_tile(s, bq, kind) * bq + UNIT_POS as usize + comptime![r * ATTN_ROWS];
+    let row = min(i, comptime![s - 1]);
+    a[ROW_Q] = view_row(bh / h, bh % h, row, comptime![views[0]]);
+    a[ROW_OUT] = view_row(bh / h, bh % h, row, comptime![views[3]]);
+    a[ROW_I] = i;
+    a
+}
+
+/// The cube's key and value bases and key-tile ranges (slots `SET_*`), for
+/// query tiles of `bq` rows.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn setup(
@@ -112,37 +147,21 @@ fn setup(
     #[comptime] hk: usize,
     #[comptime] s: usize,
     #[comptime] sk: usize,
+    #[comptime] bq: usize,
     #[comptime] bk: usize,
     #[comptime] kind: u32,
     #[comptime] window: usize,
     #[comptime] block: usize,
     #[comptime] views: [RowView; 4],
 ) -> Array<usize> {
-    let bq = comptime![ATTN_ROWS];
     let mut r = Array::<usize>::new(comptime![SET_LEN]);
-    let mut qt = CUBE_POS_X as usize;
-    if comptime![kind != MASK_NONE] {
-        // Later query tiles see more keys: start them first.
-        qt = comptime![s.div_ceil(bq) - 1] - qt;
-    }
     let bh = CUBE_POS_Y as usize;
     let g = (bh % h) / comptime![h / hk];
-    let q0 = qt * bq;
-    let i = q0 + UNIT_POS as usize;
-    let mut q1 = q0 + comptime![bq - 1];
-    if q1 >= s {
-        q1 = comptime![s - 1];
-    }
-    let mut row = i;
-    if row >= s {
-        row = comptime![s - 1];
-    }
+    let q0 = query_tile(s, bq, kind) * bq;
+    let q1 = min(q0 + comptime![bq - 1], comptime![s - 1]);
     let b = bh / h;
-    r[SET_Q] = view_row(b, bh % h, row, comptime![views[0]]);
     r[SET_K] = view_row(b, g, 0, comptime![views[1]]);
     r[SET_V] = view_row(b, g, 0, comptime![views[2]]);
-    r[SET_OUT] = view_row(b, bh % h, row, comptime![views[3]]);
-    r[SET_ROW] = i;
     // Queries are the last `s` of `sk` positions: query row `i` is position
     // `i + sk` against key position `j + s` (as `Mask::visible`).
     let qoff = comptime![if s == sk { 0 } else { sk }];
@@ -258,17 +277,17 @@ fn store_row<N: Size>(
     out: &mut [Vector<f32, N>],
     acc: &Array<Vector<f32, N>>,
     state: &Array<f32>,
-    set: &Array<usize>,
+    rows: &Array<usize>,
     #[comptime] s: usize,
     #[comptime] el: usize,
 ) {
-    if set[SET_ROW] < s {
+    if rows[ROW_I] < s {
         let l = state[1];
         let mut inv = f32::new(0.0);
         if l != f32::new(0.0) {
             inv = f32::new(1.0) / l;
         }
-        let base = set[SET_OUT];
+        let base = rows[ROW_OUT];
         #[unroll]
         for c in 0..el {
             out[base + c] = acc[c] * Vector::new(inv);
@@ -289,6 +308,7 @@ pub struct Shape {
     pub block: usize,
     /// Layouts of q, k, v and the output, strides in vectors.
     pub views: [RowView; 4],
+    pub tiles: AttnTiles,
 }
 
 /// Emit the kernel body for vectors of `N` (`lanes` floats), spreading each
@@ -306,29 +326,44 @@ pub fn build<N: Size>(
     plane: u32,
 ) {
     let (dl, el) = (a.d / lanes, a.e / lanes);
-    let bk = attn_key_tile(dl, el, a.sk);
-    let set = setup::expand(scope, a.h, a.hk, a.s, a.sk, bk, a.kind, a.window, a.block, a.views);
-    let qr = load_query::expand::<N>(scope, q, k::uget::expand(scope, &set, SET_Q), scale, dl);
-    let acc = k::vzeros::expand::<N>(scope, el);
-    let state = softmax_state::expand(scope);
+    let (bk, nr) = (a.tiles.key_tile, a.tiles.unit_rows);
+    let bq = ATTN_ROWS * nr;
+    let set = setup::expand(scope, a.h, a.hk, a.s, a.sk, bq, bk, a.kind, a.window, a.block, a.views);
+    let mut units = Vec::with_capacity(nr);
+    for r in 0..nr {
+        let slots = row_slots::expand(scope, a.h, a.s, bq, a.kind, r, a.views);
+        let qr = load_query::expand::<N>(scope, q, k::uget::expand(scope, &slots, ROW_Q), scale.clone(), dl);
+        let acc = k::vzeros::expand::<N>(scope, el);
+        let state = softmax_state::expand(scope);
+        units.push(UnitRow { slots, qr, acc, state });
+    }
     let lane = k::plane_lane::expand(scope, plane.max(1));
     let tile = |scope: &Scope, k0: NativeExpand<usize>, masked: bool| {
-        let t = Tile { a, set: &set, kb, v, qr: &qr, lane, k0, bk, dl, el, plane, masked };
-        t.emit(scope, acc, state);
+        let t = Tile { a, set: &set, kb, v, rows: &units, lane, k0, bk, dl, el, plane, masked };
+        t.emit(scope);
     };
     let full = RangeExpand::new(k::uget::expand(scope, &set, SET_FULL0), k::uget::expand(scope, &set, SET_FULL1));
     for_expand(scope, full, false, |scope, kt| tile(scope, k::mul_const::expand(scope, kt, bk), false));
-    if a.kind == MASK_NONE && a.window == 0 && a.sk % bk == 0 {
-        // Every tile is full.
-        store_row::expand::<N>(scope, out, &acc, &state, &set, a.s, el);
-        return;
+    // With no mask, no window and whole tiles, every tile is full.
+    if !(a.kind == MASK_NONE && a.window == 0 && a.sk % bk == 0) {
+        let masked = RangeExpand::new(NativeExpand::from_lit(scope, 0usize), k::uget::expand(scope, &set, SET_MASKED));
+        for_expand(scope, masked, false, |scope, t| {
+            let kt = masked_tile::expand(scope, &set, t);
+            tile(scope, k::mul_const::expand(scope, kt, bk), true)
+        });
     }
-    let masked = RangeExpand::new(NativeExpand::from_lit(scope, 0usize), k::uget::expand(scope, &set, SET_MASKED));
-    for_expand(scope, masked, false, |scope, t| {
-        let kt = masked_tile::expand(scope, &set, t);
-        tile(scope, k::mul_const::expand(scope, kt, bk), true)
-    });
-    store_row::expand::<N>(scope, out, &acc, &state, &set, a.s, el);
+    for u in &units {
+        store_row::expand::<N>(scope, out, &u.acc, &u.state, &u.slots, a.s, el);
+    }
+}
+
+/// One query row of a unit: its addresses, scaled query, accumulator and
+/// softmax state `[running max, running sum]`.
+struct UnitRow<N: Size> {
+    slots: NativeExpand<Array<usize>>,
+    qr: NativeExpand<Array<Vector<f32, N>>>,
+    acc: NativeExpand<Array<Vector<f32, N>>>,
+    state: NativeExpand<Array<f32>>,
 }
 
 /// One key tile of one cube, starting at key row `k0`.
@@ -337,7 +372,7 @@ struct Tile<'a, N: Size> {
     set: &'a NativeExpand<Array<usize>>,
     kb: &'a NativeExpand<[Vector<f32, N>]>,
     v: &'a NativeExpand<[Vector<f32, N>]>,
-    qr: &'a NativeExpand<Array<Vector<f32, N>>>,
+    rows: &'a [UnitRow<N>],
     lane: NativeExpand<usize>,
     k0: NativeExpand<usize>,
     bk: usize,
@@ -366,46 +401,73 @@ impl<N: Size> Tile<'_, N> {
         (0..n).map(|c| k::from_lane::expand::<N>(scope, held[c % per], (c / per) as u32)).collect()
     }
 
-    fn emit(&self, scope: &Scope, mut acc: NativeExpand<Array<Vector<f32, N>>>, mut state: NativeExpand<Array<f32>>) {
+    /// Every key row of the tile is loaded once and serves each of the
+    /// unit's query rows; then one rescale per row, and each value row is
+    /// loaded once and accumulated into every row.
+    fn emit(&self, scope: &Scope) {
         let a = self.a;
         let k_base = k::uget::expand(scope, self.set, SET_K);
         let v_base = k::uget::expand(scope, self.set, SET_V);
-        let i = k::uget::expand(scope, self.set, SET_ROW);
-        let qr: Vec<_> = (0..self.dl).map(|c| k::vget::expand::<N>(scope, self.qr, c)).collect();
-        let mut scores = Vec::with_capacity(self.bk);
-        let mut rows = Vec::with_capacity(self.bk);
+        let rows: Vec<_> = self
+            .rows
+            .iter()
+            .map(|u| {
+                let i = k::uget::expand(scope, &u.slots, ROW_I);
+                let qr: Vec<_> = (0..self.dl).map(|c| k::vget::expand::<N>(scope, &u.qr, c)).collect();
+                (i, qr)
+            })
+            .collect();
+        let mut scores = vec![Vec::with_capacity(self.bk); rows.len()];
+        let mut value_rows = Vec::with_capacity(self.bk);
         for jj in 0..self.bk {
             let row = key_row::expand(scope, self.k0, k_base, jj, a.sk, self.masked, a.views[1]);
-            rows.push(key_row::expand(scope, self.k0, v_base, jj, a.sk, self.masked, a.views[2]));
+            value_rows.push(key_row::expand(scope, self.k0, v_base, jj, a.sk, self.masked, a.views[2]));
             let keys = self.row(scope, self.kb, row, self.dl);
-            let mut dot = k::fconst::expand(scope, 0.0);
-            for (qc, kc) in qr.iter().zip(keys) {
-                dot = k::dot_add::expand::<N>(scope, dot, *qc, kc);
+            for ((i, qr), sc) in rows.iter().zip(&mut scores) {
+                let mut dot = k::fconst::expand(scope, 0.0);
+                for (qc, kc) in qr.iter().zip(&keys) {
+                    dot = k::dot_add::expand::<N>(scope, dot, *qc, *kc);
+                }
+                if self.masked {
+                    dot = mask_score::expand(scope, dot, *i, self.k0, jj, a.s, a.sk, a.kind, a.window, a.block);
+                }
+                sc.push(dot);
             }
-            if self.masked {
-                dot = mask_score::expand(scope, dot, i, self.k0, jj, a.s, a.sk, a.kind, a.window, a.block);
-            }
-            scores.push(dot);
         }
-        // One rescale per tile.
-        let m_old = k::fget::expand(scope, &state, 0);
-        let m_new = scores.iter().fold(m_old, |m, sc| k::fmax::expand(scope, m, *sc));
-        let corr = k::exp_diff::expand(scope, m_old, m_new);
-        let mut l = k::fmul::expand(scope, k::fget::expand(scope, &state, 1), corr);
-        let mut out: Vec<_> =
-            (0..self.el).map(|c| k::vscale::expand::<N>(scope, k::vget::expand::<N>(scope, &acc, c), corr)).collect();
-        for (sc, row) in scores.into_iter().zip(rows) {
-            let p = k::exp_diff::expand(scope, sc, m_new);
-            l = k::fadd::expand(scope, l, p);
+        // One rescale per row and tile.
+        let mut outs = vec![];
+        let mut m_news = vec![];
+        let mut ls = vec![];
+        for (u, sc) in self.rows.iter().zip(&scores) {
+            let m_old = k::fget::expand(scope, &u.state, 0);
+            let m_new = sc.iter().fold(m_old, |m, s| k::fmax::expand(scope, m, *s));
+            let corr = k::exp_diff::expand(scope, m_old, m_new);
+            ls.push(k::fmul::expand(scope, k::fget::expand(scope, &u.state, 1), corr));
+            outs.push(
+                (0..self.el)
+                    .map(|c| k::vscale::expand::<N>(scope, k::vget::expand::<N>(scope, &u.acc, c), corr))
+                    .collect::<Vec<_>>(),
+            );
+            m_news.push(m_new);
+        }
+        for (jj, row) in value_rows.into_iter().enumerate() {
             let vals = self.row(scope, self.v, row, self.el);
-            for (o, vc) in out.iter_mut().zip(vals) {
-                *o = k::axpy::expand::<N>(scope, *o, p, vc);
+            for r in 0..self.rows.len() {
+                let p = k::exp_diff::expand(scope, scores[r][jj], m_news[r]);
+                ls[r] = k::fadd::expand(scope, ls[r], p);
+                for (o, vc) in outs[r].iter_mut().zip(&vals) {
+                    *o = k::axpy::expand::<N>(scope, *o, p, *vc);
+                }
             }
         }
-        for (c, o) in out.into_iter().enumerate() {
-            k::vset::expand::<N>(scope, &mut acc, c, o);
+        for (r, u) in self.rows.iter().enumerate() {
+            let mut acc = u.acc;
+            let mut state = u.state;
+            for (c, o) in outs[r].iter().enumerate() {
+                k::vset::expand::<N>(scope, &mut acc, c, *o);
+            }
+            k::fset::expand(scope, &mut state, 0, m_news[r]);
+            k::fset::expand(scope, &mut state, 1, ls[r]);
         }
-        k::fset::expand(scope, &mut state, 0, m_new);
-        k::fset::expand(scope, &mut state, 1, l);
     }
 }

@@ -184,6 +184,7 @@ impl IrKernel {
                     window: window.unwrap_or(0),
                     block,
                     views: [q, kv, v, o].map(|view| view.in_vectors(lanes)),
+                    tiles: self.spec.attention_tiles(),
                 };
                 let scale = scale.expect("attention takes a scale");
                 attention::build::<N>(scope, &bufs[0], &bufs[1], &bufs[2], &mut out, scale, &shape, lanes, self.plane)

@@ -195,7 +195,9 @@ pub fn emit(plan: &Plan, target: Target) -> Result<(Vec<(String, String)>, Manif
                 GEMM_UNITS * GEMM_ROWS,
                 super::plan::GEMM_COLS / l.spec.line_size(),
             ),
-            KernelSpec::Attention { .. } => format!("[ceil(s / {ATTN_ROWS}), batch * h, 1]"),
+            KernelSpec::Attention { .. } => {
+                format!("[ceil(s / {}), batch * h, 1]", ATTN_ROWS * l.spec.attention_tiles().unit_rows)
+            }
             KernelSpec::Group { .. } => "[groups, 1, 1]".to_string(),
             _ => "[ceil(elements / 256), 1, 1]".to_string(),
         };

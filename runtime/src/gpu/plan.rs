@@ -194,7 +194,8 @@ impl KernelSpec {
                 ((GEMM_UNITS as u32, 1, 1), (x as u32, rows.div_ceil(GEMM_UNITS * GEMM_ROWS) as u32, 1))
             }
             KernelSpec::Attention { batch, h, s, .. } => {
-                ((ATTN_ROWS as u32, 1, 1), (s.div_ceil(ATTN_ROWS) as u32, (batch * h) as u32, 1))
+                let rows = ATTN_ROWS * self.attention_tiles().unit_rows;
+                ((ATTN_ROWS as u32, 1, 1), (s.div_ceil(rows) as u32, (batch * h) as u32, 1))
             }
             KernelSpec::Group { groups, .. } => ((GROUP_UNITS as u32, 1, 1), (*groups as u32, 1, 1)),
             other => linear(other.len()),
@@ -232,6 +233,18 @@ impl KernelSpec {
         matches!(self, KernelSpec::MatMul { .. } | KernelSpec::Attention { .. })
     }
 
+    /// The tiling of an attention launch (any other launch: a single unit row
+    /// and key tile, unused).
+    pub fn attention_tiles(&self) -> AttnTiles {
+        match *self {
+            KernelSpec::Attention { s, sk, d, e, ref mask, window, block, .. } => {
+                let l = line_size(&[d, e]);
+                AttnTiles::new(d / l, e / l, s, sk, mask != "none" || window.is_some(), window.unwrap_or(0) * block)
+            }
+            _ => AttnTiles { unit_rows: 1, key_tile: 1 },
+        }
+    }
+
     /// The vector width (floats) of the kernel's loads and stores.
     pub fn line_size(&self) -> usize {
         match *self {
@@ -246,10 +259,7 @@ impl KernelSpec {
     pub fn loop_trips(&self) -> usize {
         match *self {
             KernelSpec::MatMul { k, f, .. } => k / line_size(&[k, f]),
-            KernelSpec::Attention { sk, d, e, .. } => {
-                let l = line_size(&[d, e]);
-                2 * sk.div_ceil(attn_key_tile(d / l, e / l, sk)) + 2
-            }
+            KernelSpec::Attention { sk, .. } => 2 * sk.div_ceil(self.attention_tiles().key_tile) + 2,
             KernelSpec::MixHeads { m, .. } => m,
             KernelSpec::MixCols { m, .. } => m,
             KernelSpec::Collapse { c, .. } | KernelSpec::CollapseCols { c, .. } => c,
@@ -297,7 +307,7 @@ pub const GEMM_UNITS: usize = 64;
 pub const GEMM_ROWS: usize = 4;
 /// Output columns (floats) per GEMM cube, at most.
 pub const GEMM_COLS: usize = 32;
-/// Query rows per attention cube (one per unit).
+/// Units per attention cube; each owns `AttnTiles::unit_rows` query rows.
 pub const ATTN_ROWS: usize = 64;
 /// Loop iterations one unit may run on Mesa's CPU drivers (llvmpipe,
 /// lavapipe): they count every loop back-edge of an invocation against one
@@ -315,12 +325,40 @@ pub fn gemm_cols(f: usize, lanes: usize) -> usize {
     (GEMM_COLS / lanes).min(f / lanes).max(1)
 }
 
-/// Key rows per attention tile, for `dl` query and `el` value vectors a row:
-/// the tile is unrolled, so it shrinks as rows grow (32 keys at d = 64 in
-/// vectors of 4, 8 at d = 256), and to fit `sk` keys.
-pub fn attn_key_tile(dl: usize, el: usize, sk: usize) -> usize {
-    let k = (1024 / (dl + el).max(1)).clamp(4, 32);
-    (1 << k.ilog2()).min(sk.next_power_of_two().max(4))
+/// How an attention launch is tiled: query rows per unit and key rows per tile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttnTiles {
+    /// Query rows each unit owns; a cube owns `ATTN_ROWS · unit_rows`.
+    pub unit_rows: usize,
+    /// Key rows per tile (one softmax rescale each).
+    pub key_tile: usize,
+}
+
+impl AttnTiles {
+    /// Tiles for `dl` query and `el` value vectors a row, `s` queries over
+    /// `sk` keys, `masked` when some key tiles are partly visible and
+    /// `window_rows` the rows a window spans (0: none).
+    ///
+    /// Every key and value row a plane loads serves all `unit_rows` rows of
+    /// a unit, so more rows per unit amortise the loads, broadcasts and
+    /// tile bookkeeping; the registers held (`unit_rows · (dl + el)`
+    /// vectors) and the unrolled tile (`unit_rows · key_tile · (dl + el)`
+    /// vector operations) are bounded, and under a mask or window a cube
+    /// spans at most a quarter of the queries or the window, so that few of
+    /// the pairs it computes are masked.
+    pub fn new(dl: usize, el: usize, s: usize, sk: usize, masked: bool, window_rows: usize) -> AttnTiles {
+        let width = (dl + el).max(1);
+        let pow2_floor = |x: usize| 1usize << x.max(1).ilog2();
+        let mut rows = pow2_floor((256 / width).clamp(1, 8)).min(pow2_floor(s.div_ceil(ATTN_ROWS)));
+        if masked {
+            rows = rows.min(pow2_floor(s / (4 * ATTN_ROWS)));
+        }
+        if window_rows > 0 {
+            rows = rows.min(pow2_floor(window_rows / ATTN_ROWS));
+        }
+        let key_tile = pow2_floor((2048 / (rows * width)).clamp(4, 32)).min(sk.next_power_of_two().max(4));
+        AttnTiles { unit_rows: rows, key_tile }
+    }
 }
 
 /// Units per group-kernel cube (`kernels::unit_element` strides by it).
