@@ -193,6 +193,58 @@ pub enum UnaryOp {
     Abs,
 }
 
+impl BinaryOp {
+    pub fn name(self) -> &'static str {
+        match self {
+            BinaryOp::Add => "add",
+            BinaryOp::Sub => "sub",
+            BinaryOp::Mul => "mul",
+            BinaryOp::Div => "div",
+            BinaryOp::Max => "max",
+            BinaryOp::Min => "min",
+            BinaryOp::Ge => "ge",
+            BinaryOp::Gt => "gt",
+            BinaryOp::Eq => "eq",
+        }
+    }
+}
+
+impl UnaryOp {
+    pub fn name(self) -> &'static str {
+        match self {
+            UnaryOp::Neg => "neg",
+            UnaryOp::Sqrt => "sqrt",
+            UnaryOp::Abs => "abs",
+        }
+    }
+}
+
+impl ReduceKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            ReduceKind::Sum => "sum",
+            ReduceKind::Mean => "mean",
+            ReduceKind::Max => "max",
+            ReduceKind::Min => "min",
+            ReduceKind::Count => "count",
+            ReduceKind::Var { bessel: false } => "var",
+            ReduceKind::Var { bessel: true } => "var_bessel",
+        }
+    }
+}
+
+/// Operation enums serialise (in plans and manifests) as their names.
+macro_rules! serialize_as_name {
+    ($($t:ty),*) => {$(
+        impl serde::Serialize for $t {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(self.name())
+            }
+        }
+    )*};
+}
+serialize_as_name!(BinaryOp, UnaryOp, ReduceKind, MaskKind);
+
 #[derive(Clone, Debug, PartialEq)]
 pub enum Op {
     /// The `index`-th declared input.

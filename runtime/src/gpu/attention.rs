@@ -332,7 +332,7 @@ pub fn build<N: Size>(
     let mut units = Vec::with_capacity(nr);
     for r in 0..nr {
         let slots = row_slots::expand(scope, a.h, a.s, bq, a.kind, r, a.views);
-        let qr = load_query::expand::<N>(scope, q, k::uget::expand(scope, &slots, ROW_Q), scale.clone(), dl);
+        let qr = load_query::expand::<N>(scope, q, k::uget::expand(scope, &slots, ROW_Q), scale, dl);
         let acc = k::vzeros::expand::<N>(scope, el);
         let state = softmax_state::expand(scope);
         units.push(UnitRow { slots, qr, acc, state });

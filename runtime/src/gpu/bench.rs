@@ -8,6 +8,7 @@ use super::baseline::{time_cubek_attention, time_cubek_matmul};
 use super::exec::{Gpu, GpuError};
 use super::plan::{KernelSpec, Plan};
 use crate::tensor::Tensor;
+use attnc_compiler::ir::MaskKind;
 use attnc_compiler::opt::cost::{OpCost, Target};
 use attnc_compiler::opt::format_seconds;
 use std::collections::BTreeMap;
@@ -101,10 +102,10 @@ pub fn bench(
     // rows, as many queries as keys).
     let baseline = plan.launches.iter().zip(&kernels).find_map(|(l, k)| match &l.spec {
         KernelSpec::Attention { batch, h, hk, s, sk, d, e, mask, window: None, block: 1, .. }
-            if h == hk && d == e && s == sk && (mask == "none" || mask == "causal") =>
+            if h == hk && d == e && s == sk && *mask != MaskKind::TokenCausal =>
         {
             let shape = [*batch, *h, *s, *d];
-            let causal = mask == "causal";
+            let causal = *mask == MaskKind::Causal;
             Some(
                 time_cubek_attention(gpu, shape, causal, warmup.max(1), iters)
                     .map(|t| Baseline { shape, causal, ours: k.median, cubek: median(t), work: k.work })

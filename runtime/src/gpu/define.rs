@@ -3,10 +3,11 @@
 //! `expand` functions. Entry points carry the plan's names, so emitted source
 //! is the same in debug and release builds.
 
-use super::group::GroupStep;
+use super::group::{GroupStep, MapOp};
 use super::kernels as k;
 use super::plan::{KernelSpec, View, GROUP_UNITS};
 use super::{attention, gemm};
+use attnc_compiler::ir::{BinaryOp, MaskKind, ReduceKind, UnaryOp};
 use cubecl::prelude::*;
 use std::sync::Arc;
 
@@ -42,7 +43,15 @@ impl IrKernel {
             KernelSpec::Reduce { .. } | KernelSpec::LooMean { .. } | KernelSpec::BlockDiag { .. } => 1,
             KernelSpec::Where { .. } | KernelSpec::Attention { .. } => 3,
             KernelSpec::Group { inputs, .. } => inputs,
-            _ => 2,
+            KernelSpec::Binary { .. }
+            | KernelSpec::MatMul { .. }
+            | KernelSpec::MixHeads { .. }
+            | KernelSpec::MixCols { .. }
+            | KernelSpec::Collapse { .. }
+            | KernelSpec::CollapseCols { .. }
+            | KernelSpec::CollapseRows { .. }
+            | KernelSpec::Concat { .. }
+            | KernelSpec::Rope { .. } => 2,
         }
     }
 }
@@ -70,45 +79,45 @@ fn view(scope: &Scope, i: NativeExpand<usize>, v: &View) -> NativeExpand<usize> 
     acc
 }
 
-fn binary_code(op: &str) -> u32 {
+fn binary_code(op: BinaryOp) -> u32 {
     match op {
-        "add" => k::ADD,
-        "sub" => k::SUB,
-        "mul" => k::MUL,
-        "div" => k::DIV,
-        "max" => k::MAX,
-        "min" => k::MIN,
-        "ge" => k::GE,
-        "gt" => k::GT,
-        _ => k::EQ,
+        BinaryOp::Add => k::ADD,
+        BinaryOp::Sub => k::SUB,
+        BinaryOp::Mul => k::MUL,
+        BinaryOp::Div => k::DIV,
+        BinaryOp::Max => k::MAX,
+        BinaryOp::Min => k::MIN,
+        BinaryOp::Ge => k::GE,
+        BinaryOp::Gt => k::GT,
+        BinaryOp::Eq => k::EQ,
     }
 }
 
-fn unary_code(op: &str) -> u32 {
+fn unary_code(op: UnaryOp) -> u32 {
     match op {
-        "sqrt" => k::SQRT,
-        "abs" => k::ABS,
-        _ => k::NEG,
+        UnaryOp::Neg => k::NEG,
+        UnaryOp::Sqrt => k::SQRT,
+        UnaryOp::Abs => k::ABS,
     }
 }
 
-fn reduce_code(op: &str) -> u32 {
+fn reduce_code(op: ReduceKind) -> u32 {
     match op {
-        "sum" => k::RED_SUM,
-        "mean" => k::RED_MEAN,
-        "max" => k::RED_MAX,
-        "min" => k::RED_MIN,
-        "count" => k::RED_COUNT,
-        "var" => k::RED_VAR,
-        _ => k::RED_VAR_BESSEL,
+        ReduceKind::Sum => k::RED_SUM,
+        ReduceKind::Mean => k::RED_MEAN,
+        ReduceKind::Max => k::RED_MAX,
+        ReduceKind::Min => k::RED_MIN,
+        ReduceKind::Count => k::RED_COUNT,
+        ReduceKind::Var { bessel: false } => k::RED_VAR,
+        ReduceKind::Var { bessel: true } => k::RED_VAR_BESSEL,
     }
 }
 
-pub fn mask_code(mask: &str) -> u32 {
+pub fn mask_code(mask: MaskKind) -> u32 {
     match mask {
-        "causal" => k::MASK_CAUSAL,
-        "token_causal" => k::MASK_TOKEN_CAUSAL,
-        _ => k::MASK_NONE,
+        MaskKind::None => k::MASK_NONE,
+        MaskKind::Causal => k::MASK_CAUSAL,
+        MaskKind::TokenCausal => k::MASK_TOKEN_CAUSAL,
     }
 }
 
@@ -180,7 +189,7 @@ impl IrKernel {
                     sk,
                     d,
                     e,
-                    kind: mask_code(mask),
+                    kind: mask_code(*mask),
                     window: window.unwrap_or(0),
                     block,
                     views: [q, kv, v, o].map(|view| view.in_vectors(lanes)),
@@ -211,9 +220,9 @@ impl IrKernel {
                 }
                 KernelSpec::Binary { op, a, b, .. } => {
                     let (ia, ib) = (view(scope, i, a), view(scope, i, b));
-                    k::binary::expand(scope, &bufs[0], &bufs[1], &mut out, i, ia, ib, binary_code(op));
+                    k::binary::expand(scope, &bufs[0], &bufs[1], &mut out, i, ia, ib, binary_code(*op));
                 }
-                KernelSpec::Unary { op, .. } => k::unary::expand(scope, &bufs[0], &mut out, i, unary_code(op)),
+                KernelSpec::Unary { op, .. } => k::unary::expand(scope, &bufs[0], &mut out, i, unary_code(*op)),
                 KernelSpec::Where { cond, a, b, .. } => {
                     let (ic, ia, ib) = (view(scope, i, cond), view(scope, i, a), view(scope, i, b));
                     k::select::expand(scope, &bufs[0], &bufs[1], &bufs[2], &mut out, i, ic, ia, ib);
@@ -244,7 +253,7 @@ impl IrKernel {
                 KernelSpec::Reduce { op, count, base, inner, .. } => {
                     let b = view(scope, i, base);
                     let stride = inner.terms.first().map_or(0, |t| t.2);
-                    k::reduce::expand(scope, &bufs[0], &mut out, i, b, *count, stride, reduce_code(op));
+                    k::reduce::expand(scope, &bufs[0], &mut out, i, b, *count, stride, reduce_code(*op));
                 }
                 KernelSpec::LooMean { n, stride, .. } => {
                     k::loo_mean::expand(scope, &bufs[0], &mut out, i, 0, 0, *n, *stride)
@@ -297,11 +306,11 @@ fn group_body(
             GroupStep::Map { dst, len, op, args } => for_each_element(scope, *len, |scope, i| {
                 let xs: Vec<NativeExpand<f32>> =
                     args.iter().map(|a| k::read::expand(scope, &s, view(scope, i, a))).collect();
-                let v = match (op.as_str(), &xs[..]) {
-                    ("where", [c, x, y]) => k::apply_select::expand(scope, *c, *x, *y),
-                    (op, [x]) => k::apply_unary::expand(scope, *x, unary_code(op)),
-                    (op, [x, y]) => k::apply_binary::expand(scope, *x, *y, binary_code(op)),
-                    _ => unreachable!("a map has one to three operands"),
+                let v = match (*op, &xs[..]) {
+                    (MapOp::Where, [c, x, y]) => k::apply_select::expand(scope, *c, *x, *y),
+                    (MapOp::Unary(op), [x]) => k::apply_unary::expand(scope, *x, unary_code(op)),
+                    (MapOp::Binary(op), [x, y]) => k::apply_binary::expand(scope, *x, *y, binary_code(op)),
+                    (op, xs) => unreachable!("`{}` is planned with {} operands", op.name(), xs.len()),
                 };
                 k::write::expand(scope, &mut s.clone_unchecked(), offset(scope, i, *dst), v);
             }),
@@ -317,7 +326,7 @@ fn group_body(
             GroupStep::Reduce { dst, len, op, base, count, stride } => for_each_element(scope, *len, |scope, i| {
                 let from = view(scope, i, base);
                 let o = offset(scope, i, *dst);
-                k::reduce::expand(scope, &s, &mut s.clone_unchecked(), o, from, *count, *stride, reduce_code(op));
+                k::reduce::expand(scope, &s, &mut s.clone_unchecked(), o, from, *count, *stride, reduce_code(*op));
             }),
             GroupStep::LooMean { dst, len, x, n, stride } => for_each_element(scope, *len, |scope, i| {
                 k::loo_mean::expand(scope, &s, &mut s.clone_unchecked(), i, *x, *dst, *n, *stride);
@@ -335,14 +344,23 @@ fn group_body(
                     *c,
                     *g,
                     *l,
-                    reduce_code(op),
+                    reduce_code(*op),
                 );
             }),
             GroupStep::LiftScan { dst, v, l, op } => {
-                first_unit(scope, |scope| k::lift_scan::expand(scope, &mut s, *dst, *v, *l, reduce_code(op)))
+                first_unit(scope, |scope| k::lift_scan::expand(scope, &mut s, *dst, *v, *l, reduce_code(*op)))
             }
             GroupStep::LiftReduceLevels { dst, g, scan, m, l, op } => for_each_element(scope, *g, |scope, i| {
-                k::lift_reduce_levels::expand(scope, &mut s.clone_unchecked(), i, *dst, *scan, *m, *l, reduce_code(op));
+                k::lift_reduce_levels::expand(
+                    scope,
+                    &mut s.clone_unchecked(),
+                    i,
+                    *dst,
+                    *scan,
+                    *m,
+                    *l,
+                    reduce_code(*op),
+                );
             }),
             GroupStep::Densify { dst, v, m, g, l } => for_each_element(scope, g * l, |scope, i| {
                 k::densify::expand(scope, &mut s.clone_unchecked(), i, *dst, *v, *m, *l);

@@ -17,8 +17,8 @@
 //! That is the cumulative-count form of ODRPO (`shared/papers.md` §4):
 //! O(G + K) per group instead of O(G·K). Any other use densifies it.
 
-use super::plan::{binary_name, reduce_name, reduce_views, row_major_strides, unary_name, KernelSpec, View};
-use attnc_compiler::ir::{Op, Program, ReduceKind};
+use super::plan::{reduce_views, row_major_strides, KernelSpec, View};
+use attnc_compiler::ir::{BinaryOp, Op, Program, ReduceKind, UnaryOp};
 use attnc_compiler::opt::cost::op_cost;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -26,6 +26,31 @@ use std::collections::BTreeMap;
 /// Shared memory one group kernel may use, in f32 values (16 KiB: WebGPU's
 /// guaranteed minimum). A root whose values need more runs unfused.
 pub const MAX_SCRATCH: usize = 4096;
+
+/// The operation of a [`GroupStep::Map`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MapOp {
+    Unary(UnaryOp),
+    Binary(BinaryOp),
+    /// `where(c, x, y)`: `x` where `c ≠ 0`, else `y`.
+    Where,
+}
+
+impl MapOp {
+    pub fn name(self) -> &'static str {
+        match self {
+            MapOp::Unary(op) => op.name(),
+            MapOp::Binary(op) => op.name(),
+            MapOp::Where => "where",
+        }
+    }
+}
+
+impl Serialize for MapOp {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
 
 /// One step of a group kernel; `s` is the group's shared array, `b` the group,
 /// `i` ranges over `0..len` (split among the cube's units) unless noted.
@@ -36,24 +61,24 @@ pub enum GroupStep {
     /// `s[dst + i] = inputs[input][b·stride + i]`.
     Load { dst: usize, len: usize, input: usize, stride: usize },
     /// `s[dst + i] = op(s[args[0](i)], …)`: binary, unary or `where`.
-    Map { dst: usize, len: usize, op: String, args: Vec<View> },
+    Map { dst: usize, len: usize, op: MapOp, args: Vec<View> },
     /// `s[dst + i] = 1[s[x(i)] ≥ i % (levels − 1) + 2]` (a dense threshold split).
     Thresholds { dst: usize, len: usize, levels: usize, x: View },
     /// `s[dst + i] = 1[i ≥ l]` for `i < 2l`: a lifted threshold split.
     Indicator { dst: usize, l: usize },
     /// `s[dst + i] = op_{r < count} s[base(i) + r·stride]`.
-    Reduce { dst: usize, len: usize, op: String, base: View, count: usize, stride: usize },
+    Reduce { dst: usize, len: usize, op: ReduceKind, base: View, count: usize, stride: usize },
     /// `s[dst + i] = (Σ_r s[x + base(i) + r·stride] − s[x + i]) / (n − 1)`.
     LooMean { dst: usize, len: usize, x: usize, n: usize, stride: usize },
     /// One unit: levels passed `s[m + g]` by each rating `s[r + g]`, and the
     /// counts `c[t]` at `hist + l + 1` (after a histogram of `l + 1` bins).
     Levels { r: usize, m: usize, hist: usize, g: usize, l: usize },
     /// A lifted value reduced over the group axis, for each level `i < l`.
-    LiftReduceGroups { dst: usize, v: usize, c: usize, g: usize, l: usize, op: String },
+    LiftReduceGroups { dst: usize, v: usize, c: usize, g: usize, l: usize, op: ReduceKind },
     /// One unit: prefix (indicator 1) and suffix (indicator 0) scans, `2l + 2` values.
-    LiftScan { dst: usize, v: usize, l: usize, op: String },
+    LiftScan { dst: usize, v: usize, l: usize, op: ReduceKind },
     /// A lifted value reduced over the levels, for each sample `i < g`.
-    LiftReduceLevels { dst: usize, g: usize, scan: usize, m: usize, l: usize, op: String },
+    LiftReduceLevels { dst: usize, g: usize, scan: usize, m: usize, l: usize, op: ReduceKind },
     /// `s[dst + g·l + t]` = the lifted value at sample `g`'s indicator for level `t`.
     Densify { dst: usize, v: usize, m: usize, g: usize, l: usize },
     /// `out[b·len + i] = s[src + i]`.
@@ -320,9 +345,9 @@ impl Builder<'_> {
         let rep = match &self.p.nodes[n].op {
             op @ (Op::Binary { .. } | Op::Unary { .. } | Op::Where { .. }) => {
                 let name = match op {
-                    Op::Binary { op, .. } => binary_name(*op),
-                    Op::Unary { op, .. } => unary_name(*op),
-                    _ => "where".to_string(),
+                    Op::Binary { op, .. } => MapOp::Binary(*op),
+                    Op::Unary { op, .. } => MapOp::Unary(*op),
+                    _ => MapOp::Where,
                 };
                 match self.lift_source(n, &ops) {
                     Some(src) => {
@@ -382,7 +407,7 @@ impl Builder<'_> {
             }
             Op::Reduce { kind, axes, .. } => {
                 let x = ops[0];
-                let op = reduce_name(*kind);
+                let op = *kind;
                 let lifted = match self.reps.get(&x) {
                     Some(&Rep::Lifted(v, src)) => Some((v, self.levels[&src])),
                     _ => None,
@@ -395,7 +420,7 @@ impl Builder<'_> {
                     }
                     (Some((v, lv)), [2]) if !matches!(kind, ReduceKind::Var { .. }) => {
                         let scan = self.alloc(Some(usize::MAX), 2 * lv.l + 2);
-                        self.steps.push(GroupStep::LiftScan { dst: scan, v, l: lv.l, op: op.clone() });
+                        self.steps.push(GroupStep::LiftScan { dst: scan, v, l: lv.l, op });
                         let dst = self.alloc(Some(n), lv.g);
                         self.steps.push(GroupStep::LiftReduceLevels { dst, g: lv.g, scan, m: lv.m, l: lv.l, op });
                         self.release(usize::MAX);
@@ -474,8 +499,8 @@ pub fn loop_trips(steps: &[GroupStep]) -> usize {
     steps
         .iter()
         .map(|step| match *step {
-            GroupStep::Reduce { len, ref op, count, .. } => {
-                chunks(len) * if op.starts_with("var") { 2 * count } else { count }
+            GroupStep::Reduce { len, op, count, .. } => {
+                chunks(len) * if matches!(op, ReduceKind::Var { .. }) { 2 * count } else { count }
             }
             GroupStep::LooMean { len, n, .. } => chunks(len) * n,
             GroupStep::Levels { g, l, .. } => g + 2 * l + 1,

@@ -129,9 +129,9 @@ pub enum KernelSpec {
     /// `out[i] = x[view(i)]`: head splits and merges, interleaving, slices.
     Gather { len: usize, x: View },
     /// `out[i] = op(a[va(i)], b[vb(i)])`.
-    Binary { len: usize, op: String, a: View, b: View },
+    Binary { len: usize, op: BinaryOp, a: View, b: View },
     /// `out[i] = op(x[i])`.
-    Unary { len: usize, op: String },
+    Unary { len: usize, op: UnaryOp },
     /// `out[i] = cond[vc(i)] != 0 ? a[va(i)] : b[vb(i)]`.
     Where { len: usize, cond: View, a: View, b: View },
     /// `out[i·(L−1) + t] = x[i] >= t + 2`.
@@ -164,7 +164,7 @@ pub enum KernelSpec {
         sk: usize,
         d: usize,
         e: usize,
-        mask: String,
+        mask: MaskKind,
         window: Option<usize>,
         block: usize,
         scale_bits: u64,
@@ -175,7 +175,7 @@ pub enum KernelSpec {
         out: RowView,
     },
     /// `out[o] = reduce_r x[base(o) + inner(r)]` over `count` elements.
-    Reduce { len: usize, op: String, count: usize, base: View, inner: View },
+    Reduce { len: usize, op: ReduceKind, count: usize, base: View, inner: View },
     /// `out[i] = (Σ_r x[base(i) + r·stride] − x[i]) / (n − 1)`.
     LooMean { len: usize, n: usize, stride: usize },
     /// Group-local work fused into one cube per group (see `group.rs`):
@@ -237,9 +237,16 @@ impl KernelSpec {
     /// and key tile, unused).
     pub fn attention_tiles(&self) -> AttnTiles {
         match *self {
-            KernelSpec::Attention { s, sk, d, e, ref mask, window, block, .. } => {
+            KernelSpec::Attention { s, sk, d, e, mask, window, block, .. } => {
                 let l = line_size(&[d, e]);
-                AttnTiles::new(d / l, e / l, s, sk, mask != "none" || window.is_some(), window.unwrap_or(0) * block)
+                AttnTiles::new(
+                    d / l,
+                    e / l,
+                    s,
+                    sk,
+                    mask != MaskKind::None || window.is_some(),
+                    window.unwrap_or(0) * block,
+                )
             }
             _ => AttnTiles { unit_rows: 1, key_tile: 1 },
         }
@@ -264,8 +271,8 @@ impl KernelSpec {
             KernelSpec::MixCols { m, .. } => m,
             KernelSpec::Collapse { c, .. } | KernelSpec::CollapseCols { c, .. } => c,
             KernelSpec::CollapseRows { h, .. } => h,
-            KernelSpec::Reduce { ref op, count, .. } => {
-                if op.starts_with("var") {
+            KernelSpec::Reduce { op, count, .. } => {
+                if matches!(op, ReduceKind::Var { .. }) {
                     2 * count
                 } else {
                     count
@@ -407,28 +414,6 @@ pub struct Plan {
     pub outputs: Vec<(String, usize)>,
 }
 
-pub(crate) fn unary_name(op: UnaryOp) -> String {
-    match op {
-        UnaryOp::Neg => "neg",
-        UnaryOp::Sqrt => "sqrt",
-        UnaryOp::Abs => "abs",
-    }
-    .into()
-}
-
-pub(crate) fn reduce_name(kind: ReduceKind) -> String {
-    match kind {
-        ReduceKind::Sum => "sum",
-        ReduceKind::Mean => "mean",
-        ReduceKind::Max => "max",
-        ReduceKind::Min => "min",
-        ReduceKind::Count => "count",
-        ReduceKind::Var { bessel: false } => "var",
-        ReduceKind::Var { bessel: true } => "var_bessel",
-    }
-    .into()
-}
-
 /// A reduction of `axes` of a row-major `shape`: the view from each output
 /// element to its first input element (`offset` added) and the view over the
 /// reduced elements. One loop walks them when the second has at most one term.
@@ -440,10 +425,6 @@ pub(crate) fn reduce_views(shape: &[usize], axes: &[usize], offset: usize) -> (V
         View::new(&pick(&kept, shape), &pick(&kept, &strides), offset),
         View::new(&pick(axes, shape), &pick(axes, &strides), 0),
     )
-}
-
-pub(crate) fn binary_name(op: BinaryOp) -> String {
-    format!("{op:?}").to_lowercase()
 }
 
 fn push_buffer(buffers: &mut Vec<Buffer>, shape: &[usize], role: BufferRole) -> usize {
@@ -597,11 +578,11 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
             }
             Op::Binary { op, .. } => KernelSpec::Binary {
                 len,
-                op: binary_name(*op),
+                op: *op,
                 a: View::broadcast(&sh(0), &shape),
                 b: View::broadcast(&sh(1), &shape),
             },
-            Op::Unary { op, .. } => KernelSpec::Unary { len, op: unary_name(*op) },
+            Op::Unary { op, .. } => KernelSpec::Unary { len, op: *op },
             Op::Where { .. } => KernelSpec::Where {
                 len,
                 cond: View::broadcast(&sh(0), &shape),
@@ -701,12 +682,7 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
                     sk: k[2],
                     d: q[3],
                     e: v[3],
-                    mask: match kind {
-                        MaskKind::None => "none",
-                        MaskKind::Causal => "causal",
-                        MaskKind::TokenCausal => "token_causal",
-                    }
-                    .into(),
+                    mask: kind,
                     window: window.map(|w| w as usize),
                     block: block as usize,
                     scale_bits: scale.to_bits(),
@@ -720,7 +696,7 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
                 let x = sh(0);
                 let (base, inner) = reduce_views(&x, axes, 0);
                 let count = axes.iter().map(|&a| x[a]).product();
-                KernelSpec::Reduce { len, op: reduce_name(*kind), count, base, inner }
+                KernelSpec::Reduce { len, op: *kind, count, base, inner }
             }
             Op::LooMean { axis, .. } => {
                 let x = sh(0);
