@@ -887,16 +887,11 @@ impl Program {
                     mask.window.map_or("none".into(), |w| w.to_string()),
                     mask.block
                 ),
-                Op::Binary { op, a, b } => format!("{} {a}, {b}", format!("{op:?}").to_lowercase()),
-                Op::Unary { op, x } => format!("{} {x}", format!("{op:?}").to_lowercase()),
+                Op::Binary { op, a, b } => format!("{} {a}, {b}", op.name()),
+                Op::Unary { op, x } => format!("{} {x}", op.name()),
                 Op::Constant { values } => format!("constant {values:?}"),
                 Op::Reduce { x, kind, axes, keepdim } => {
-                    let kind = match kind {
-                        ReduceKind::Var { bessel: true } => "var_bessel".to_string(),
-                        ReduceKind::Var { bessel: false } => "var".to_string(),
-                        k => format!("{k:?}").to_lowercase(),
-                    };
-                    format!("reduce_{kind} {x}, axes={axes:?}, keepdim={keepdim}")
+                    format!("reduce_{} {x}, axes={axes:?}, keepdim={keepdim}", kind.name())
                 }
                 Op::LooMean { x, axis } => format!("loo_mean {x}, axis={axis}"),
                 Op::Where { cond, a, b } => format!("where {cond}, {a}, {b}"),
