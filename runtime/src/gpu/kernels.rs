@@ -645,12 +645,6 @@ pub fn densify(
 // there, so values live in registers, and the only loops left in the kernel
 // run over key tiles or K steps (see `plan::LOOP_TRIPS_CPU`).
 
-/// Vector `i` of `x`.
-#[cube]
-pub fn vload<N: Size>(x: &[Vector<f32, N>], i: usize) -> Vector<f32, N> {
-    x[i]
-}
-
 /// Vector `min(lane·per + r, n − 1)` of the `n`-vector row at `row` of `x`:
 /// this lane's share `r` of a row spread over a plane.
 #[cube]
@@ -751,11 +745,6 @@ pub fn fmul(a: f32, b: f32) -> f32 {
 #[cube]
 pub fn exp_diff(a: f32, b: f32) -> f32 {
     (a - b).exp()
-}
-
-#[cube]
-pub fn fregs(#[comptime] n: usize) -> Array<f32> {
-    Array::<f32>::new(n)
 }
 
 #[cube]
