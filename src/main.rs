@@ -368,7 +368,7 @@ fn compile(file: &Path, set: &[String], target: SourceArg, out: &Path, optimize:
     } else {
         compiled.program.clone()
     };
-    let plan = gpu::plan::plan(&program, &dims);
+    let plan = attnc_compiler::plan::plan(&program, &dims);
     let target = match target {
         SourceArg::Wgsl => gpu::emit::Target::Wgsl,
         SourceArg::Cuda => gpu::emit::Target::Cuda,
@@ -414,7 +414,7 @@ fn bench(file: &Path, set: &[String], o: &BenchOpts) -> Result<(String, gpu::ben
     .map_err(|e| report(Code::Backend, e))?;
     let inputs: std::collections::BTreeMap<String, Tensor> =
         compiled.program.inputs.iter().map(|i| i.name.clone()).zip(tensors).collect();
-    let plan = gpu::plan::plan(&program, &dims);
+    let plan = attnc_compiler::plan::plan(&program, &dims);
     let result = gpu::bench::bench(&gpu, &plan, &inputs, o.warmup, o.iters).map_err(|e| report(Code::Backend, e))?;
     Ok((result.render(&target, o.iters), result))
 }
@@ -541,7 +541,7 @@ fn run(
             let gpu = gpu.map_err(|e| report(Code::Backend, e))?;
             let named: std::collections::BTreeMap<String, Tensor> =
                 program.inputs.iter().map(|i| i.name.clone()).zip(tensors.iter().cloned()).collect();
-            let plan = gpu::plan::plan(chosen, &dims);
+            let plan = attnc_compiler::plan::plan(chosen, &dims);
             gpu.run(&plan, &named).map_err(|e| report(Code::Backend, e))?.0
         }
     };

@@ -5,7 +5,7 @@
 mod common;
 
 use attnc_runtime::gpu::exec::Gpu;
-use attnc_runtime::gpu::plan;
+use attnc_compiler::plan;
 use attnc_runtime::{bind, interp, Tensor};
 use common::*;
 use std::collections::BTreeMap;

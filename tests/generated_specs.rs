@@ -6,7 +6,8 @@
 mod common;
 
 use attnc_compiler::opt::{self, Config};
-use attnc_runtime::gpu::{exec::Gpu, plan};
+use attnc_compiler::plan;
+use attnc_runtime::gpu::exec::Gpu;
 use attnc_runtime::rng::Rng;
 use attnc_runtime::{bind, interp, Tensor};
 use proptest::prelude::*;

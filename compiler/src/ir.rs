@@ -70,6 +70,16 @@ impl fmt::Display for Dim {
     }
 }
 
+/// Concrete values of a program's dims.
+pub type DimValues = BTreeMap<String, u64>;
+
+/// The concrete shape of `s` under `dims`. Every dim must be bound.
+pub fn concrete(s: &Shape, dims: &DimValues) -> Vec<usize> {
+    s.0.iter()
+        .map(|d| d.eval(&|n| dims.get(n).copied()).expect("every dim is bound before evaluation") as usize)
+        .collect()
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Shape(pub Vec<Dim>);
 

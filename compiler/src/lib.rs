@@ -10,6 +10,7 @@ pub mod diag;
 pub mod ir;
 mod lower;
 pub mod opt;
+pub mod plan;
 pub mod valid;
 pub mod value;
 

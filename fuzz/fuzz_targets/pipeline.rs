@@ -6,7 +6,8 @@
 
 use attnc_compiler::opt::{self, Config};
 use attnc_runtime::bind;
-use attnc_runtime::gpu::{emit, plan};
+use attnc_compiler::plan;
+use attnc_runtime::gpu::emit;
 use libfuzzer_sys::fuzz_target;
 
 const SPECS: &[&str] = &[

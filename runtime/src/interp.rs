@@ -4,16 +4,8 @@
 
 use crate::tensor::Tensor;
 use attnc_compiler::ir::*;
+pub use attnc_compiler::ir::{concrete, DimValues};
 
-/// Concrete values of a program's dims.
-pub type DimValues = std::collections::BTreeMap<String, u64>;
-
-/// The concrete shape of `s` under `dims`. Every dim must be bound.
-pub fn concrete(s: &Shape, dims: &DimValues) -> Vec<usize> {
-    s.0.iter()
-        .map(|d| d.eval(&|n| dims.get(n).copied()).expect("every dim is bound before evaluation") as usize)
-        .collect()
-}
 
 /// Evaluate `program` on `inputs` (in declaration order); returns the outputs
 /// in declaration order.

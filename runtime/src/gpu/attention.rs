@@ -19,7 +19,7 @@
 //! Loop iterations per unit: one per key tile (see `plan::loop_trips`).
 
 use super::kernels::{self as k, shifted, visible, MASK_CAUSAL, MASK_NONE, MASK_TOKEN_CAUSAL};
-use super::plan::{AttnTiles, RowView, ATTN_ROWS};
+use attnc_compiler::plan::{AttnTiles, RowView, ATTN_ROWS};
 use cubecl::prelude::*;
 
 /// Masked score for a key no query sees: `exp(MASKED − m)` is 0 for any

@@ -6,7 +6,7 @@
 
 use super::baseline::{time_cubek_attention, time_cubek_matmul};
 use super::exec::{Gpu, GpuError};
-use super::plan::{KernelSpec, Plan};
+use attnc_compiler::plan::{KernelSpec, Plan};
 use crate::tensor::Tensor;
 use attnc_compiler::ir::MaskKind;
 use attnc_compiler::opt::cost::{OpCost, Target};
@@ -118,7 +118,7 @@ pub fn bench(
     let mut cubek: BTreeMap<[usize; 3], Result<f64, String>> = BTreeMap::new();
     let mut gemms = vec![];
     for (l, k) in plan.launches.iter().zip(&kernels) {
-        if let KernelSpec::MatMul { rows, k: kk, f } = l.spec {
+        if let KernelSpec::MatMul { rows, k: kk, f, .. } = l.spec {
             let mkn = [rows, kk, f];
             let theirs = cubek
                 .entry(mkn)

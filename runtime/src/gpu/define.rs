@@ -3,9 +3,9 @@
 //! `expand` functions. Entry points carry the plan's names, so emitted source
 //! is the same in debug and release builds.
 
-use super::group::{GroupStep, MapOp};
+use attnc_compiler::plan::group::{GroupStep, MapOp};
 use super::kernels as k;
-use super::plan::{KernelSpec, View, GROUP_UNITS};
+use attnc_compiler::plan::{KernelSpec, View, GROUP_UNITS};
 use super::{attention, gemm};
 use attnc_compiler::ir::{BinaryOp, MaskKind, ReduceKind, UnaryOp};
 use cubecl::prelude::*;
@@ -42,6 +42,7 @@ impl IrKernel {
             KernelSpec::Gather { .. } | KernelSpec::Unary { .. } | KernelSpec::Thresholds { .. } => 1,
             KernelSpec::Reduce { .. } | KernelSpec::LooMean { .. } | KernelSpec::BlockDiag { .. } => 1,
             KernelSpec::Where { .. } | KernelSpec::Attention { .. } => 3,
+            KernelSpec::MatMul { mix: Some(_), .. } => 3,
             KernelSpec::Group { inputs, .. } => inputs,
             KernelSpec::Binary { .. }
             | KernelSpec::MatMul { .. }
@@ -70,13 +71,31 @@ impl KernelMetadata for IrKernel {
     }
 }
 
-fn view(scope: &Scope, i: NativeExpand<usize>, v: &View) -> NativeExpand<usize> {
-    let mut acc = k::const_index::expand(scope, v.offset);
+/// `v(i)` for `i < range`, leaving out divisions by 1, remainders that
+/// cannot wrap and multiplications by 1.
+pub fn view(scope: &Scope, i: NativeExpand<usize>, v: &View, range: usize) -> NativeExpand<usize> {
+    let mut acc: Option<NativeExpand<usize>> = None;
     for &(div, modulo, stride) in &v.terms {
-        let t = k::view_term::expand(scope, i, div, modulo, stride);
-        acc = k::add_index::expand(scope, acc, t);
+        let mut t = i;
+        if div > 1 {
+            t = k::idx_div::expand(scope, t, div);
+        }
+        if range.div_ceil(div) > modulo {
+            t = k::idx_mod::expand(scope, t, modulo);
+        }
+        if stride != 1 {
+            t = k::idx_mul::expand(scope, t, stride);
+        }
+        acc = Some(match acc {
+            Some(a) => k::add_index::expand(scope, a, t),
+            None => t,
+        });
     }
-    acc
+    match acc {
+        Some(a) if v.offset == 0 => a,
+        Some(a) => k::add_index::expand(scope, a, k::const_index::expand(scope, v.offset)),
+        None => k::const_index::expand(scope, v.offset),
+    }
 }
 
 fn binary_code(op: BinaryOp) -> u32 {
@@ -167,8 +186,15 @@ impl IrKernel {
     /// GEMM and attention: buffers of vectors of `N` floats.
     fn define_vectorized<N: Size>(&self, builder: &mut KernelBuilder) {
         let arg = BufferCompilationArg { inplace: None };
-        let mut bufs: Vec<NativeExpand<[Vector<f32, N>]>> =
-            (0..=self.operand_count()).map(|_| <[Vector<f32, N>] as LaunchArg>::expand(&arg, builder)).collect();
+        let mut bufs: Vec<NativeExpand<[Vector<f32, N>]>> = vec![];
+        let mut scalars: Vec<NativeExpand<[f32]>> = vec![];
+        for slot in 0..=self.operand_count() {
+            if self.spec.scalar_binding(slot) {
+                scalars.push(<[f32] as LaunchArg>::expand(&arg, builder));
+            } else {
+                bufs.push(<[Vector<f32, N>] as LaunchArg>::expand(&arg, builder));
+            }
+        }
         let scale = match self.spec {
             KernelSpec::Attention { .. } => Some(<f32 as LaunchArg>::expand(&(), builder)),
             _ => None,
@@ -178,8 +204,18 @@ impl IrKernel {
         let lanes = self.spec.line_size();
         let nonempty = k::has_vectors::expand::<N>(scope, &out);
         if_expand(scope, nonempty, |scope| match self.spec {
-            KernelSpec::MatMul { rows, k: kk, f } => {
-                gemm::build::<N>(scope, &bufs[0], &bufs[1], &mut out, rows, kk, f, lanes, self.plane)
+            KernelSpec::MatMul { rows, k: kk, f, ref a_rows, ref a_cols, b_row, b_offset, mix } => {
+                let shape = gemm::Shape {
+                    rows,
+                    kdim: kk,
+                    f,
+                    a_rows: a_rows.scaled_down(lanes),
+                    a_cols: a_cols.in_vectors(lanes).expect("the line size divides the GEMM's columns"),
+                    b_row: b_row / lanes,
+                    b_offset: b_offset / lanes,
+                    mix: mix.map(|m| (m, scalars.pop().expect("the mixing coefficients"))),
+                };
+                gemm::build::<N>(scope, &bufs[0], &bufs[1], &mut out, &shape, lanes, self.plane)
             }
             KernelSpec::Attention { h, hk, s, sk, d, e, ref mask, window, block, q, k: kv, v, out: o, .. } => {
                 let shape = attention::Shape {
@@ -215,30 +251,41 @@ impl IrKernel {
             let inside = k::below::expand(scope, i, len);
             if_expand(scope, inside, |scope| match spec {
                 KernelSpec::Gather { x, .. } => {
-                    let ix = view(scope, i, x);
+                    let ix = view(scope, i, x, len);
                     k::gather::expand(scope, &bufs[0], &mut out, i, ix);
                 }
                 KernelSpec::Binary { op, a, b, .. } => {
-                    let (ia, ib) = (view(scope, i, a), view(scope, i, b));
+                    let (ia, ib) = (view(scope, i, a, len), view(scope, i, b, len));
                     k::binary::expand(scope, &bufs[0], &bufs[1], &mut out, i, ia, ib, binary_code(*op));
                 }
-                KernelSpec::Unary { op, .. } => k::unary::expand(scope, &bufs[0], &mut out, i, unary_code(*op)),
+                KernelSpec::Unary { op, x, .. } => {
+                    let ix = view(scope, i, x, len);
+                    k::unary::expand(scope, &bufs[0], &mut out, i, ix, unary_code(*op))
+                }
                 KernelSpec::Where { cond, a, b, .. } => {
-                    let (ic, ia, ib) = (view(scope, i, cond), view(scope, i, a), view(scope, i, b));
+                    let (ic, ia, ib) = (view(scope, i, cond, len), view(scope, i, a, len), view(scope, i, b, len));
                     k::select::expand(scope, &bufs[0], &bufs[1], &bufs[2], &mut out, i, ic, ia, ib);
                 }
                 KernelSpec::Thresholds { levels, .. } => k::thresholds::expand(scope, &bufs[0], &mut out, i, *levels),
-                KernelSpec::MixHeads { m, h, p, s, d, .. } => {
-                    k::mix_heads::expand(scope, &bufs[0], &bufs[1], &mut out, i, *m, *h, *p, *s, *d)
+                KernelSpec::MixHeads { batch, m, h, p, s, d, x, x_m } => {
+                    let src = k::mix_heads_source::expand(scope, i, *m, *h, *p, *s, *d);
+                    let x0 = view(scope, src, x, batch * m * s * d);
+                    k::mix_heads::expand(scope, &bufs[0], &bufs[1], &mut out, i, x0, *m, *h, *p, *s, *d, *x_m)
                 }
-                KernelSpec::MixCols { m, h, p, d, .. } => {
-                    k::mix_cols::expand(scope, &bufs[0], &bufs[1], &mut out, i, *m, *h, *p, *d)
+                KernelSpec::MixCols { rows, m, h, p, d, y, y_m } => {
+                    let src = k::cols_source::expand(scope, i, h * p * d, *m, *d);
+                    let y0 = view(scope, src, y, rows * m * d);
+                    k::mix_cols::expand(scope, &bufs[0], &bufs[1], &mut out, i, y0, *m, *h, *p, *d, *y_m)
                 }
-                KernelSpec::Collapse { h, c, s, d, .. } => {
-                    k::collapse::expand(scope, &bufs[0], &bufs[1], &mut out, i, *h, *c, *s, *d)
+                KernelSpec::Collapse { batch, h, c, s, d, x, x_c } => {
+                    let src = k::collapse_source::expand(scope, i, *h, *c, *s, *d);
+                    let x0 = view(scope, src, x, batch * c * s * d);
+                    k::collapse::expand(scope, &bufs[0], &bufs[1], &mut out, i, x0, *h, *c, *s, *d, *x_c)
                 }
-                KernelSpec::CollapseCols { h, c, d, .. } => {
-                    k::collapse_cols::expand(scope, &bufs[0], &bufs[1], &mut out, i, *h, *c, *d)
+                KernelSpec::CollapseCols { rows, h, c, d, y, y_c } => {
+                    let src = k::cols_source::expand(scope, i, h * d, *c, *d);
+                    let y0 = view(scope, src, y, rows * c * d);
+                    k::collapse_cols::expand(scope, &bufs[0], &bufs[1], &mut out, i, y0, *h, *c, *d, *y_c)
                 }
                 KernelSpec::CollapseRows { h, c, d, f } => {
                     k::collapse_rows::expand(scope, &bufs[0], &bufs[1], &mut out, i, *h, *c, *d, *f)
@@ -249,9 +296,14 @@ impl IrKernel {
                 KernelSpec::Concat { f1, f2, .. } => {
                     k::concat::expand(scope, &bufs[0], &bufs[1], &mut out, i, *f1, *f2)
                 }
-                KernelSpec::Rope { s, d, .. } => k::rope::expand(scope, &bufs[0], &bufs[1], &mut out, i, *s, *d),
+                KernelSpec::Rope { rows, s, d, x, .. } => {
+                    let first = k::rope_source::expand(scope, i, *d);
+                    let second = k::add_index::expand(scope, first, k::const_index::expand(scope, d / 2));
+                    let (ia, ib) = (view(scope, first, x, rows * d), view(scope, second, x, rows * d));
+                    k::rope::expand(scope, &bufs[0], &bufs[1], &mut out, i, ia, ib, *s, *d)
+                }
                 KernelSpec::Reduce { op, count, base, inner, .. } => {
-                    let b = view(scope, i, base);
+                    let b = view(scope, i, base, len);
                     let stride = inner.terms.first().map_or(0, |t| t.2);
                     k::reduce::expand(scope, &bufs[0], &mut out, i, b, *count, stride, reduce_code(*op));
                 }
@@ -305,7 +357,7 @@ fn group_body(
             }),
             GroupStep::Map { dst, len, op, args } => for_each_element(scope, *len, |scope, i| {
                 let xs: Vec<NativeExpand<f32>> =
-                    args.iter().map(|a| k::read::expand(scope, &s, view(scope, i, a))).collect();
+                    args.iter().map(|a| k::read::expand(scope, &s, view(scope, i, a, *len))).collect();
                 let v = match (*op, &xs[..]) {
                     (MapOp::Where, [c, x, y]) => k::apply_select::expand(scope, *c, *x, *y),
                     (MapOp::Unary(op), [x]) => k::apply_unary::expand(scope, *x, unary_code(op)),
@@ -315,7 +367,7 @@ fn group_body(
                 k::write::expand(scope, &mut s.clone_unchecked(), offset(scope, i, *dst), v);
             }),
             GroupStep::Thresholds { dst, len, levels, x } => for_each_element(scope, *len, |scope, i| {
-                let v = k::read::expand(scope, &s, view(scope, i, x));
+                let v = k::read::expand(scope, &s, view(scope, i, x, *len));
                 let r = k::apply_threshold::expand(scope, v, i, *levels);
                 k::write::expand(scope, &mut s.clone_unchecked(), offset(scope, i, *dst), r);
             }),
@@ -324,7 +376,7 @@ fn group_body(
                 k::write::expand(scope, &mut s.clone_unchecked(), offset(scope, i, *dst), r);
             }),
             GroupStep::Reduce { dst, len, op, base, count, stride } => for_each_element(scope, *len, |scope, i| {
-                let from = view(scope, i, base);
+                let from = view(scope, i, base, *len);
                 let o = offset(scope, i, *dst);
                 k::reduce::expand(scope, &s, &mut s.clone_unchecked(), o, from, *count, *stride, reduce_code(*op));
             }),

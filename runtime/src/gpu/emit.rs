@@ -3,7 +3,7 @@
 //! says how to launch each from one's own host code.
 
 use super::define::IrKernel;
-use super::plan::{BufferRole, KernelSpec, Plan, ATTN_ROWS, GEMM_ROWS, GEMM_UNITS};
+use attnc_compiler::plan::{BufferRole, KernelSpec, Plan, ATTN_ROWS, GEMM_ROWS, GEMM_UNITS};
 use cubecl::ir::features::Features;
 use cubecl::ir::{DeviceIdentity, HardwareProperties, MemoryDeviceProperties};
 use cubecl::prelude::*;
@@ -90,6 +90,9 @@ pub struct BindingInfo {
     pub shape: Vec<usize>,
     pub dtype: &'static str,
     pub access: &'static str,
+    /// Floats per element the kernel reads this buffer in (its `info`
+    /// length counts such elements).
+    pub line_size: usize,
 }
 
 #[derive(Serialize)]
@@ -112,8 +115,9 @@ pub struct LaunchInfo {
     /// The `info` buffer's layout as the kernel declares it.
     pub info_struct: String,
     pub shared_memory_bytes: usize,
-    /// Floats per vector in the kernel's buffers (`array<vec4<f32>>` when 4):
-    /// bind the same f32 data; the lengths in `info` count vectors.
+    /// Floats per vector in the kernel's buffers (`array<vec4<f32>>` when 4;
+    /// a binding's own `line_size` says where one differs): bind the same
+    /// f32 data; the lengths in `info` count vectors.
     pub line_size: usize,
     /// Lanes of a plane (subgroup, warp) that share rows by broadcasts: the
     /// device's planes must be at least this wide (1: no plane operations).
@@ -127,7 +131,7 @@ pub struct Manifest {
     pub dtype: &'static str,
     pub dims: std::collections::BTreeMap<String, u64>,
     pub calling_convention: &'static str,
-    pub buffers: Vec<super::plan::Buffer>,
+    pub buffers: Vec<attnc_compiler::plan::Buffer>,
     pub launches: Vec<LaunchInfo>,
     pub outputs: std::collections::BTreeMap<String, usize>,
 }
@@ -181,6 +185,7 @@ pub fn emit(plan: &Plan, target: Target) -> Result<(Vec<(String, String)>, Manif
                 shape: plan.buffers[*id].shape.clone(),
                 dtype: "f32",
                 access: if slot + 1 == l.bindings.len() { "read_write" } else { "read" },
+                line_size: l.spec.binding_line_size(slot),
             })
             .collect();
         let scalars = match l.spec {
@@ -190,10 +195,15 @@ pub fn emit(plan: &Plan, target: Target) -> Result<(Vec<(String, String)>, Manif
             _ => vec![],
         };
         let grid_rule = match &l.spec {
+            KernelSpec::MatMul { mix: Some(m), .. } => format!(
+                "[ceil(d / line_size / {}), ceil(rows / {}), 1]",
+                m.channels(l.spec.line_size()),
+                GEMM_UNITS * GEMM_ROWS,
+            ),
             KernelSpec::MatMul { .. } => format!(
                 "[ceil(f / line_size / cols), ceil(rows / {}), 1] with cols = max(1, min({}, f / line_size))",
                 GEMM_UNITS * GEMM_ROWS,
-                super::plan::GEMM_COLS / l.spec.line_size(),
+                attnc_compiler::plan::GEMM_COLS / l.spec.line_size(),
             ),
             KernelSpec::Attention { .. } => {
                 format!("[ceil(s / {}), batch * h, 1]", ATTN_ROWS * l.spec.attention_tiles().unit_rows)

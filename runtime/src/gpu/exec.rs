@@ -3,7 +3,7 @@
 //! The executor keeps its own accounting of device bytes allocated.
 
 use super::define::IrKernel;
-use super::plan::{BufferRole, KernelSpec, Plan, LOOP_TRIPS_CPU};
+use attnc_compiler::plan::{BufferRole, KernelSpec, Plan, LOOP_TRIPS_CPU};
 use crate::tensor::Tensor;
 use cubecl::prelude::*;
 use cubecl::server::Handle;
@@ -264,7 +264,7 @@ impl Gpu {
             launcher.declare_io(io);
             let handle = handles[*id].clone().expect("operands are alive");
             let len = plan.buffers[*id].len;
-            if spec.vectorised() {
+            if spec.vectorised() && !spec.scalar_binding(slot) {
                 match spec.line_size() {
                     4 => register_vectors::<Const<4>>(handle, len, &mut launcher),
                     2 => register_vectors::<Const<2>>(handle, len, &mut launcher),

@@ -5,10 +5,22 @@
 
 use cubecl::prelude::*;
 
-/// One term of a [`super::plan::View`]: `((i / div) % modulo) · stride`.
+// The parts of a term `((i / div) % modulo) · stride` of a
+// [`attnc_compiler::plan::View`]; `define::view` leaves out the parts that
+// cannot change the value.
 #[cube]
-pub fn view_term(i: usize, #[comptime] div: usize, #[comptime] modulo: usize, #[comptime] stride: usize) -> usize {
-    (i / div) % modulo * stride
+pub fn idx_div(i: usize, #[comptime] div: usize) -> usize {
+    i / div
+}
+
+#[cube]
+pub fn idx_mod(i: usize, #[comptime] modulo: usize) -> usize {
+    i % modulo
+}
+
+#[cube]
+pub fn idx_mul(i: usize, #[comptime] stride: usize) -> usize {
+    i * stride
 }
 
 #[cube]
@@ -89,8 +101,8 @@ pub const SQRT: u32 = 1;
 pub const ABS: u32 = 2;
 
 #[cube]
-pub fn unary(x: &[f32], out: &mut [f32], i: usize, #[comptime] op: u32) {
-    out[i] = apply_unary(x[i], op);
+pub fn unary(x: &[f32], out: &mut [f32], i: usize, ix: usize, #[comptime] op: u32) {
+    out[i] = apply_unary(x[ix], op);
 }
 
 #[cube]
@@ -142,22 +154,38 @@ pub fn mix_heads(
     alpha: &[f32],
     out: &mut [f32],
     i: usize,
+    x0: usize,
     #[comptime] m: usize,
     #[comptime] h: usize,
     #[comptime] p: usize,
     #[comptime] s: usize,
     #[comptime] d: usize,
+    #[comptime] x_m: usize,
 ) {
-    let e = i % d;
-    let si = (i / d) % s;
     let j = (i / (d * s)) % p;
     let hi = (i / (d * s * p)) % h;
-    let bi = i / (d * s * p * h);
     let mut acc = f32::new(0.0);
     for mi in 0..m {
-        acc += alpha[(mi * h + hi) * p + j] * x[((bi * m + mi) * s + si) * d + e];
+        acc += alpha[(mi * h + hi) * p + j] * x[x0 + mi * x_m];
     }
     out[i] = acc;
+}
+
+/// The index of `x[b, 0, s, e]` in the row-major `[B, m, s, d]` operand of
+/// `mix_heads` for output element `i`.
+#[cube]
+pub fn mix_heads_source(
+    i: usize,
+    #[comptime] m: usize,
+    #[comptime] h: usize,
+    #[comptime] p: usize,
+    #[comptime] s: usize,
+    #[comptime] d: usize,
+) -> usize {
+    let e = i % d;
+    let si = (i / d) % s;
+    let bi = i / (d * s * p * h);
+    (bi * m * s + si) * d + e
 }
 
 /// `out[r, (h·P+j)·d+e] = Σ_m alpha[m,h,j] · y[r, m·d+e]`.
@@ -167,20 +195,27 @@ pub fn mix_cols(
     alpha: &[f32],
     out: &mut [f32],
     i: usize,
+    y0: usize,
     #[comptime] m: usize,
     #[comptime] h: usize,
     #[comptime] p: usize,
     #[comptime] d: usize,
+    #[comptime] y_m: usize,
 ) {
-    let e = i % d;
     let j = (i / d) % p;
     let hi = (i / (d * p)) % h;
-    let r = i / (d * p * h);
     let mut acc = f32::new(0.0);
     for mi in 0..m {
-        acc += alpha[(mi * h + hi) * p + j] * y[r * m * d + mi * d + e];
+        acc += alpha[(mi * h + hi) * p + j] * y[y0 + mi * y_m];
     }
     out[i] = acc;
+}
+
+/// The index of `y[r, e]` in the row-major `[rows, m·d]` operand of
+/// `mix_cols` for output element `i` (`w` output columns a row).
+#[cube]
+pub fn cols_source(i: usize, #[comptime] w: usize, #[comptime] m: usize, #[comptime] d: usize) -> usize {
+    i / w * (m * d) + i % d
 }
 
 /// `out[b,h,s,e] = Σ_c r[h,c] · x[b,c,s,e]`.
@@ -190,20 +225,35 @@ pub fn collapse(
     r: &[f32],
     out: &mut [f32],
     i: usize,
+    x0: usize,
     #[comptime] h: usize,
     #[comptime] c: usize,
     #[comptime] s: usize,
     #[comptime] d: usize,
+    #[comptime] x_c: usize,
 ) {
-    let e = i % d;
-    let si = (i / d) % s;
     let hi = (i / (d * s)) % h;
-    let bi = i / (d * s * h);
     let mut acc = f32::new(0.0);
     for ci in 0..c {
-        acc += r[hi * c + ci] * x[((bi * c + ci) * s + si) * d + e];
+        acc += r[hi * c + ci] * x[x0 + ci * x_c];
     }
     out[i] = acc;
+}
+
+/// The index of `x[b, 0, s, e]` in the row-major `[B, c, s, d]` operand of
+/// `collapse` for output element `i`.
+#[cube]
+pub fn collapse_source(
+    i: usize,
+    #[comptime] h: usize,
+    #[comptime] c: usize,
+    #[comptime] s: usize,
+    #[comptime] d: usize,
+) -> usize {
+    let e = i % d;
+    let si = (i / d) % s;
+    let bi = i / (d * s * h);
+    (bi * c * s + si) * d + e
 }
 
 /// `out[r, h·d+e] = Σ_c r[h,c] · y[r, c·d+e]`.
@@ -213,16 +263,16 @@ pub fn collapse_cols(
     r: &[f32],
     out: &mut [f32],
     i: usize,
+    y0: usize,
     #[comptime] h: usize,
     #[comptime] c: usize,
     #[comptime] d: usize,
+    #[comptime] y_c: usize,
 ) {
-    let e = i % d;
     let hi = (i / d) % h;
-    let row = i / (d * h);
     let mut acc = f32::new(0.0);
     for ci in 0..c {
-        acc += r[hi * c + ci] * y[row * c * d + ci * d + e];
+        acc += r[hi * c + ci] * y[y0 + ci * y_c];
     }
     out[i] = acc;
 }
@@ -269,18 +319,34 @@ pub fn concat(a: &[f32], b: &[f32], out: &mut [f32], i: usize, #[comptime] f1: u
     }
 }
 
+/// The index in the row-major operand of the first element of RoPE's pair `i`.
+#[cube]
+pub fn rope_source(i: usize, #[comptime] d: usize) -> usize {
+    let half = comptime![d / 2];
+    i / half * d + i % half
+}
+
 /// Rotate-half RoPE; `table[(pos·half + k)·2 + {0, 1}]` holds cos and sin
 /// (computed on the host in float64). One unit per rotated pair.
 #[cube]
-pub fn rope(x: &[f32], table: &[f32], out: &mut [f32], i: usize, #[comptime] s: usize, #[comptime] d: usize) {
+pub fn rope(
+    x: &[f32],
+    table: &[f32],
+    out: &mut [f32],
+    i: usize,
+    ia: usize,
+    ib: usize,
+    #[comptime] s: usize,
+    #[comptime] d: usize,
+) {
     let half = comptime![d / 2];
     let k = i % half;
     let row = i / half;
     let pos = row % s;
     let c = table[(pos * half + k) * 2];
     let sn = table[(pos * half + k) * 2 + 1];
-    let a = x[row * d + k];
-    let b = x[row * d + k + half];
+    let a = x[ia];
+    let b = x[ib];
     out[row * d + k] = a * c - b * sn;
     out[row * d + k + half] = a * sn + b * c;
 }
@@ -673,6 +739,12 @@ pub fn vzeros<N: Size>(#[comptime] n: usize) -> Array<Vector<f32, N>> {
         a[c] = Vector::new(f32::new(0.0));
     }
     a
+}
+
+/// A zero vector.
+#[cube]
+pub fn vzero<N: Size>() -> Vector<f32, N> {
+    Vector::new(f32::new(0.0))
 }
 
 #[cube]

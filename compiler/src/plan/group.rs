@@ -17,9 +17,9 @@
 //! That is the cumulative-count form of ODRPO (`shared/papers.md` §4):
 //! O(G + K) per group instead of O(G·K). Any other use densifies it.
 
-use super::plan::{reduce_views, row_major_strides, KernelSpec, View};
-use attnc_compiler::ir::{BinaryOp, Op, Program, ReduceKind, UnaryOp};
-use attnc_compiler::opt::cost::op_cost;
+use super::{reduce_views, row_major_strides, KernelSpec, View};
+use crate::ir::{BinaryOp, Op, Program, ReduceKind, UnaryOp};
+use crate::opt::cost::op_cost;
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -495,7 +495,7 @@ impl Builder<'_> {
 /// element loops are unrolled by chunks of the cube, and each chunk runs the
 /// step's inner loop.
 pub fn loop_trips(steps: &[GroupStep]) -> usize {
-    let chunks = |len: usize| len.div_ceil(super::plan::GROUP_UNITS);
+    let chunks = |len: usize| len.div_ceil(super::GROUP_UNITS);
     steps
         .iter()
         .map(|step| match *step {

@@ -1,0 +1,492 @@
+//! IR → a plan of kernel launches. The plan is plain data, printable and
+//! serialisable without any device: which buffers exist, which kernel each
+//! launch runs with which comptime parameters, and which buffers it binds.
+//! Every size is concrete: a plan is specialised to the bound dims.
+
+pub mod group;
+mod spec;
+mod view;
+
+pub use spec::*;
+pub use view::*;
+
+use crate::ir::{concrete, DimValues, Mask, NodeId, Op, Program};
+use crate::opt::cost::op_cost;
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "role", rename_all = "snake_case")]
+pub enum BufferRole {
+    /// Uploaded from the input tensor of this name.
+    Input { name: String },
+    /// Uploaded constant values.
+    Constant { values: Vec<f64> },
+    /// Written by a launch.
+    Temp,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Buffer {
+    pub id: usize,
+    pub len: usize,
+    pub shape: Vec<usize>,
+    #[serde(flatten)]
+    pub role: BufferRole,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Launch {
+    /// Entry point, unique in the plan: `attnc_<spec>_<index>_<kind>`.
+    pub name: String,
+    pub spec: KernelSpec,
+    /// Buffers bound in order: operands, then the output.
+    pub bindings: Vec<usize>,
+    /// After this launch, these temporaries are dead and may be freed.
+    pub frees: Vec<usize>,
+    /// Roofline work of the operation (the optimizer's cost model).
+    pub flops: f64,
+    pub bytes: f64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Plan {
+    pub spec: String,
+    pub dims: DimValues,
+    pub buffers: Vec<Buffer>,
+    pub launches: Vec<Launch>,
+    pub outputs: Vec<(String, usize)>,
+}
+
+/// A reduction of `axes` of a row-major `shape`: the view from each output
+/// element to its first input element (`offset` added) and the view over the
+/// reduced elements. One loop walks them when the second has at most one term.
+pub(crate) fn reduce_views(shape: &[usize], axes: &[usize], offset: usize) -> (View, View) {
+    let strides = row_major_strides(shape);
+    let kept: Vec<usize> = (0..shape.len()).filter(|a| !axes.contains(a)).collect();
+    let pick = |which: &[usize], of: &[usize]| -> Vec<usize> { which.iter().map(|&a| of[a]).collect() };
+    (
+        View::new(&pick(&kept, shape), &pick(&kept, &strides), offset),
+        View::new(&pick(axes, shape), &pick(axes, &strides), 0),
+    )
+}
+
+fn push_buffer(buffers: &mut Vec<Buffer>, shape: &[usize], role: BufferRole) -> usize {
+    buffers.push(Buffer { id: buffers.len(), len: shape.iter().product(), shape: shape.to_vec(), role });
+    buffers.len() - 1
+}
+
+/// The nodes that read each node.
+fn readers(p: &Program) -> Vec<Vec<usize>> {
+    let mut r = vec![vec![]; p.nodes.len()];
+    for (i, node) in p.nodes.iter().enumerate() {
+        for o in node.op.operands() {
+            if !r[o.0 as usize].contains(&i) {
+                r[o.0 as usize].push(i);
+            }
+        }
+    }
+    r
+}
+
+/// Where a node's value is.
+#[derive(Clone, Debug)]
+enum Val {
+    /// In buffer `buf` under `layout`. A layout operation's value is its
+    /// operand's buffer under a new layout: no launch computes it.
+    At { buf: usize, layout: Layout },
+    /// Computed inside the group kernels that read it.
+    InGroup,
+    /// A GEMM (or its head split) whose head mixing is fused into its
+    /// epilogue: planned, as one launch, where the mixing is.
+    InEpilogue,
+}
+
+struct Planner<'p> {
+    p: &'p Program,
+    shapes: Vec<Vec<usize>>,
+    buffers: Vec<Buffer>,
+    launches: Vec<Launch>,
+    vals: Vec<Val>,
+    /// Nodes copied to a row-major buffer because a reader could not read their layout.
+    copies: BTreeMap<usize, usize>,
+}
+
+impl Planner<'_> {
+    fn buffer(&mut self, shape: &[usize], role: BufferRole) -> usize {
+        push_buffer(&mut self.buffers, shape, role)
+    }
+
+    fn launch(&mut self, spec: KernelSpec, bindings: Vec<usize>, flops: f64, bytes: f64) {
+        let name = format!("attnc_{}_{:02}_{}", self.p.name, self.launches.len(), spec.kind());
+        self.launches.push(Launch { name, spec, bindings, frees: vec![], flops, bytes });
+    }
+
+    fn at(&self, n: NodeId) -> (usize, Layout) {
+        match &self.vals[n.0 as usize] {
+            Val::At { buf, layout } => (*buf, layout.clone()),
+            Val::InGroup | Val::InEpilogue => unreachable!("node {} is read only inside a fused launch", n.0),
+        }
+    }
+
+    /// Node `n` in a row-major buffer of its shape: its own when its layout
+    /// is row-major, else a copy (one gather launch, made once per node).
+    fn contiguous(&mut self, n: NodeId) -> usize {
+        let (buf, layout) = self.at(n);
+        if layout.is_contiguous() {
+            return buf;
+        }
+        if let Some(&copy) = self.copies.get(&(n.0 as usize)) {
+            return copy;
+        }
+        let shape = self.shapes[n.0 as usize].clone();
+        let len: usize = shape.iter().product();
+        let out = self.buffer(&shape, BufferRole::Temp);
+        self.launch(KernelSpec::Gather { len, x: layout.view() }, vec![buf, out], 0.0, 8.0 * len as f64);
+        self.copies.insert(n.0 as usize, out);
+        out
+    }
+
+    /// The value of a layout operation on `n`: `n`'s buffer under `f` of its
+    /// layout, or `f` of a row-major copy where `f` cannot express it.
+    fn relayout(&mut self, n: NodeId, f: impl Fn(Layout) -> Option<Layout>) -> Val {
+        let (buf, layout) = self.at(n);
+        if let Some(layout) = f(layout) {
+            return Val::At { buf, layout };
+        }
+        let buf = self.contiguous(n);
+        let layout = f(Layout::contiguous(&self.shapes[n.0 as usize])).expect("a row-major layout splits anywhere");
+        Val::At { buf, layout }
+    }
+
+    /// Node `n` as a reader takes it: `accept` of its layout, or of a
+    /// row-major copy where `accept` refuses the layout.
+    fn read<T>(&mut self, n: NodeId, accept: impl Fn(&Layout) -> Option<T>) -> (usize, T) {
+        let (buf, layout) = self.at(n);
+        if let Some(t) = accept(&layout) {
+            return (buf, t);
+        }
+        let buf = self.contiguous(n);
+        (buf, accept(&Layout::contiguous(&self.shapes[n.0 as usize])).expect("every reader takes a row-major layout"))
+    }
+}
+
+/// A GEMM's `a` operand: the view of each row's start and of each column
+/// within a row.
+fn gemm_a(l: &Layout) -> (View, View) {
+    let r = l.axes.len();
+    let (sizes, strides): (Vec<usize>, Vec<usize>) = l.axes[..r - 1].iter().flatten().copied().unzip();
+    let (cs, cst): (Vec<usize>, Vec<usize>) = l.axes[r - 1].iter().copied().unzip();
+    (View::new(&sizes, &strides, l.offset), View::new(&cs, &cst, 0))
+}
+
+/// A GEMM's `b` operand `[k, f]`: its row stride and offset, when its
+/// columns are contiguous.
+fn gemm_b(l: &Layout) -> Option<(usize, usize)> {
+    let row = l.stride(0)?;
+    match l.stride(1)? {
+        1 => Some((row, l.offset)),
+        _ if l.shape()[1] == 1 => Some((row, l.offset)),
+        _ => None,
+    }
+}
+
+/// Plan `p` at the concrete `dims`.
+pub fn plan(p: &Program, dims: &DimValues) -> Plan {
+    let shapes: Vec<Vec<usize>> = p.nodes.iter().map(|n| concrete(&n.shape, dims)).collect();
+    // Group-local work: one group kernel per root; nodes only those kernels
+    // read get no launch of their own (unless a root did not fit).
+    let local = group::group_local(p, &shapes);
+    let roots = group::roots(p, &local);
+    let mut fused: BTreeMap<usize, group::GroupKernel> = BTreeMap::new();
+    let mut generic = vec![false; p.nodes.len()];
+    for r in (0..p.nodes.len()).filter(|&r| roots[r]) {
+        match group::group_kernel(p, &shapes, &local, &roots, r) {
+            Some(k) => {
+                fused.insert(r, k);
+            }
+            None => group::cone(p, &local, &roots, r).into_iter().for_each(|n| generic[n] = true),
+        }
+    }
+    let readers = readers(p);
+    let is_output = |n: usize| p.outputs.iter().any(|(_, o)| o.0 as usize == n);
+    let mut pl = Planner {
+        p,
+        shapes: shapes.clone(),
+        buffers: vec![],
+        launches: vec![],
+        vals: Vec::with_capacity(p.nodes.len()),
+        copies: BTreeMap::new(),
+    };
+    for (i, node) in p.nodes.iter().enumerate() {
+        let shape = shapes[i].clone();
+        if let Some(k) = fused.remove(&i) {
+            let mut bindings: Vec<usize> = k.inputs.iter().map(|&n| pl.contiguous(NodeId(n as u32))).collect();
+            let out = pl.buffer(&shape, BufferRole::Temp);
+            bindings.push(out);
+            pl.launch(k.spec, bindings, k.flops, k.bytes);
+            pl.vals.push(Val::At { buf: out, layout: Layout::contiguous(&shape) });
+            continue;
+        }
+        if local[i] && !generic[i] {
+            pl.vals.push(Val::InGroup);
+            continue;
+        }
+        // `mix_heads(split_heads(x @ w, m), alpha)`: one GEMM mixing in its epilogue.
+        let only_reader = |n: usize| match readers[n][..] {
+            [r] if !is_output(n) => Some(r),
+            _ => None,
+        };
+        let mixed_gemm = |n: usize| -> Option<usize> {
+            let Op::MatMul { .. } = node.op else { return None };
+            let split = only_reader(n).filter(|&r| matches!(p.nodes[r].op, Op::SplitHeads { heads, .. }
+                if heads as usize <= MixEpilogue::MAX_HEADS && shapes[n].len() == 3))?;
+            only_reader(split).filter(|&r| matches!(p.nodes[r].op, Op::MixHeads { x, .. } if x.0 as usize == split))
+        };
+        if mixed_gemm(i).is_some() {
+            pl.vals.push(Val::InEpilogue);
+            continue;
+        }
+        if let Op::SplitHeads { x, .. } = node.op {
+            if matches!(pl.vals[x.0 as usize], Val::InEpilogue) {
+                pl.vals.push(Val::InEpilogue);
+                continue;
+            }
+        }
+        // Leaves, and layout operations: views of their operand's buffer.
+        let val = match &node.op {
+            Op::Input { index } => {
+                let role = BufferRole::Input { name: p.inputs[*index].name.clone() };
+                Some(Val::At { buf: pl.buffer(&shape, role), layout: Layout::contiguous(&shape) })
+            }
+            Op::Scalar { value } => {
+                let role = BufferRole::Constant { values: vec![*value] };
+                Some(Val::At { buf: pl.buffer(&shape, role), layout: Layout::contiguous(&shape) })
+            }
+            Op::Constant { values } => {
+                let role = BufferRole::Constant { values: values.clone() };
+                Some(Val::At { buf: pl.buffer(&shape, role), layout: Layout::contiguous(&shape) })
+            }
+            Op::SplitHeads { x, heads } => Some(pl.relayout(*x, |l| l.split_heads(*heads as usize))),
+            Op::MergeHeads { x } => Some(pl.relayout(*x, |l| Some(l.merge_heads()))),
+            Op::Interleave { x } => Some(pl.relayout(*x, |l| Some(l.interleave()))),
+            Op::Deinterleave { x, pseudo } => Some(pl.relayout(*x, |l| l.deinterleave(*pseudo as usize))),
+            Op::UnflattenHeads { x, pseudo } => Some(pl.relayout(*x, |l| l.unflatten_heads(*pseudo as usize))),
+            Op::FlattenHeads { x } => Some(pl.relayout(*x, |l| Some(l.flatten_heads()))),
+            Op::SliceCols { x, start, len } => {
+                Some(pl.relayout(*x, |l| l.slice_cols(*start as usize, *len as usize)))
+            }
+            _ => None,
+        };
+        if let Some(val) = val {
+            pl.vals.push(val);
+            continue;
+        }
+        let len: usize = shape.iter().product();
+        let operands = node.op.operands();
+        let sh = |k: usize| shapes[operands[k].0 as usize].clone();
+        let mut rope_table: Option<Vec<f64>> = None;
+        let mut fused_work: Option<(f64, f64)> = None;
+        // Where the launch writes its value: row-major unless a reader's layout is written instead.
+        let mut out_shape = shape.clone();
+        let mut out_layout = Layout::contiguous(&shape);
+        let (spec, mut bindings) = match &node.op {
+            Op::Binary { op, a, b } => {
+                let (ba, va) = pl.read(*a, |l| Some(l.broadcast(&shape).view()));
+                let (bb, vb) = pl.read(*b, |l| Some(l.broadcast(&shape).view()));
+                (KernelSpec::Binary { len, op: *op, a: va, b: vb }, vec![ba, bb])
+            }
+            Op::Unary { op, x } => {
+                let (bx, vx) = pl.read(*x, |l| Some(l.view()));
+                (KernelSpec::Unary { len, op: *op, x: vx }, vec![bx])
+            }
+            Op::Where { cond, a, b } => {
+                let (bc, vc) = pl.read(*cond, |l| Some(l.broadcast(&shape).view()));
+                let (ba, va) = pl.read(*a, |l| Some(l.broadcast(&shape).view()));
+                let (bb, vb) = pl.read(*b, |l| Some(l.broadcast(&shape).view()));
+                (KernelSpec::Where { len, cond: vc, a: va, b: vb }, vec![bc, ba, bb])
+            }
+            Op::Thresholds { x, levels } => {
+                let spec = KernelSpec::Thresholds { len: sh(0).iter().product(), levels: *levels as usize };
+                (spec, vec![pl.contiguous(*x)])
+            }
+            Op::MatMul { a, b } => {
+                let (sa, sb) = (sh(0), sh(1));
+                let k = *sa.last().unwrap();
+                let (ba, (a_rows, a_cols)) = pl.read(*a, |l| Some(gemm_a(l)));
+                let (bb, (b_row, b_offset)) = pl.read(*b, gemm_b);
+                let rows = sa.iter().product::<usize>() / k;
+                let spec = KernelSpec::MatMul { rows, k, f: sb[1], a_rows, a_cols, b_row, b_offset, mix: None };
+                (spec, vec![ba, bb])
+            }
+            Op::MixHeads { x, alpha } if matches!(pl.vals[x.0 as usize], Val::InEpilogue) => {
+                let (sx, al) = (sh(0), sh(1));
+                let Op::SplitHeads { x: y, .. } = p.nodes[x.0 as usize].op else { unreachable!("a fused head split") };
+                let mm = y.0 as usize;
+                let Op::MatMul { a, b } = p.nodes[mm].op else { unreachable!("a fused GEMM") };
+                let (sa, sb) = (&shapes[a.0 as usize], &shapes[b.0 as usize]);
+                let k = *sa.last().unwrap();
+                let (ba, (a_rows, a_cols)) = pl.read(a, |l| Some(gemm_a(l)));
+                let (bb, (b_row, b_offset)) = pl.read(b, gemm_b);
+                let mix = MixEpilogue { m: sx[1], h: al[1], p: al[2], s: sx[2], d: sx[3] };
+                let rows = sa.iter().product::<usize>() / k;
+                let spec = KernelSpec::MatMul { rows, k, f: sb[1], a_rows, a_cols, b_row, b_offset, mix: Some(mix) };
+                // The product never reaches memory: its write and read are not paid.
+                let gemm = op_cost(&p.nodes[mm].op, &shapes[mm], &[sa.clone(), sb.clone()]);
+                let mixing = op_cost(&node.op, &shape, &[sx.clone(), al.clone()]);
+                fused_work = Some((gemm.flops + mixing.flops, gemm.bytes + mixing.bytes - 8.0 * sx.iter().product::<usize>() as f64));
+                (spec, vec![ba, bb, pl.contiguous(*alpha)])
+            }
+            Op::MixHeads { x, alpha } => {
+                let (sx, al) = (sh(0), sh(1));
+                let (bx, (vx, x_m)) = pl.read(*x, |l| Some((l.view(), l.stride(1)?)));
+                let spec =
+                    KernelSpec::MixHeads { batch: sx[0], m: sx[1], h: al[1], p: al[2], s: sx[2], d: sx[3], x: vx, x_m };
+                (spec, vec![bx, pl.contiguous(*alpha)])
+            }
+            Op::MixCols { y, alpha } => {
+                let (sy, al) = (sh(0), sh(1));
+                let cols = *sy.last().unwrap();
+                let (by, (vy, y_m)) = pl.read(*y, |l| Some((l.view(), l.block_stride(al[0])?)));
+                let rows = sy.iter().product::<usize>() / cols;
+                let spec = KernelSpec::MixCols { rows, m: al[0], h: al[1], p: al[2], d: cols / al[0], y: vy, y_m };
+                (spec, vec![by, pl.contiguous(*alpha)])
+            }
+            Op::Collapse { x, r } => {
+                let (sx, sr) = (sh(0), sh(1));
+                let (bx, (vx, x_c)) = pl.read(*x, |l| {
+                    let flat = l.clone().flatten_heads();
+                    Some((flat.view(), flat.stride(1)?))
+                });
+                let spec =
+                    KernelSpec::Collapse { batch: sx[0], h: sr[0], c: sx[1] * sx[2], s: sx[3], d: sx[4], x: vx, x_c };
+                (spec, vec![bx, pl.contiguous(*r)])
+            }
+            Op::CollapseCols { y, r } => {
+                let (sy, sr) = (sh(0), sh(1));
+                let cols = *sy.last().unwrap();
+                let (by, (vy, y_c)) = pl.read(*y, |l| Some((l.view(), l.block_stride(sr[1])?)));
+                let rows = sy.iter().product::<usize>() / cols;
+                let spec = KernelSpec::CollapseCols { rows, h: sr[0], c: sr[1], d: cols / sr[1], y: vy, y_c };
+                (spec, vec![by, pl.contiguous(*r)])
+            }
+            Op::CollapseRows { w, r } => {
+                let (sw, sr) = (sh(0), sh(1));
+                let spec = KernelSpec::CollapseRows { h: sr[0], c: sr[1], d: sw[0] / sr[0], f: sw[1] };
+                (spec, vec![pl.contiguous(*w), pl.contiguous(*r)])
+            }
+            Op::BlockDiag { r, block } => {
+                let sr = sh(0);
+                (KernelSpec::BlockDiag { h: sr[0], cols: sr[1], block: *block as usize }, vec![pl.contiguous(*r)])
+            }
+            Op::ConcatCols { a, b } => {
+                let (sa, sb) = (sh(0), sh(1));
+                (KernelSpec::Concat { rows: sa[0], f1: sa[1], f2: sb[1] }, vec![pl.contiguous(*a), pl.contiguous(*b)])
+            }
+            Op::Rope { x, base } => {
+                let sx = sh(0);
+                let r = sx.len();
+                let (s, d) = (sx[r - 2], sx[r - 1]);
+                // cos and sin per (position, pair), in float64 on the host.
+                let mut table = Vec::with_capacity(s * d);
+                for pos in 0..s {
+                    for k in 0..d / 2 {
+                        let angle = pos as f64 * base.powf(-2.0 * k as f64 / d as f64);
+                        table.extend([angle.cos(), angle.sin()]);
+                    }
+                }
+                rope_table = Some(table);
+                let (bx, vx) = pl.read(*x, |l| Some(l.view()));
+                (KernelSpec::Rope { rows: len / d, s, d, base_bits: base.to_bits(), x: vx }, vec![bx])
+            }
+            Op::Attention { q, k, v, mask, scale } => {
+                let (sq, sk, sv) = (sh(0), sh(1), sh(2));
+                let Mask { kind, window, block } = *mask;
+                let (bq, vq) = pl.read(*q, Layout::row_view);
+                let (bk, vk) = pl.read(*k, Layout::row_view);
+                let (bv, vv) = pl.read(*v, Layout::row_view);
+                // One reader that merges heads or deinterleaves: write its layout.
+                if let [c] = readers[i][..] {
+                    let written = match p.nodes[c].op {
+                        Op::MergeHeads { .. } if shapes[c].len() == 3 => {
+                            Layout::contiguous(&shapes[c]).split_heads(sq[1])
+                        }
+                        Op::Deinterleave { .. } => Some(Layout::contiguous(&shapes[c]).interleave()),
+                        _ => None,
+                    };
+                    if let Some(w) = written.filter(|_| !is_output(i)) {
+                        out_shape = shapes[c].clone();
+                        out_layout = w;
+                    }
+                }
+                let out = out_layout.row_view().expect("attention writes rows of its output contiguously");
+                let spec = KernelSpec::Attention {
+                    batch: sq[0],
+                    h: sq[1],
+                    hk: sk[1],
+                    s: sq[2],
+                    sk: sk[2],
+                    d: sq[3],
+                    e: sv[3],
+                    mask: kind,
+                    window: window.map(|w| w as usize),
+                    block: block as usize,
+                    scale_bits: scale.to_bits(),
+                    q: vq,
+                    k: vk,
+                    v: vv,
+                    out,
+                };
+                (spec, vec![bq, bk, bv])
+            }
+            Op::Reduce { x, kind, axes, .. } => {
+                let sx = sh(0);
+                let (bx, (base, inner)) = pl.read(*x, |l| {
+                    let (base, inner) = l.reduce_views(axes);
+                    (inner.terms.len() <= 1 || l.is_contiguous()).then_some((base, inner))
+                });
+                let count = axes.iter().map(|&a| sx[a]).product();
+                (KernelSpec::Reduce { len, op: *kind, count, base, inner }, vec![bx])
+            }
+            Op::LooMean { x, axis } => {
+                let sx = sh(0);
+                let spec = KernelSpec::LooMean { len, n: sx[*axis], stride: row_major_strides(&sx)[*axis] };
+                (spec, vec![pl.contiguous(*x)])
+            }
+            Op::Input { .. }
+            | Op::Scalar { .. }
+            | Op::Constant { .. }
+            | Op::SplitHeads { .. }
+            | Op::MergeHeads { .. }
+            | Op::Interleave { .. }
+            | Op::Deinterleave { .. }
+            | Op::UnflattenHeads { .. }
+            | Op::FlattenHeads { .. }
+            | Op::SliceCols { .. } => unreachable!("leaves and layout operations launch nothing"),
+        };
+        if let Some(values) = rope_table {
+            let n = values.len();
+            bindings.push(pl.buffer(&[n], BufferRole::Constant { values }));
+        }
+        let out = pl.buffer(&out_shape, BufferRole::Temp);
+        bindings.push(out);
+        let operand_shapes: Vec<Vec<usize>> = operands.iter().map(|o| shapes[o.0 as usize].clone()).collect();
+        let work = op_cost(&node.op, &shape, &operand_shapes);
+        let (flops, bytes) = fused_work.unwrap_or((work.flops, work.bytes));
+        pl.launch(spec, bindings, flops, bytes);
+        pl.vals.push(Val::At { buf: out, layout: out_layout });
+    }
+    let outputs: Vec<(String, usize)> = p.outputs.iter().map(|(n, id)| (n.clone(), pl.contiguous(*id))).collect();
+    let Planner { mut buffers, mut launches, .. } = pl;
+    // Liveness: a temporary dies after its last reader, unless it is an output.
+    for b in &buffers {
+        if b.role != BufferRole::Temp || outputs.iter().any(|(_, o)| *o == b.id) {
+            continue;
+        }
+        if let Some(last) = launches.iter().rposition(|l| l.bindings.contains(&b.id)) {
+            launches[last].frees.push(b.id);
+        }
+    }
+    buffers.shrink_to_fit();
+    Plan { spec: p.name.clone(), dims: dims.clone(), buffers, launches, outputs }
+}

@@ -1,0 +1,332 @@
+//! What one launch computes ([`KernelSpec`]) and the tile shapes every
+//! reader of a launch (planner, kernels, emitter, cost model) takes from here.
+
+use super::group::{self, GroupStep};
+use super::view::{RowView, View};
+use crate::ir::{BinaryOp, MaskKind, ReduceKind, UnaryOp};
+use serde::Serialize;
+
+/// What one launch computes. Sizes are comptime constants of the kernel.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum KernelSpec {
+    /// `out[i] = x[view(i)]`: head splits and merges, interleaving, slices.
+    Gather { len: usize, x: View },
+    /// `out[i] = op(a[va(i)], b[vb(i)])`.
+    Binary { len: usize, op: BinaryOp, a: View, b: View },
+    /// `out[i] = op(x[vx(i)])`.
+    Unary { len: usize, op: UnaryOp, x: View },
+    /// `out[i] = cond[vc(i)] != 0 ? a[va(i)] : b[vb(i)]`.
+    Where { len: usize, cond: View, a: View, b: View },
+    /// `out[i·(L−1) + t] = x[i] >= t + 2`.
+    Thresholds { len: usize, levels: usize },
+    /// Tiled `out[rows, f] = a[rows, k] · b[k, f]`: row `r`, column `c` of
+    /// `a` at `a_rows(r) + a_cols(c)` (so merged heads, slices and other
+    /// layouts are read in place), row `t` of `b` at `b_offset + t·b_row`.
+    /// With `mix`, the epilogue mixes heads instead of storing the product
+    /// (see [`MixEpilogue`]); `alpha` is bound after `b`.
+    MatMul {
+        rows: usize,
+        k: usize,
+        f: usize,
+        a_rows: View,
+        a_cols: View,
+        b_row: usize,
+        b_offset: usize,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        mix: Option<MixEpilogue>,
+    },
+    /// `out[b,h,j,s,e] = Σ_m alpha[m,h,j] · x[b,m,s,e]`, `x[b,m,s,e]` at
+    /// `x(index of [b,0,s,e]) + m·x_m` (a head split read in place).
+    MixHeads { batch: usize, m: usize, h: usize, p: usize, s: usize, d: usize, x: View, x_m: usize },
+    /// `out[r, (h·P+j)·d+e] = Σ_m alpha[m,h,j] · y[r, m·d+e]`, `y[r, m·d+e]`
+    /// at `y(index of [r, e]) + m·y_m`.
+    MixCols { rows: usize, m: usize, h: usize, p: usize, d: usize, y: View, y_m: usize },
+    /// `out[b,h,s,e] = Σ_c r[h,c] · x[b,c,s,e]` (x's heads and pseudo-heads
+    /// flattened to c), `x[b,c,s,e]` at `x(index of [b,0,s,e]) + c·x_c`.
+    Collapse { batch: usize, h: usize, c: usize, s: usize, d: usize, x: View, x_c: usize },
+    /// `out[r, h·d+e] = Σ_c r[h,c] · y[r, c·d+e]`, `y[r, c·d+e]` at `y(index of [r, e]) + c·y_c`.
+    CollapseCols { rows: usize, h: usize, c: usize, d: usize, y: View, y_c: usize },
+    /// `out[c·d+e, f] = Σ_h r[h,c] · w[h·d+e, f]`.
+    CollapseRows { h: usize, c: usize, d: usize, f: usize },
+    /// `out[h, c] = r[h, c]` if `c / block == h`, else 0.
+    BlockDiag { h: usize, cols: usize, block: usize },
+    /// `out[r, 0..f1] = a[r], out[r, f1..] = b[r]`.
+    Concat { rows: usize, f1: usize, f2: usize },
+    /// Rotate-half RoPE at row position `row % s`; element `i` of the
+    /// (row-major) operand at `x(i)`.
+    Rope { rows: usize, s: usize, d: usize, base_bits: u64, x: View },
+    /// Flash attention: query tiles against key tiles with an online softmax;
+    /// `s` query rows, `sk` key rows (queries aligned to the end of the keys).
+    Attention {
+        batch: usize,
+        h: usize,
+        hk: usize,
+        s: usize,
+        sk: usize,
+        d: usize,
+        e: usize,
+        mask: MaskKind,
+        window: Option<usize>,
+        block: usize,
+        scale_bits: u64,
+        /// Layouts of the operands and the output (views of their buffers).
+        q: RowView,
+        k: RowView,
+        v: RowView,
+        out: RowView,
+    },
+    /// `out[o] = reduce_r x[base(o) + inner(r)]` over `count` elements.
+    Reduce { len: usize, op: ReduceKind, count: usize, base: View, inner: View },
+    /// `out[i] = (Σ_r x[base(i) + r·stride] − x[i]) / (n − 1)`.
+    LooMean { len: usize, n: usize, stride: usize },
+    /// Group-local work fused into one cube per group (see `group.rs`):
+    /// `inputs` bindings, then the output of `len` values; `scratch` f32 of shared memory.
+    Group { groups: usize, len: usize, inputs: usize, scratch: usize, steps: Vec<GroupStep> },
+}
+
+impl KernelSpec {
+    /// Units per cube and cubes for this launch.
+    pub fn grid(&self) -> ((u32, u32, u32), (u32, u32, u32)) {
+        let linear = |len: usize| ((256, 1, 1), ((len.div_ceil(256)).max(1) as u32, 1, 1));
+        match self {
+            KernelSpec::MatMul { rows, f, mix, .. } => {
+                let lanes = self.line_size();
+                let x = match mix {
+                    Some(mix) => (mix.d / lanes).div_ceil(mix.channels(lanes)),
+                    None => (f / lanes).div_ceil(gemm_cols(*f, lanes)),
+                };
+                ((GEMM_UNITS as u32, 1, 1), (x as u32, rows.div_ceil(GEMM_UNITS * GEMM_ROWS) as u32, 1))
+            }
+            KernelSpec::Attention { batch, h, s, .. } => {
+                let rows = ATTN_ROWS * self.attention_tiles().unit_rows;
+                ((ATTN_ROWS as u32, 1, 1), (s.div_ceil(rows) as u32, (batch * h) as u32, 1))
+            }
+            KernelSpec::Group { groups, .. } => ((GROUP_UNITS as u32, 1, 1), (*groups as u32, 1, 1)),
+            other => linear(other.len()),
+        }
+    }
+
+    /// Number of output elements.
+    pub fn len(&self) -> usize {
+        match *self {
+            KernelSpec::Gather { len, .. }
+            | KernelSpec::Binary { len, .. }
+            | KernelSpec::Unary { len, .. }
+            | KernelSpec::Where { len, .. }
+            | KernelSpec::Reduce { len, .. }
+            | KernelSpec::LooMean { len, .. }
+            | KernelSpec::Group { len, .. } => len,
+            KernelSpec::Thresholds { len, levels } => len * (levels - 1),
+            KernelSpec::MatMul { rows, mix: Some(m), .. } => rows * m.h * m.p * m.d,
+            KernelSpec::MatMul { rows, f, .. } => rows * f,
+            KernelSpec::MixHeads { batch, h, p, s, d, .. } => batch * h * p * s * d,
+            KernelSpec::MixCols { rows, h, p, d, .. } => rows * h * p * d,
+            KernelSpec::Collapse { batch, h, s, d, .. } => batch * h * s * d,
+            KernelSpec::CollapseCols { rows, h, d, .. } => rows * h * d,
+            KernelSpec::CollapseRows { c, d, f, .. } => c * d * f,
+            KernelSpec::BlockDiag { h, cols, .. } => h * cols,
+            KernelSpec::Concat { rows, f1, f2 } => rows * (f1 + f2),
+            KernelSpec::Rope { rows, d, .. } => rows * d / 2,
+            KernelSpec::Attention { batch, h, s, e, .. } => batch * h * s * e,
+        }
+    }
+
+    /// Register-blocked kernels (`attention.rs`, `gemm.rs`): their buffers are
+    /// vectors of [`KernelSpec::line_size`] floats, every read clamped and
+    /// every write guarded by construction.
+    pub fn vectorised(&self) -> bool {
+        matches!(self, KernelSpec::MatMul { .. } | KernelSpec::Attention { .. })
+    }
+
+    /// The tiling of an attention launch (any other launch: a single unit row
+    /// and key tile, unused).
+    pub fn attention_tiles(&self) -> AttnTiles {
+        match *self {
+            KernelSpec::Attention { s, sk, d, e, mask, window, block, .. } => {
+                let l = self.line_size();
+                AttnTiles::new(
+                    d / l,
+                    e / l,
+                    s,
+                    sk,
+                    mask != MaskKind::None || window.is_some(),
+                    window.unwrap_or(0) * block,
+                )
+            }
+            _ => AttnTiles { unit_rows: 1, key_tile: 1 },
+        }
+    }
+
+    /// The vector width (floats) of the kernel's loads and stores.
+    pub fn line_size(&self) -> usize {
+        match *self {
+            KernelSpec::MatMul { k, f, ref a_rows, ref a_cols, b_row, b_offset, mix, .. } => [4, 2, 1]
+                .into_iter()
+                .find(|&l| {
+                    line_size(&[k, f, b_row, b_offset, a_rows.offset, mix.map_or(f, |m| m.d)]) >= l
+                        && a_rows.terms.iter().all(|t| t.2 % l == 0)
+                        && a_cols.in_vectors(l).is_some()
+                })
+                .unwrap_or(1),
+            KernelSpec::Attention { d, e, q, k, v, out, .. } => {
+                let mut ns = vec![d, e];
+                for view in [q, k, v, out] {
+                    ns.extend([view.offset, view.batch, view.head, view.outer, view.inner]);
+                }
+                line_size(&ns)
+            }
+            _ => 1,
+        }
+    }
+
+    /// Floats per element of binding `slot` (operands in order, then the
+    /// output): the line size, except a mixing epilogue's coefficients.
+    pub fn binding_line_size(&self, slot: usize) -> usize {
+        if self.vectorised() && !self.scalar_binding(slot) {
+            self.line_size()
+        } else {
+            1
+        }
+    }
+
+    /// Whether a vectorised kernel reads binding `slot` as single floats.
+    pub fn scalar_binding(&self, slot: usize) -> bool {
+        matches!(self, KernelSpec::MatMul { mix: Some(_), .. }) && slot == 2
+    }
+
+    /// The most loop iterations one unit runs (every loop, nested ones
+    /// multiplied), for drivers that bound them ([`LOOP_TRIPS_CPU`]).
+    pub fn loop_trips(&self) -> usize {
+        match *self {
+            KernelSpec::MatMul { k, mix, .. } => k / self.line_size() + mix.map_or(0, |m| m.h * m.p),
+            KernelSpec::Attention { sk, .. } => 2 * sk.div_ceil(self.attention_tiles().key_tile) + 2,
+            KernelSpec::MixHeads { m, .. } => m,
+            KernelSpec::MixCols { m, .. } => m,
+            KernelSpec::Collapse { c, .. } | KernelSpec::CollapseCols { c, .. } => c,
+            KernelSpec::CollapseRows { h, .. } => h,
+            KernelSpec::Reduce { op, count, .. } => {
+                if matches!(op, ReduceKind::Var { .. }) {
+                    2 * count
+                } else {
+                    count
+                }
+            }
+            KernelSpec::LooMean { n, .. } => n,
+            KernelSpec::Group { ref steps, .. } => group::loop_trips(steps),
+            _ => 1,
+        }
+    }
+
+    /// A short name for the kernel kind (`matmul`, `attention`, …).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            KernelSpec::Gather { .. } => "gather",
+            KernelSpec::Binary { .. } => "binary",
+            KernelSpec::Unary { .. } => "unary",
+            KernelSpec::Where { .. } => "where",
+            KernelSpec::Thresholds { .. } => "thresholds",
+            KernelSpec::MatMul { mix: Some(_), .. } => "matmul_mix",
+            KernelSpec::MatMul { .. } => "matmul",
+            KernelSpec::MixHeads { .. } => "mix_heads",
+            KernelSpec::MixCols { .. } => "mix_cols",
+            KernelSpec::Collapse { .. } => "collapse",
+            KernelSpec::CollapseCols { .. } => "collapse_cols",
+            KernelSpec::CollapseRows { .. } => "collapse_rows",
+            KernelSpec::BlockDiag { .. } => "block_diag",
+            KernelSpec::Concat { .. } => "concat",
+            KernelSpec::Rope { .. } => "rope",
+            KernelSpec::Attention { .. } => "attention",
+            KernelSpec::Reduce { .. } => "reduce",
+            KernelSpec::LooMean { .. } => "loo_mean",
+            KernelSpec::Group { .. } => "group",
+        }
+    }
+}
+
+/// A GEMM epilogue that mixes heads: the product's `f = m·d` columns are
+/// `m` heads of `d` and its rows `b·s + t`; instead of the product it writes
+/// `out[b, h, j, t, e] = Σ_m alpha[m, h, j] · y[b·s + t, m·d + e]`, row-major
+/// `[rows / s, h, p, s, d]` — `mix_heads(split_heads(x @ w, m), alpha)` in one
+/// launch. A cube's columns are `channels` vectors of each of the `m` heads,
+/// so every unit holds all heads of the channels it mixes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+pub struct MixEpilogue {
+    pub m: usize,
+    pub h: usize,
+    pub p: usize,
+    pub s: usize,
+    pub d: usize,
+}
+
+impl MixEpilogue {
+    /// Heads a GEMM tile can hold for the epilogue (one vector of each).
+    pub const MAX_HEADS: usize = GEMM_COLS / 4;
+
+    /// Channel vectors (of `lanes` floats) of each head per cube.
+    pub fn channels(&self, lanes: usize) -> usize {
+        (GEMM_COLS / lanes / self.m).clamp(1, self.d / lanes)
+    }
+}
+
+/// Units per GEMM cube; each owns [`GEMM_ROWS`] rows of the output.
+pub const GEMM_UNITS: usize = 64;
+pub const GEMM_ROWS: usize = 4;
+/// Output columns (floats) per GEMM cube, at most.
+pub const GEMM_COLS: usize = 32;
+/// Units per attention cube; each owns `AttnTiles::unit_rows` query rows.
+pub const ATTN_ROWS: usize = 64;
+/// Loop iterations one unit may run on Mesa's CPU drivers (llvmpipe,
+/// lavapipe): they count every loop back-edge of an invocation against one
+/// limit of 65 535 and, past it, leave every loop silently. Kernels unroll
+/// their inner loops so that only tiles and steps count (see [`KernelSpec::loop_trips`]).
+pub const LOOP_TRIPS_CPU: usize = 65_000;
+
+/// The widest vector (4, 2 or 1 floats) dividing every length in `ns`.
+pub fn line_size(ns: &[usize]) -> usize {
+    [4, 2, 1].into_iter().find(|l| ns.iter().all(|n| n % l == 0)).unwrap_or(1)
+}
+
+/// Column vectors per GEMM cube for `f` output columns in vectors of `lanes`.
+pub fn gemm_cols(f: usize, lanes: usize) -> usize {
+    (GEMM_COLS / lanes).min(f / lanes).max(1)
+}
+
+/// How an attention launch is tiled: query rows per unit and key rows per tile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttnTiles {
+    /// Query rows each unit owns; a cube owns `ATTN_ROWS · unit_rows`.
+    pub unit_rows: usize,
+    /// Key rows per tile (one softmax rescale each).
+    pub key_tile: usize,
+}
+
+impl AttnTiles {
+    /// Tiles for `dl` query and `el` value vectors a row, `s` queries over
+    /// `sk` keys, `masked` when some key tiles are partly visible and
+    /// `window_rows` the rows a window spans (0: none).
+    ///
+    /// Every key and value row a plane loads serves all `unit_rows` rows of
+    /// a unit, so more rows per unit amortise the loads, broadcasts and
+    /// tile bookkeeping; the registers held (`unit_rows · (dl + el)`
+    /// vectors) and the unrolled tile (`unit_rows · key_tile · (dl + el)`
+    /// vector operations) are bounded, and under a mask or window a cube
+    /// spans at most a quarter of the queries or the window, so that few of
+    /// the pairs it computes are masked.
+    pub fn new(dl: usize, el: usize, s: usize, sk: usize, masked: bool, window_rows: usize) -> AttnTiles {
+        let width = (dl + el).max(1);
+        let pow2_floor = |x: usize| 1usize << x.max(1).ilog2();
+        let mut rows = pow2_floor((256 / width).clamp(1, 8)).min(pow2_floor(s.div_ceil(ATTN_ROWS)));
+        if masked {
+            rows = rows.min(pow2_floor(s / (4 * ATTN_ROWS)));
+        }
+        if window_rows > 0 {
+            rows = rows.min(pow2_floor(window_rows / ATTN_ROWS));
+        }
+        let key_tile = pow2_floor((2048 / (rows * width)).clamp(4, 32)).min(sk.next_power_of_two().max(4));
+        AttnTiles { unit_rows: rows, key_tile }
+    }
+}
+
+/// Units per group-kernel cube (`kernels::unit_element` strides by it).
+pub const GROUP_UNITS: usize = 256;
