@@ -235,6 +235,42 @@ fn plane_widths(make: fn() -> Result<Gpu, attnc_runtime::gpu::exec::GpuError>) {
     }
 }
 
+/// GEMMs at sizes past several tiles in every dimension and at awkward ones
+/// (odd widths read as single floats, `k` not a multiple of a stage), with
+/// their tiles staged in shared memory (the GPU path; forced here) or read
+/// directly (Mesa's CPU drivers): plain products, batched `a`, and whole
+/// specs whose GEMMs read merged heads and slices of a merged projection and
+/// mix heads in their epilogue.
+fn gemms(make: fn() -> Result<Gpu, attnc_runtime::gpu::exec::GpuError>) {
+    let shapes: &[(&str, &str, &str)] = &[
+        ("[700, 37]", "[37, 45]", "odd widths"),
+        ("[513, 260]", "[260, 96]", "k = 32 stages and a half"),
+        ("[3, 5]", "[5, 7]", "smaller than one tile"),
+        ("[1030, 64]", "[64, 264]", "several tiles of rows and columns"),
+        ("[2, 300, 36]", "[36, 20]", "a batched operand"),
+    ];
+    for staged in [false, true] {
+        let gpu = device(make).with_gemm_staging(staged);
+        for (a, b, what) in shapes {
+            let src = format!("spec g\ninput a: {a}\ninput b: {b}\noutput y = a @ b\n");
+            let c = attnc_compiler::compile(&src, &[]).unwrap();
+            check_spec(&gpu, &c, &seeded(&c, 5), false, &format!("GEMM {a} @ {b} ({what}), staged: {staged}"));
+        }
+        let specs: Vec<(&str, Vec<(&'static str, String)>)> = vec![
+            ("mha", sets(&[("H", "3"), ("d", "10"), ("N", "150")])),
+            ("iha", sets(&[("H", "4"), ("P", "3"), ("d", "16"), ("N", "70"), ("B", "2")])),
+            ("iha", sets(&[("H", "2"), ("P", "2"), ("d", "7"), ("N", "300"), ("collapse", "per_head")])),
+        ];
+        for (spec, s) in specs {
+            let c = compile_stdlib(spec, &s);
+            for optimize in [false, true] {
+                let what = format!("{spec} {s:?} optimized: {optimize}, staged: {staged}");
+                check_spec(&gpu, &c, &seeded(&c, 6), optimize, &what);
+            }
+        }
+    }
+}
+
 /// A launch past the loop iterations Mesa's CPU drivers run is refused with
 /// a clear error there, never run wrongly; elsewhere it runs and is right.
 fn loop_limit(gpu: &Gpu) {
@@ -466,6 +502,11 @@ macro_rules! backend_tests {
             #[test]
             fn narrower_plane_widths_match_the_interpreter() {
                 plane_widths($make);
+            }
+
+            #[test]
+            fn gemms_match_the_interpreter_staged_or_not() {
+                gemms($make);
             }
 
             #[test]

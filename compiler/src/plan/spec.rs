@@ -274,6 +274,9 @@ pub const GEMM_UNITS: usize = 64;
 pub const GEMM_ROWS: usize = 4;
 /// Output columns (floats) per GEMM cube, at most.
 pub const GEMM_COLS: usize = 32;
+/// Floats of `k` per shared-memory stage of the staged GEMM (two stages in
+/// flight: `2 · (GEMM_UNITS · GEMM_ROWS + cols) · GEMM_STAGE_K` floats).
+pub const GEMM_STAGE_K: usize = 8;
 /// Units per attention cube; each owns `AttnTiles::unit_rows` query rows.
 pub const ATTN_ROWS: usize = 64;
 /// Loop iterations one unit may run on Mesa's CPU drivers (llvmpipe,

@@ -5,7 +5,7 @@
 
 use attnc_compiler::plan::group::{GroupStep, MapOp};
 use super::kernels as k;
-use attnc_compiler::plan::{KernelSpec, View, GROUP_UNITS};
+use attnc_compiler::plan::{KernelSpec, View, GEMM_COLS, GEMM_ROWS, GEMM_STAGE_K, GEMM_UNITS, GROUP_UNITS};
 use super::{attention, gemm};
 use attnc_compiler::ir::{BinaryOp, MaskKind, ReduceKind, UnaryOp};
 use cubecl::prelude::*;
@@ -16,6 +16,8 @@ pub struct IrKernel {
     pub spec: KernelSpec,
     /// Units of a plane that share loaded rows by broadcasts (1: none).
     pub plane: u32,
+    /// Whether the GEMM stages its tiles in shared memory (see `gemm.rs`).
+    pub staged: bool,
     pub settings: KernelSettings,
     pub props: Arc<DeviceProperties>,
     pub target: Arc<TargetProperties>,
@@ -27,7 +29,14 @@ impl IrKernel {
         let mode = if spec.vectorised() { ExecutionMode::Unchecked } else { ExecutionMode::Checked };
         let settings = KernelSettings::new(CubeDim::new_3d(x, y, z).into(), mode, AddressType::U32).kernel_name(name);
         let plane = plane_width(&props);
-        IrKernel { name: name.to_string(), spec: spec.clone(), plane, settings, props, target }
+        let staged = stages_gemm(&props);
+        IrKernel { name: name.to_string(), spec: spec.clone(), plane, staged, settings, props, target }
+    }
+
+    /// The same kernel with the GEMM staged in shared memory or not.
+    pub fn with_staging(mut self, staged: bool) -> IrKernel {
+        self.staged = staged;
+        self
     }
 
     /// The same kernel sharing rows over planes of `plane` units instead.
@@ -63,7 +72,7 @@ impl KernelMetadata for IrKernel {
             .address_type(self.settings.address_type)
             .cube_dim(self.settings.cube_dim)
             .mode(self.settings.execution_mode)
-            .info(format!("{}:{}:{:?}", self.name, self.plane, self.spec))
+            .info(format!("{}:{}:{}:{:?}", self.name, self.plane, self.staged, self.spec))
     }
 
     fn address_type(&self) -> ElemType {
@@ -146,6 +155,18 @@ pub fn mesa_cpu(adapter: &str) -> bool {
     adapter.starts_with("llvmpipe")
 }
 
+/// Whether GEMMs stage their `a` and `b` tiles in shared memory, double
+/// buffered: on GPUs (devices with plane operations that are not Mesa's CPU
+/// drivers, where shared memory is no faster than the cache) with room for
+/// the stages. Offline WGSL has no plane operations, so it keeps to WebGPU's
+/// guaranteed 16 KiB of shared memory.
+pub fn stages_gemm(props: &DeviceProperties) -> bool {
+    let need = 2 * (GEMM_UNITS * GEMM_ROWS + GEMM_COLS) * GEMM_STAGE_K * 4;
+    props.features.plane.contains(cubecl::ir::features::Plane::Ops)
+        && !mesa_cpu(&props.identity.name)
+        && props.hardware.max_shared_memory_size >= need
+}
+
 /// The plane width kernels may rely on: the device's smallest plane when it
 /// has plane operations (Mesa's CPU drivers have them), else 1.
 pub fn plane_width(props: &DeviceProperties) -> u32 {
@@ -215,7 +236,11 @@ impl IrKernel {
                     b_offset: b_offset / lanes,
                     mix: mix.map(|m| (m, scalars.pop().expect("the mixing coefficients"))),
                 };
-                gemm::build::<N>(scope, &bufs[0], &bufs[1], &mut out, &shape, lanes, self.plane)
+                if self.staged {
+                    gemm::build_staged::<N>(scope, &bufs[0], &bufs[1], &mut out, &shape, lanes)
+                } else {
+                    gemm::build::<N>(scope, &bufs[0], &bufs[1], &mut out, &shape, lanes, self.plane)
+                }
             }
             KernelSpec::Attention { h, hk, s, sk, d, e, ref mask, window, block, q, k: kv, v, out: o, .. } => {
                 let shape = attention::Shape {

@@ -38,6 +38,8 @@ pub struct Gpu {
     precompiled: Option<BTreeMap<String, String>>,
     /// Plane width the kernels rely on, instead of the device's (see `define::plane_width`).
     plane: Option<u32>,
+    /// Whether GEMMs stage tiles in shared memory, instead of the device's choice.
+    staged: Option<bool>,
 }
 
 /// A kernel whose source was generated earlier (by `attnc compile`).
@@ -100,7 +102,7 @@ impl Gpu {
         let client = std::panic::catch_unwind(|| device.client())
             .map_err(|_| GpuError::Unavailable("wgpu", "creating the device client failed".into()))?;
         let adapter = client.properties().identity.name.clone();
-        Ok(Gpu { client, backend: "wgpu", adapter, precompiled: None, plane: None })
+        Ok(Gpu { client, backend: "wgpu", adapter, precompiled: None, plane: None, staged: None })
     }
 
     /// The CUDA device 0, when built with the `cuda` feature and a driver is present.
@@ -116,7 +118,7 @@ impl Gpu {
             let client = std::panic::catch_unwind(|| device.client())
                 .map_err(|_| GpuError::Unavailable("cuda", "creating the CUDA client failed".into()))?;
             let adapter = client.properties().identity.name.clone();
-            Ok(Gpu { client, backend: "cuda", adapter, precompiled: None, plane: None })
+            Ok(Gpu { client, backend: "cuda", adapter, precompiled: None, plane: None, staged: None })
         }
         #[cfg(not(feature = "cuda"))]
         Err(GpuError::NotBuilt("cuda"))
@@ -132,6 +134,13 @@ impl Gpu {
     /// rather than the device's smallest plane; `width` must not exceed it.
     pub fn with_plane_width(mut self, width: u32) -> Gpu {
         self.plane = Some(width.max(1));
+        self
+    }
+
+    /// GEMMs staged in shared memory (`true`) or reading device memory
+    /// directly, rather than the device's choice (`define::stages_gemm`).
+    pub fn with_gemm_staging(mut self, staged: bool) -> Gpu {
+        self.staged = Some(staged);
         self
     }
 
@@ -234,6 +243,9 @@ impl Gpu {
             IrKernel::new(name, spec, self.client.properties_shared(), self.client.target_properties_shared());
         if let Some(w) = self.plane {
             kernel = kernel.with_plane(w);
+        }
+        if let Some(staged) = self.staged {
+            kernel = kernel.with_staging(staged);
         }
         match self.precompiled.as_ref().and_then(|p| p.get(name)) {
             Some(source) => {

@@ -4,15 +4,65 @@
 //! A cube of [`GEMM_UNITS`] units computes `GEMM_UNITS · GEMM_ROWS` rows by
 //! `cols` vectors of the line size; each unit owns [`GEMM_ROWS`] rows (strided
 //! by the cube size) and all `cols` column vectors, so it keeps
-//! `GEMM_ROWS · cols` vector accumulators in registers. Per step of one line
-//! of `k`, a unit loads one vector of each of its rows of `a`; the `b` rows'
-//! vectors are loaded once per plane, a share per lane, and reach the other
-//! lanes by plane broadcasts. The one runtime loop walks `k` by lines.
+//! `GEMM_ROWS · cols` vector accumulators in registers. Two ways to feed them:
+//!
+//! - [`build`] (Mesa's CPU drivers, offline WGSL): per step of one line of
+//!   `k`, a unit loads one vector of each of its rows of `a`; the `b` rows'
+//!   vectors are loaded once per plane, a share per lane, and reach the other
+//!   lanes by plane broadcasts. The one runtime loop walks `k` by lines.
+//! - [`build_staged`] (GPUs): the cube copies a stage of [`GEMM_STAGE_K`]
+//!   floats of `k` of its `a` rows and `b` columns into shared memory,
+//!   coalesced (consecutive units read consecutive vectors) and zero-filled
+//!   past `k`, while it computes on the previous stage: two buffers, one
+//!   barrier per stage. The runtime loop walks the stages.
+//!
+//! Prologue and epilogue: `a` is read through row and column views (merged
+//! heads, slices of a merged projection), `b` at any row stride, and the
+//! epilogue either stores the tile or mixes heads ([`MixEpilogue`]), for which
+//! a cube's columns are `ce` channel vectors of each of the `m` heads.
 
 use super::define::view;
 use super::kernels as k;
-use attnc_compiler::plan::{gemm_cols, MixEpilogue, View, GEMM_ROWS, GEMM_UNITS};
+use attnc_compiler::plan::{gemm_cols, MixEpilogue, View, GEMM_ROWS, GEMM_STAGE_K, GEMM_UNITS};
 use cubecl::prelude::*;
+
+/// A GEMM's sizes (floats) and its operands' addressing (vectors): row `r`,
+/// column vector `c` of `a` at `a_rows(r) + a_cols(c)`, row `t` of `b` at
+/// `b_offset + t·b_row`.
+pub struct Shape {
+    pub rows: usize,
+    pub kdim: usize,
+    pub f: usize,
+    pub a_rows: View,
+    pub a_cols: View,
+    pub b_row: usize,
+    pub b_offset: usize,
+    /// A mixing epilogue and its coefficients.
+    pub mix: Option<(MixEpilogue, NativeExpand<[f32]>)>,
+}
+
+/// A cube's column tile in vectors: `cols` of them; with a mixing epilogue,
+/// `ce` channels of each head of `dl` vectors (`ce` = 0 without); `fl` vectors a row of `b`.
+#[derive(Clone, Copy)]
+struct Tile {
+    cols: usize,
+    ce: usize,
+    dl: usize,
+    fl: usize,
+}
+
+impl Tile {
+    fn new(shape: &Shape, lanes: usize) -> Tile {
+        let fl = shape.f / lanes;
+        match &shape.mix {
+            Some((m, _)) => {
+                let ce = m.channels(lanes);
+                Tile { cols: m.m * ce, ce, dl: m.d / lanes, fl }
+            }
+            None => Tile { cols: gemm_cols(shape.f, lanes), ce: 0, dl: 0, fl },
+        }
+    }
+}
 
 /// Row `m` of this unit, and whether it exists.
 #[cube]
@@ -26,49 +76,78 @@ fn clamp_row(row: usize, #[comptime] rows: usize) -> usize {
     min(row, comptime![rows - 1])
 }
 
-/// The vector at `at` of `a`.
+/// The vector at `at` of `x`.
 #[cube]
-fn a_vector<N: Size>(a: &[Vector<f32, N>], at: usize) -> Vector<f32, N> {
-    a[at]
+fn load<N: Size>(x: &[Vector<f32, N>], at: usize) -> Vector<f32, N> {
+    x[at]
 }
 
-/// This lane's share `r` of the cube's `cols` vectors of row `kt·L + kk` of `b`
-/// (`b_row` vectors a row from `b_offset`), columns clamped to the last of
-/// `fl`. With a mixing epilogue (`ce` > 0) the cube's columns are `ce`
-/// channel vectors of each head of `dl` vectors, channels clamped to the last.
+/// `x[at]` if `inside`, else zeros.
 #[cube]
-#[allow(clippy::too_many_arguments)]
-#[allow(unused_assignments)]
-fn b_share<N: Size>(
-    b: &[Vector<f32, N>],
-    kt: usize,
-    lane: usize,
-    #[comptime] lanes: usize,
-    #[comptime] kk: usize,
-    #[comptime] per: usize,
-    #[comptime] r: usize,
-    #[comptime] cols: usize,
-    #[comptime] fl: usize,
-    #[comptime] b_row: usize,
-    #[comptime] b_offset: usize,
-    #[comptime] ce: usize,
-    #[comptime] dl: usize,
-) -> Vector<f32, N> {
-    let mut c = lane * per + r;
-    if c >= cols {
-        c = comptime![cols - 1];
+fn load_or_zero<N: Size>(x: &[Vector<f32, N>], at: usize, inside: bool) -> Vector<f32, N> {
+    let mut v = Vector::new(f32::new(0.0));
+    if inside {
+        v = x[at];
     }
+    v
+}
+
+#[cube]
+fn put<N: Size>(x: &mut [Vector<f32, N>], at: usize, v: Vector<f32, N>) {
+    x[at] = v;
+}
+
+/// The column vector of `b` that the cube's column `c` (clamped to the
+/// tile) reads: `c` of the cube's block of `cols`, or with a mixing epilogue
+/// (`ce` > 0) channel `c % ce` of the block of head `c / ce`; clamped to the
+/// last column or channel.
+#[cube]
+#[allow(unused_assignments)]
+fn tile_col(c: usize, #[comptime] cols: usize, #[comptime] fl: usize, #[comptime] ce: usize, #[comptime] dl: usize) -> usize {
+    let c = min(c, comptime![cols - 1]);
     let mut col = 0usize;
     if comptime![ce == 0] {
-        col = CUBE_POS_X as usize * cols + c;
-        if col >= fl {
-            col = comptime![fl - 1];
-        }
+        col = min(CUBE_POS_X as usize * cols + c, comptime![fl - 1]);
     } else {
         let ch = min(CUBE_POS_X as usize * ce + c % ce, comptime![dl - 1]);
         col = c / ce * dl + ch;
     }
-    b[(kt * lanes + kk) * b_row + col + b_offset]
+    col
+}
+
+/// Where row `t` of `b` starts (vectors).
+#[cube]
+fn b_row_start(t: usize, #[comptime] b_row: usize, #[comptime] b_offset: usize) -> usize {
+    t * b_row + b_offset
+}
+
+/// Row `kt·lanes + kk` of `b`'s start, for the broadcast variant.
+#[cube]
+fn b_step_row(kt: usize, #[comptime] lanes: usize, #[comptime] kk: usize) -> usize {
+    kt * lanes + kk
+}
+
+/// This lane's column `lane·per + r`.
+#[cube]
+fn lane_col(lane: usize, #[comptime] per: usize, #[comptime] r: usize) -> usize {
+    lane * per + r
+}
+
+/// Store accumulator `v` at row `row`, column vector `c` of the cube, if both exist.
+#[cube]
+fn store<N: Size>(
+    out: &mut [Vector<f32, N>],
+    row: usize,
+    v: Vector<f32, N>,
+    #[comptime] c: usize,
+    #[comptime] rows: usize,
+    #[comptime] cols: usize,
+    #[comptime] fl: usize,
+) {
+    let col = CUBE_POS_X as usize * cols + c;
+    if row < rows && col < fl {
+        out[row * fl + col] = v;
+    }
 }
 
 /// Where row `row`'s first output vector goes in the mixing epilogue's
@@ -99,36 +178,65 @@ fn store_mixed<N: Size>(
     }
 }
 
-/// Store accumulator `v` at row `row`, column vector `c` of the cube, if both exist.
+/// Shared memory of `n` vectors.
 #[cube]
-fn store<N: Size>(
-    out: &mut [Vector<f32, N>],
-    row: usize,
-    v: Vector<f32, N>,
-    #[comptime] c: usize,
-    #[comptime] rows: usize,
-    #[comptime] cols: usize,
-    #[comptime] fl: usize,
-) {
-    let col = CUBE_POS_X as usize * cols + c;
-    if row < rows && col < fl {
-        out[row * fl + col] = v;
-    }
+fn stage<N: Size>(#[comptime] n: usize) -> Shared<[Vector<f32, N>]> {
+    Shared::<[Vector<f32, N>]>::new_slice(n)
 }
 
-/// A GEMM's sizes (floats) and its operands' addressing (vectors): row `r`,
-/// column vector `c` of `a` at `a_rows(r) + a_cols(c)`, row `t` of `b` at
-/// `b_offset + t·b_row`.
-pub struct Shape {
-    pub rows: usize,
-    pub kdim: usize,
-    pub f: usize,
-    pub a_rows: View,
-    pub a_cols: View,
-    pub b_row: usize,
-    pub b_offset: usize,
-    /// A mixing epilogue and its coefficients.
-    pub mix: Option<(MixEpilogue, NativeExpand<[f32]>)>,
+/// `(i % 2) · size`: where stage `i`'s `a` tile starts.
+#[cube]
+fn stage_base(i: usize, #[comptime] size: usize) -> usize {
+    i % 2 * size
+}
+
+/// Where stage `i`'s `b` tile starts: after both `a` tiles.
+#[cube]
+fn b_stage_base(i: usize, #[comptime] a_len: usize, #[comptime] b_len: usize) -> usize {
+    comptime![2 * a_len] + i % 2 * b_len
+}
+
+#[cube]
+fn below_rt(i: usize, #[comptime] n: usize) -> bool {
+    i < n
+}
+
+/// `i + 1 < n`.
+#[cube]
+fn has_next(i: usize, #[comptime] n: usize) -> bool {
+    i + 1 < n
+}
+
+#[cube]
+fn next(i: usize) -> usize {
+    i + 1
+}
+
+#[cube]
+fn unit_pos() -> usize {
+    UNIT_POS as usize
+}
+
+/// `UNIT_POS + GEMM_UNITS · i`: this unit's `i`-th element of a cooperative copy.
+#[cube]
+fn coop(#[comptime] i: usize) -> usize {
+    UNIT_POS as usize + comptime![i * GEMM_UNITS]
+}
+
+/// The cube's row `local` of `a` (clamped to the last row).
+#[cube]
+fn cube_row(local: usize, #[comptime] rows: usize) -> usize {
+    min(CUBE_POS_Y as usize * comptime![GEMM_UNITS * GEMM_ROWS] + local, comptime![rows - 1])
+}
+
+#[cube]
+fn div_c(i: usize, #[comptime] d: usize) -> usize {
+    i / d
+}
+
+#[cube]
+fn mod_c(i: usize, #[comptime] d: usize) -> usize {
+    i % d
 }
 
 /// Emit the GEMM body for vectors of `N` (`lanes` floats, dividing `kdim` and
@@ -142,13 +250,9 @@ pub fn build<N: Size>(
     lanes: usize,
     plane: u32,
 ) {
-    let Shape { rows, kdim, f, b_row, b_offset, .. } = *shape;
-    let (kl, fl) = (kdim / lanes, f / lanes);
-    let (ce, dl) = shape.mix.as_ref().map_or((0, 0), |(m, _)| (m.channels(lanes), m.d / lanes));
-    let cols = match &shape.mix {
-        Some((m, _)) => m.m * ce,
-        None => gemm_cols(f, lanes),
-    };
+    let tile = Tile::new(shape, lanes);
+    let Tile { cols, ce, dl, fl } = tile;
+    let (rows, kl) = (shape.rows, shape.kdim / lanes);
     let (per, lane) = if plane > 1 {
         (cols.div_ceil(plane as usize), k::plane_lane::expand(scope, plane))
     } else {
@@ -160,6 +264,10 @@ pub fn build<N: Size>(
         .iter()
         .map(|r| view(scope, clamp_row::expand(scope, r.clone(), rows), &shape.a_rows, rows))
         .collect();
+    // The columns of `b` this lane loads (fixed for the whole product).
+    let b_cols: Vec<_> = (0..per)
+        .map(|r| tile_col::expand(scope, lane_col::expand(scope, lane.clone(), per, r), cols, fl, ce, dl))
+        .collect();
     let acc = k::vzeros::expand::<N>(scope, GEMM_ROWS * cols);
     let steps = RangeExpand::new(NativeExpand::from_lit(scope, 0usize), NativeExpand::from_lit(scope, kl));
     for_expand(scope, steps, false, |scope, kt| {
@@ -168,28 +276,14 @@ pub fn build<N: Size>(
         let col = view(scope, kt.clone(), &shape.a_cols, kl);
         let av: Vec<_> = a_starts
             .iter()
-            .map(|r| a_vector::expand::<N>(scope, a, k::add_index::expand(scope, r.clone(), col.clone())))
+            .map(|r| load::expand::<N>(scope, a, k::add_index::expand(scope, r.clone(), col.clone())))
             .collect();
         for kk in 0..lanes {
-            let held: Vec<_> = (0..per)
-                .map(|r| {
-                    b_share::expand::<N>(
-                        scope,
-                        b,
-                        kt.clone(),
-                        lane.clone(),
-                        lanes,
-                        kk,
-                        per,
-                        r,
-                        cols,
-                        fl,
-                        b_row,
-                        b_offset,
-                        ce,
-                        dl,
-                    )
-                })
+            let row = b_step_row::expand(scope, kt.clone(), lanes, kk);
+            let start = b_row_start::expand(scope, row, shape.b_row, shape.b_offset);
+            let held: Vec<_> = b_cols
+                .iter()
+                .map(|c| load::expand::<N>(scope, b, k::add_index::expand(scope, start.clone(), c.clone())))
                 .collect();
             let scalars: Vec<_> = av.iter().map(|v| k::component::expand::<N>(scope, v.clone(), kk)).collect();
             for c in 0..cols {
@@ -208,17 +302,134 @@ pub fn build<N: Size>(
             k::vset::expand::<N>(scope, &mut acc, i, s);
         }
     });
+    epilogue::<N>(scope, out, &acc, &unit_rows, shape, tile);
+}
+
+/// Emit the staged GEMM body (see the module documentation).
+pub fn build_staged<N: Size>(
+    scope: &Scope,
+    a: &NativeExpand<[Vector<f32, N>]>,
+    b: &NativeExpand<[Vector<f32, N>]>,
+    out: &mut NativeExpand<[Vector<f32, N>]>,
+    shape: &Shape,
+    lanes: usize,
+) {
+    let tile = Tile::new(shape, lanes);
+    let Tile { cols, ce, dl, fl } = tile;
+    let (rows, kdim, kl) = (shape.rows, shape.kdim, shape.kdim / lanes);
+    let kv = GEMM_STAGE_K / lanes; // vectors of `k` per stage and row of `a`
+    let stages = kl.div_ceil(kv);
+    let cube_rows = GEMM_UNITS * GEMM_ROWS;
+    let (a_len, b_len) = (cube_rows * kv, GEMM_STAGE_K * cols);
+    // One shared array (two `a` stages, then two `b` stages): cubecl-cpp
+    // declares several in an order that changes between runs.
+    let sa: NativeExpand<[Vector<f32, N>]> = (*stage::expand::<N>(scope, 2 * (a_len + b_len))).clone_unchecked();
+    let sb = sa.clone_unchecked();
+    // The cooperative copy's fixed parts: rows of `a` and columns of `b` each unit copies.
+    let a_copy: Vec<_> = (0..a_len / GEMM_UNITS)
+        .map(|i| {
+            let idx = coop::expand(scope, i);
+            let local = div_c::expand(scope, idx.clone(), kv);
+            let row = cube_row::expand(scope, local, rows);
+            (idx.clone(), view(scope, row, &shape.a_rows, rows), mod_c::expand(scope, idx, kv))
+        })
+        .collect();
+    let b_copy: Vec<_> = (0..b_len.div_ceil(GEMM_UNITS))
+        .map(|i| {
+            let idx = coop::expand(scope, i);
+            let c = mod_c::expand(scope, idx.clone(), cols);
+            (idx.clone(), div_c::expand(scope, idx, cols), tile_col::expand(scope, c, cols, fl, ce, dl))
+        })
+        .collect();
+    // Copy stage `s` into the buffer of its parity.
+    let copy = |scope: &Scope, s: NativeExpand<usize>| {
+        let (mut sa, mut sb) = (sa.clone_unchecked(), sb.clone_unchecked());
+        let base_a = stage_base::expand(scope, s.clone(), a_len);
+        for (idx, row_start, kq) in &a_copy {
+            let kvec = k::add_index::expand(scope, idx_mul_add(scope, s.clone(), kv), kq.clone());
+            let inside = below_rt::expand(scope, kvec.clone(), kl);
+            let col = view(scope, kvec, &shape.a_cols, kl);
+            let v = load_or_zero::expand::<N>(scope, a, k::add_index::expand(scope, row_start.clone(), col), inside);
+            put::expand::<N>(scope, &mut sa, k::add_index::expand(scope, base_a.clone(), idx.clone()), v);
+        }
+        let base_b = b_stage_base::expand(scope, s.clone(), a_len, b_len);
+        for (idx, kr, col) in &b_copy {
+            let krow = k::add_index::expand(scope, idx_mul_add(scope, s.clone(), GEMM_STAGE_K), kr.clone());
+            let inside = below_rt::expand(scope, krow.clone(), kdim);
+            let start = b_row_start::expand(scope, krow, shape.b_row, shape.b_offset);
+            let v = load_or_zero::expand::<N>(scope, b, k::add_index::expand(scope, start, col.clone()), inside);
+            let exists = below_rt::expand(scope, idx.clone(), b_len);
+            let at = k::add_index::expand(scope, base_b.clone(), idx.clone());
+            if_expand(scope, exists, |scope| put::expand::<N>(scope, &mut sb, at, v));
+        }
+    };
+    copy(scope, NativeExpand::from_lit(scope, 0usize));
+    k::barrier::expand(scope);
+    let acc = k::vzeros::expand::<N>(scope, GEMM_ROWS * cols);
+    let range = RangeExpand::new(NativeExpand::from_lit(scope, 0usize), NativeExpand::from_lit(scope, stages));
+    for_expand(scope, range, false, |scope, s| {
+        let more = has_next::expand(scope, s.clone(), stages);
+        let s_next = next::expand(scope, s.clone());
+        if_expand(scope, more, |scope| copy(scope, s_next));
+        let mut acc = acc;
+        let mut sums: Vec<_> = (0..GEMM_ROWS * cols).map(|i| k::vget::expand::<N>(scope, &acc, i)).collect();
+        let (base_a, base_b) = (stage_base::expand(scope, s.clone(), a_len), b_stage_base::expand(scope, s, a_len, b_len));
+        for kq in 0..kv {
+            let av: Vec<_> = (0..GEMM_ROWS)
+                .map(|m| {
+                    let at = k::const_index::expand(scope, (m * GEMM_UNITS) * kv + kq);
+                    let unit = k::idx_mul::expand(scope, unit_pos::expand(scope), kv);
+                    let at = k::add_index::expand(scope, k::add_index::expand(scope, base_a.clone(), at), unit);
+                    load::expand::<N>(scope, &sa, at)
+                })
+                .collect();
+            for kk in 0..lanes {
+                let scalars: Vec<_> = av.iter().map(|v| k::component::expand::<N>(scope, v.clone(), kk)).collect();
+                for c in 0..cols {
+                    let at = k::const_index::expand(scope, (kq * lanes + kk) * cols + c);
+                    let bc = load::expand::<N>(scope, &sb, k::add_index::expand(scope, base_b.clone(), at));
+                    for (m, x) in scalars.iter().enumerate() {
+                        let s = &mut sums[m * cols + c];
+                        *s = k::axpy::expand::<N>(scope, s.clone(), x.clone(), bc.clone());
+                    }
+                }
+            }
+        }
+        for (i, s) in sums.into_iter().enumerate() {
+            k::vset::expand::<N>(scope, &mut acc, i, s);
+        }
+        k::barrier::expand(scope);
+    });
+    let unit_rows: Vec<_> = (0..GEMM_ROWS).map(|m| unit_row::expand(scope, m)).collect();
+    epilogue::<N>(scope, out, &acc, &unit_rows, shape, tile);
+}
+
+/// `s · by`.
+fn idx_mul_add(scope: &Scope, s: NativeExpand<usize>, by: usize) -> NativeExpand<usize> {
+    k::idx_mul::expand(scope, s, by)
+}
+
+/// Store the accumulators, or mix heads from them: one runtime loop over
+/// the h·p targets, each mixing the unit's heads of every row and channel it holds.
+fn epilogue<N: Size>(
+    scope: &Scope,
+    out: &mut NativeExpand<[Vector<f32, N>]>,
+    acc: &NativeExpand<Array<Vector<f32, N>>>,
+    unit_rows: &[NativeExpand<usize>],
+    shape: &Shape,
+    tile: Tile,
+) {
+    let Tile { cols, ce, dl, fl } = tile;
+    let rows = shape.rows;
     let Some((mix, alpha)) = &shape.mix else {
         for (m, row) in unit_rows.iter().enumerate() {
             for c in 0..cols {
-                let v = k::vget::expand::<N>(scope, &acc, m * cols + c);
+                let v = k::vget::expand::<N>(scope, acc, m * cols + c);
                 store::expand::<N>(scope, out, row.clone(), v, c, rows, cols, fl);
             }
         }
         return;
     };
-    // The epilogue: one runtime loop over the h·p targets, each mixing the
-    // unit's heads of every row and channel it holds.
     let targets = mix.h * mix.p;
     let starts: Vec<_> = unit_rows.iter().map(|r| mixed_row::expand(scope, r.clone(), mix.s, dl, targets)).collect();
     let range = RangeExpand::new(NativeExpand::from_lit(scope, 0usize), NativeExpand::from_lit(scope, targets));
@@ -233,7 +444,7 @@ pub fn build<N: Size>(
             for ch in 0..ce {
                 let mut v = k::vzero::expand::<N>(scope);
                 for (m, a) in alphas.iter().enumerate() {
-                    let y = k::vget::expand::<N>(scope, &acc, r * cols + m * ce + ch);
+                    let y = k::vget::expand::<N>(scope, acc, r * cols + m * ce + ch);
                     v = k::axpy::expand::<N>(scope, v, a.clone(), y);
                 }
                 let (row, at) = (row.clone(), starts[r].clone());
