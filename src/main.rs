@@ -2,6 +2,7 @@
 //! files, and printing diagnostics happen here; everything else is a library call.
 
 use attnc_compiler::opt::{self, cost, cost::Mode, cost::Target};
+use attnc::{Backend as PipelineBackend, Compiler, Error as PipelineError, Program};
 use attnc_compiler::{render, Code, Compiled, Diagnostic, Setting};
 use attnc_runtime::io::FileDtype;
 use attnc_runtime::{bind, gpu, interp, io, RunError, Tensor};
@@ -273,25 +274,29 @@ fn settings(set: &[String]) -> Result<Vec<Setting>, Failed> {
     set.iter().map(|s| Setting::parse(s).map_err(|m| report(Code::BadSetting, m))).collect()
 }
 
-/// Compile a file, printing its diagnostics (warnings included).
-fn load(file: &Path, set: &[String]) -> Result<Compiled, Failed> {
-    let source = read_source(file)?;
-    let settings = settings(set)?;
+/// Compile a file through the library pipeline, printing its diagnostics
+/// (warnings included).
+fn program(file: &Path, set: &[String]) -> Result<Program, Failed> {
     let name = file.display().to_string();
-    match attnc_compiler::compile(&source, &settings) {
-        Ok(c) => {
-            if !c.warnings.is_empty() {
-                eprint!("{}", render(&name, &source, &c.warnings));
-            }
-            Ok(c)
+    let compiler = Compiler::new(&name, read_source(file)?);
+    let compiled = compiler.settings(set).map_err(|e| report(e.code(), e))?.compile();
+    match compiled {
+        Ok(p) => {
+            eprint!("{}", p.warnings());
+            Ok(p)
         }
-        Err(diags) => {
-            eprint!("{}", render(&name, &source, &diags));
-            let errors = diags.iter().filter(|d| d.is_error()).count();
+        Err(PipelineError::Spec { diagnostics, rendered }) => {
+            eprint!("{rendered}");
+            let errors = diagnostics.iter().filter(|d| d.is_error()).count();
             eprintln!("error: `{name}` has {errors} error{}", if errors == 1 { "" } else { "s" });
             Err(Failed)
         }
+        Err(e) => Err(report(e.code(), e)),
     }
+}
+
+fn load(file: &Path, set: &[String]) -> Result<Compiled, Failed> {
+    program(file, set).map(|p| p.compiled().clone())
 }
 
 fn check(files: &[PathBuf], set: &[String]) -> Result<(), Failed> {
@@ -361,20 +366,17 @@ fn same_file(a: &Path, b: &Path) -> bool {
 }
 
 fn compile(file: &Path, set: &[String], target: SourceArg, out: &Path, optimize: bool) -> Result<(), Failed> {
-    let compiled = load(file, set)?;
-    let dims = bind::default_dims(&compiled.program).map_err(|e| report(e.code(), e))?;
-    let program = if optimize {
-        opt::optimize(&compiled.program, &dims, &opt::Config::default()).chosen
-    } else {
-        compiled.program.clone()
-    };
-    let plan = attnc_compiler::plan::plan(&program, &dims);
+    let fail = |e: PipelineError| report(e.code(), e);
+    let mut bound = program(file, set)?.sized().map_err(fail)?;
+    if optimize {
+        bound = bound.optimize(cost::H200, Mode::Inference);
+    }
     let target = match target {
         SourceArg::Wgsl => gpu::emit::Target::Wgsl,
         SourceArg::Cuda => gpu::emit::Target::Cuda,
     };
     // Everything is generated before anything is written.
-    let (files, manifest) = gpu::emit::emit(&plan, target).map_err(|e| report(Code::Internal, e))?;
+    let (files, manifest) = bound.emit(target).map_err(fail)?;
     let manifest = serde_json::to_string_pretty(&manifest).expect("the manifest serialises") + "\n";
     std::fs::create_dir_all(out)
         .map_err(|e| report(Code::TensorFile, format_args!("cannot create `{}`: {e}", out.display())))?;
@@ -395,27 +397,23 @@ struct BenchOpts {
 
 /// One benchmark: the rendered report, and the report.
 fn bench(file: &Path, set: &[String], o: &BenchOpts) -> Result<(String, gpu::bench::BenchReport), Failed> {
-    let compiled = load(file, set)?;
-    let (tensors, dims) = bind::generate_inputs(&compiled.program, 0).map_err(|e| report(e.code(), e))?;
+    let fail = |e: PipelineError| report(e.code(), e);
+    let mut bound = program(file, set)?.seeded(0).map_err(fail)?;
     let target = match (o.target, o.backend) {
         (Some(t), _) => t.target(),
         (None, GpuArg::Wgpu) => cost::CPU,
         (None, GpuArg::Cuda) => cost::H200,
     };
-    let program = if o.optimize {
-        opt::optimize(&compiled.program, &dims, &opt::Config { target, ..Default::default() }).chosen
-    } else {
-        compiled.program.clone()
-    };
-    let gpu = match o.backend {
-        GpuArg::Wgpu => gpu::exec::Gpu::wgpu(),
-        GpuArg::Cuda => gpu::exec::Gpu::cuda(),
+    if o.optimize {
+        bound = bound.optimize(target, Mode::Inference);
     }
-    .map_err(|e| report(Code::Backend, e))?;
-    let inputs: std::collections::BTreeMap<String, Tensor> =
-        compiled.program.inputs.iter().map(|i| i.name.clone()).zip(tensors).collect();
-    let plan = attnc_compiler::plan::plan(&program, &dims);
-    let result = gpu::bench::bench(&gpu, &plan, &inputs, o.warmup, o.iters).map_err(|e| report(Code::Backend, e))?;
+    let backend = match o.backend {
+        GpuArg::Wgpu => PipelineBackend::Wgpu,
+        GpuArg::Cuda => PipelineBackend::Cuda,
+    };
+    let gpu = backend.device().map_err(fail)?.expect("a kernel backend has a device");
+    let result = gpu::bench::bench(&gpu, &bound.plan(), bound.inputs(), o.warmup, o.iters)
+        .map_err(|e| report(Code::Backend, e))?;
     Ok((result.render(&target, o.iters), result))
 }
 
@@ -476,8 +474,8 @@ fn run(
     limits: Limits,
 ) -> Result<(), Failed> {
     let Limits { memory_budget, max_flops } = limits;
-    let compiled = load(file, set)?;
-    let program = &compiled.program;
+    let spec = self::program(file, set)?;
+    let program = spec.ir();
     let fail = |e: RunError| report(e.code(), e);
     if let Some(inp) = inputs {
         if same_file(inp, out) {
@@ -523,28 +521,22 @@ fn run(
             }
         }
     }
-    let optimized;
-    let chosen = match optimize {
-        Some(cfg) => {
-            optimized = opt::optimize(program, &dims, &cfg);
-            if optimized.hit_limit {
-                eprintln!("note: the optimizer stopped early: {}", optimized.stop);
-            }
-            &optimized.chosen
+    let named_inputs = program.inputs.iter().map(|i| i.name.clone()).zip(tensors.iter().cloned()).collect();
+    let mut bound = spec.bind(named_inputs).map_err(|e| report(e.code(), e))?;
+    if let Some(cfg) = optimize {
+        let (b, optimized) = bound.optimize_with(&cfg);
+        if optimized.hit_limit {
+            eprintln!("note: the optimizer stopped early: {}", optimized.stop);
         }
-        None => program,
+        bound = b;
+    }
+    let backend = match backend {
+        Backend::Interp => PipelineBackend::Interp,
+        Backend::Wgpu => PipelineBackend::Wgpu,
+        Backend::Cuda => PipelineBackend::Cuda,
     };
-    let outputs = match backend {
-        Backend::Interp => interp::evaluate(chosen, &tensors, &dims),
-        Backend::Wgpu | Backend::Cuda => {
-            let gpu = if matches!(backend, Backend::Wgpu) { gpu::exec::Gpu::wgpu() } else { gpu::exec::Gpu::cuda() };
-            let gpu = gpu.map_err(|e| report(Code::Backend, e))?;
-            let named: std::collections::BTreeMap<String, Tensor> =
-                program.inputs.iter().map(|i| i.name.clone()).zip(tensors.iter().cloned()).collect();
-            let plan = attnc_compiler::plan::plan(chosen, &dims);
-            gpu.run(&plan, &named).map_err(|e| report(Code::Backend, e))?.0
-        }
-    };
+    let by_name = bound.run(backend).map_err(|e| report(e.code(), e))?;
+    let outputs: Vec<Tensor> = program.outputs.iter().map(|(n, _)| by_name[n].clone()).collect();
     let mut named: Vec<(String, &Tensor)> = program.outputs.iter().map(|(n, _)| n.clone()).zip(&outputs).collect();
     if seed.is_some() {
         named.extend(program.inputs.iter().map(|i| i.name.clone()).zip(&tensors));

@@ -233,9 +233,11 @@ fn optimized_runs_match_and_explain_reports_the_choice() {
         (&decode(&std::fs::read(&a).unwrap()).unwrap()["y"], &decode(&std::fs::read(&b).unwrap()).unwrap()["y"]);
     let e = attnc_runtime::relative_error(&yb.data, &ya.data);
     assert!(e <= 1e-5, "optimized run differs: relative error {e:e}");
-    let o = attnc(&["explain", "stdlib/iha.attn", "--set", "N=1", "--target", "cpu"]);
+    // MHA merges its projections (the concatenated weights prepared once).
+    let o = attnc(&["explain", "stdlib/mha.attn", "--set", "N=1", "--target", "cpu"]);
     let out = String::from_utf8_lossy(&o.stdout);
-    assert!(o.status.success() && out.contains("chosen:") && out.contains("mix_cols"), "{out}");
+    assert!(o.status.success() && out.contains("chosen:") && out.contains("concat_cols"), "{out}");
+    assert!(out.contains("once, to prepare the weights"), "{out}");
     std::fs::remove_dir_all(&dir).ok();
 }
 

@@ -271,6 +271,37 @@ fn gemms(make: fn() -> Result<Gpu, attnc_runtime::gpu::exec::GpuError>) {
     }
 }
 
+/// Weights prepared once serve many calls: the optimized MHA (projections
+/// merged on concatenated weights, the concatenation prepared) and IHA with
+/// per-head collapse (its block-diagonal prepared) run on fresh activations
+/// each call against the same prepared weights, and every call matches the
+/// interpreter on those inputs.
+fn prepared_calls(gpu: &Gpu) {
+    let cases = [
+        compile_stdlib("mha", &sets(&[("H", "4"), ("d", "16"), ("N", "90")])),
+        compile_stdlib("iha", &sets(&[("H", "3"), ("P", "2"), ("d", "8"), ("N", "50"), ("collapse", "per_head")])),
+    ];
+    for c in &cases {
+        let inputs = seeded(c, 30);
+        let dims = bind::default_dims(&c.program).unwrap();
+        let program = opt::optimize(&c.program, &dims, &Config::default()).chosen;
+        let p = plan::plan(&program, &dims);
+        assert!(p.prepared() > 0, "{}: nothing to prepare", c.program.name);
+        let prepared = gpu.prepare(&p, &inputs, None).unwrap();
+        for call in 0..3u64 {
+            let mut call_inputs = inputs.clone();
+            let fresh = seeded(c, 100 + call);
+            call_inputs.insert("x".into(), fresh["x"].clone());
+            let (got, stats) = gpu.run_prepared(&p, &prepared, &call_inputs, None).unwrap();
+            assert_eq!(stats.launches, p.launches.len(), "launches so far, preparation included once");
+            let (tensors, dims) = bind::bind_inputs(&c.program, call_inputs, &Default::default()).unwrap();
+            let want = interp::evaluate(&c.program, &tensors, &dims);
+            let e = attnc_runtime::relative_error(&got[0].data, &want[0].data);
+            assert!(e <= TOL, "{} call {call}: relative error {e:e}", c.program.name);
+        }
+    }
+}
+
 /// A launch past the loop iterations Mesa's CPU drivers run is refused with
 /// a clear error there, never run wrongly; elsewhere it runs and is right.
 fn loop_limit(gpu: &Gpu) {
@@ -507,6 +538,11 @@ macro_rules! backend_tests {
             #[test]
             fn gemms_match_the_interpreter_staged_or_not() {
                 gemms($make);
+            }
+
+            #[test]
+            fn prepared_weights_serve_many_calls() {
+                prepared_calls(&device($make));
             }
 
             #[test]

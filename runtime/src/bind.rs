@@ -186,7 +186,15 @@ pub const DEFAULT_MAX_FLOPS: f64 = 5e10;
 /// The floating-point operations the interpreter would do for `program` at
 /// `dims`: the cost model's count with nothing folded (it recomputes weight-only work).
 pub fn interpreter_flops(program: &Program, dims: &DimValues) -> f64 {
-    cost::program_cost(program, dims, &cost::CPU, cost::Mode::Training).total.flops
+    program
+        .nodes
+        .iter()
+        .map(|node| {
+            let operands: Vec<Vec<usize>> =
+                node.op.operands().iter().map(|o| concrete(program.shape(*o), dims)).collect();
+            cost::op_cost(&node.op, &concrete(&node.shape, dims), &operands).flops
+        })
+        .sum()
 }
 
 /// Refuses an interpreter run that would do more than `max_flops` operations,

@@ -11,3 +11,4 @@ pub mod tensor;
 pub use error::RunError;
 pub use tensor::{relative_error, Tensor};
 pub mod gpu;
+pub mod pipeline;

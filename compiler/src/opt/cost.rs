@@ -145,33 +145,33 @@ pub fn weight_only(p: &Program) -> Vec<bool> {
     w
 }
 
-/// The predicted cost of a whole program, node by node.
+/// The predicted cost of a whole program: the roofline of every launch its
+/// plan makes (`crate::plan`, the one description of what runs), so views
+/// cost nothing, copies and fused kernels cost what they are, and in
+/// inference the launches that prepare weights are not charged per call.
 #[derive(Clone, Debug)]
 pub struct ProgramCost {
     pub total: OpCost,
     pub seconds: f64,
-    /// `(node index, cost, seconds)` for every node that costs something.
-    pub nodes: Vec<(usize, OpCost, f64)>,
+    /// `(launch name, cost, seconds)` for every launch charged per call.
+    pub launches: Vec<(String, OpCost, f64)>,
+    /// Launches that prepare weights, done once (charged per call in training).
+    pub prepared: Vec<(String, OpCost, f64)>,
 }
 
 pub fn program_cost(p: &Program, dims: &BTreeMap<String, u64>, target: &Target, mode: Mode) -> ProgramCost {
-    let concrete = |s: &crate::ir::Shape| -> Vec<usize> {
-        s.0.iter().map(|d| d.eval(&|n| dims.get(n).copied()).expect("every dim has a value") as usize).collect()
-    };
-    let weights = weight_only(p);
-    let mut out = ProgramCost { total: OpCost::default(), seconds: 0.0, nodes: vec![] };
-    for (i, node) in p.nodes.iter().enumerate() {
-        if mode == Mode::Inference && weights[i] {
+    let plan = crate::plan::plan(p, dims);
+    let mut out = ProgramCost { total: OpCost::default(), seconds: 0.0, launches: vec![], prepared: vec![] };
+    for l in &plan.launches {
+        let c = OpCost { flops: l.flops, bytes: l.bytes, launches: 1 };
+        let t = c.time(target);
+        if mode == Mode::Inference && l.prepare {
+            out.prepared.push((l.name.clone(), c, t));
             continue;
         }
-        let operands: Vec<Vec<usize>> = node.op.operands().iter().map(|o| concrete(p.shape(*o))).collect();
-        let c = op_cost(&node.op, &concrete(&node.shape), &operands);
-        if c.launches > 0 || c.bytes > 0.0 {
-            let t = c.time(target);
-            out.total.add(c);
-            out.seconds += t;
-            out.nodes.push((i, c, t));
-        }
+        out.total.add(c);
+        out.seconds += t;
+        out.launches.push((l.name.clone(), c, t));
     }
     out
 }

@@ -11,15 +11,16 @@ pub use spec::*;
 pub use view::*;
 
 use crate::ir::{concrete, DimValues, Mask, NodeId, Op, Program};
-use crate::opt::cost::op_cost;
+use crate::opt::cost::{op_cost, weight_only};
 use serde::Serialize;
 use std::collections::BTreeMap;
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(tag = "role", rename_all = "snake_case")]
 pub enum BufferRole {
-    /// Uploaded from the input tensor of this name.
-    Input { name: String },
+    /// Uploaded from the input tensor of this name (`weight`: declared
+    /// `weight`, so it may stay on the device between calls).
+    Input { name: String, weight: bool },
     /// Uploaded constant values.
     Constant { values: Vec<f64> },
     /// Written by a launch.
@@ -47,6 +48,9 @@ pub struct Launch {
     /// Roofline work of the operation (the optimizer's cost model).
     pub flops: f64,
     pub bytes: f64,
+    /// Work on weights and constants alone: done once per set of weights
+    /// ([`Plan::prepared`] launches come first), not on every call.
+    pub prepare: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -56,6 +60,14 @@ pub struct Plan {
     pub buffers: Vec<Buffer>,
     pub launches: Vec<Launch>,
     pub outputs: Vec<(String, usize)>,
+}
+
+impl Plan {
+    /// How many launches, at the start, prepare the weights: run them once
+    /// and the rest on every call while the weights stay the same.
+    pub fn prepared(&self) -> usize {
+        self.launches.iter().take_while(|l| l.prepare).count()
+    }
 }
 
 /// A reduction of `axes` of a row-major `shape`: the view from each output
@@ -102,24 +114,32 @@ enum Val {
     InEpilogue,
 }
 
-struct Planner<'p> {
-    p: &'p Program,
+struct Planner {
     shapes: Vec<Vec<usize>>,
     buffers: Vec<Buffer>,
     launches: Vec<Launch>,
     vals: Vec<Val>,
     /// Nodes copied to a row-major buffer because a reader could not read their layout.
     copies: BTreeMap<usize, usize>,
+    /// Which nodes depend on weights and constants alone.
+    weight_only: Vec<bool>,
+    /// The node being planned.
+    node: usize,
 }
 
-impl Planner<'_> {
+impl Planner {
     fn buffer(&mut self, shape: &[usize], role: BufferRole) -> usize {
         push_buffer(&mut self.buffers, shape, role)
     }
 
+    /// A launch computing node `node` (named once the launches are in their final order).
+    fn launch_for(&mut self, node: usize, spec: KernelSpec, bindings: Vec<usize>, flops: f64, bytes: f64) {
+        let prepare = self.weight_only[node];
+        self.launches.push(Launch { name: String::new(), spec, bindings, frees: vec![], flops, bytes, prepare });
+    }
+
     fn launch(&mut self, spec: KernelSpec, bindings: Vec<usize>, flops: f64, bytes: f64) {
-        let name = format!("attnc_{}_{:02}_{}", self.p.name, self.launches.len(), spec.kind());
-        self.launches.push(Launch { name, spec, bindings, frees: vec![], flops, bytes });
+        self.launch_for(self.node, spec, bindings, flops, bytes)
     }
 
     fn at(&self, n: NodeId) -> (usize, Layout) {
@@ -142,7 +162,8 @@ impl Planner<'_> {
         let shape = self.shapes[n.0 as usize].clone();
         let len: usize = shape.iter().product();
         let out = self.buffer(&shape, BufferRole::Temp);
-        self.launch(KernelSpec::Gather { len, x: layout.view() }, vec![buf, out], 0.0, 8.0 * len as f64);
+        let spec = KernelSpec::Gather { len, x: layout.view() };
+        self.launch_for(n.0 as usize, spec, vec![buf, out], 0.0, 8.0 * len as f64);
         self.copies.insert(n.0 as usize, out);
         out
     }
@@ -211,14 +232,16 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
     let readers = readers(p);
     let is_output = |n: usize| p.outputs.iter().any(|(_, o)| o.0 as usize == n);
     let mut pl = Planner {
-        p,
         shapes: shapes.clone(),
         buffers: vec![],
         launches: vec![],
         vals: Vec::with_capacity(p.nodes.len()),
         copies: BTreeMap::new(),
+        weight_only: weight_only(p),
+        node: 0,
     };
     for (i, node) in p.nodes.iter().enumerate() {
+        pl.node = i;
         let shape = shapes[i].clone();
         if let Some(k) = fused.remove(&i) {
             let mut bindings: Vec<usize> = k.inputs.iter().map(|&n| pl.contiguous(NodeId(n as u32))).collect();
@@ -256,7 +279,8 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
         // Leaves, and layout operations: views of their operand's buffer.
         let val = match &node.op {
             Op::Input { index } => {
-                let role = BufferRole::Input { name: p.inputs[*index].name.clone() };
+                let input = &p.inputs[*index];
+                let role = BufferRole::Input { name: input.name.clone(), weight: input.weight };
                 Some(Val::At { buf: pl.buffer(&shape, role), layout: Layout::contiguous(&shape) })
             }
             Op::Scalar { value } => {
@@ -478,12 +502,23 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
     }
     let outputs: Vec<(String, usize)> = p.outputs.iter().map(|(n, id)| (n.clone(), pl.contiguous(*id))).collect();
     let Planner { mut buffers, mut launches, .. } = pl;
-    // Liveness: a temporary dies after its last reader, unless it is an output.
+    // Weight preparation first (it reads only weights, constants and earlier
+    // preparation), then the per-call launches, each in planning order.
+    launches.sort_by_key(|l| !l.prepare);
+    for (i, l) in launches.iter_mut().enumerate() {
+        l.name = format!("attnc_{}_{:02}_{}", p.name, i, l.spec.kind());
+    }
+    // Liveness: a temporary dies after its last reader, unless it is an
+    // output or prepared (kept for every call).
+    let prepared: Vec<usize> = launches.iter().filter(|l| l.prepare).map(|l| *l.bindings.last().unwrap()).collect();
     for b in &buffers {
         if b.role != BufferRole::Temp || outputs.iter().any(|(_, o)| *o == b.id) {
             continue;
         }
         if let Some(last) = launches.iter().rposition(|l| l.bindings.contains(&b.id)) {
+            if !launches[last].prepare && prepared.contains(&b.id) {
+                continue;
+            }
             launches[last].frees.push(b.id);
         }
     }

@@ -119,6 +119,9 @@ pub struct LaunchInfo {
     /// a binding's own `line_size` says where one differs): bind the same
     /// f32 data; the lengths in `info` count vectors.
     pub line_size: usize,
+    /// Work on weights and constants alone: with the same weights, run it
+    /// once and only the other launches per call.
+    pub prepare: bool,
     /// Lanes of a plane (subgroup, warp) that share rows by broadcasts: the
     /// device's planes must be at least this wide (1: no plane operations).
     pub plane_width: u32,
@@ -154,7 +157,7 @@ fn info_struct(source: &str) -> String {
 
 fn buffer_name(plan: &Plan, id: usize) -> String {
     match &plan.buffers[id].role {
-        BufferRole::Input { name } => name.clone(),
+        BufferRole::Input { name, .. } => name.clone(),
         BufferRole::Constant { .. } => format!("const{id}"),
         BufferRole::Temp => plan.outputs.iter().find(|(_, o)| *o == id).map_or(format!("tmp{id}"), |(n, _)| n.clone()),
     }
@@ -223,6 +226,7 @@ pub fn emit(plan: &Plan, target: Target) -> Result<(Vec<(String, String)>, Manif
             info_struct,
             shared_memory_bytes: shared,
             line_size: l.spec.line_size(),
+            prepare: l.prepare,
             plane_width,
         });
     }

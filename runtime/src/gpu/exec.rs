@@ -87,6 +87,14 @@ pub struct RunStats {
     pub launches: usize,
 }
 
+/// A plan's weights on the device: its weights and constants uploaded and
+/// its preparation launches run, for any number of [`Gpu::run_prepared`] calls.
+pub struct Prepared {
+    handles: Vec<Option<Handle>>,
+    stats: RunStats,
+    live: u64,
+}
+
 impl Gpu {
     /// The wgpu device: a GPU through Vulkan/Metal/DX12, or Mesa's lavapipe CPU driver.
     pub fn wgpu() -> Result<Gpu, GpuError> {
@@ -174,7 +182,8 @@ impl Gpu {
 
     /// Run `plan` on named inputs; outputs in the plan's order.
     pub fn run(&self, plan: &Plan, inputs: &BTreeMap<String, Tensor>) -> Result<(Vec<Tensor>, RunStats), GpuError> {
-        self.run_timed(plan, inputs, None)
+        let prepared = self.prepare(plan, inputs, None)?;
+        self.run_prepared(plan, &prepared, inputs, None)
     }
 
     /// Wait until every launch so far has finished.
@@ -182,52 +191,56 @@ impl Gpu {
         cubecl::future::block_on(self.client.sync()).map_err(|e| GpuError::Launch("sync".into(), format!("{e:?}")))
     }
 
-    /// As [`Gpu::run`]; with `times`, synchronises after every launch and
-    /// records its wall-clock seconds there.
-    pub fn run_timed(
+    /// Upload the plan's weights and constants and run its weight
+    /// preparation ([`Plan::prepared`]): what every call with these weights
+    /// shares. With `times`, each launch's wall-clock seconds.
+    pub fn prepare(
         &self,
         plan: &Plan,
         inputs: &BTreeMap<String, Tensor>,
-        mut times: Option<&mut Vec<f64>>,
-    ) -> Result<(Vec<Tensor>, RunStats), GpuError> {
+        times: Option<&mut Vec<f64>>,
+    ) -> Result<Prepared, GpuError> {
         self.check(plan)?;
-        let mut handles: Vec<Option<Handle>> = vec![None; plan.buffers.len()];
-        let mut stats = RunStats::default();
-        let mut live: u64 = 0;
+        let mut state = Prepared { handles: vec![None; plan.buffers.len()], stats: RunStats::default(), live: 0 };
         for b in &plan.buffers {
             let h = match &b.role {
-                BufferRole::Input { name } => {
+                BufferRole::Input { name, weight: true } => {
                     self.upload(&inputs.get(name).ok_or_else(|| GpuError::MissingInput(name.clone()))?.data)
                 }
                 BufferRole::Constant { values } => self.upload(values),
-                BufferRole::Temp => continue,
+                BufferRole::Input { weight: false, .. } | BufferRole::Temp => continue,
             };
-            live += 4 * b.len as u64;
-            handles[b.id] = Some(h);
+            state.live += 4 * b.len as u64;
+            state.handles[b.id] = Some(h);
         }
-        stats.peak_bytes = live;
-        for launch in &plan.launches {
-            let out = *launch.bindings.last().unwrap();
-            let out_len = plan.buffers[out].len;
-            handles[out] = Some(self.client.empty(4 * out_len));
-            live += 4 * out_len as u64;
-            stats.peak_bytes = stats.peak_bytes.max(live);
-            if let Some(times) = times.as_deref_mut() {
-                self.sync()?;
-                let start = std::time::Instant::now();
-                self.launch(launch.name.as_str(), &launch.spec, &launch.bindings, plan, &handles);
-                self.sync()?;
-                times.push(start.elapsed().as_secs_f64());
-            } else {
-                self.launch(launch.name.as_str(), &launch.spec, &launch.bindings, plan, &handles);
-            }
-            stats.launches += 1;
-            for id in &launch.frees {
-                if handles[*id].take().is_some() {
-                    live -= 4 * plan.buffers[*id].len as u64;
-                }
+        state.stats.peak_bytes = state.live;
+        let n = plan.prepared();
+        self.launch_all(plan, 0..n, &mut state.handles, &mut state.live, &mut state.stats, times)?;
+        Ok(state)
+    }
+
+    /// One call: upload the activations, run the per-call launches on
+    /// `prepared` weights, read the outputs back. With `times`, each
+    /// launch's wall-clock seconds.
+    pub fn run_prepared(
+        &self,
+        plan: &Plan,
+        prepared: &Prepared,
+        inputs: &BTreeMap<String, Tensor>,
+        times: Option<&mut Vec<f64>>,
+    ) -> Result<(Vec<Tensor>, RunStats), GpuError> {
+        let mut handles = prepared.handles.clone();
+        let mut stats = prepared.stats;
+        let mut live = prepared.live;
+        for b in &plan.buffers {
+            if let BufferRole::Input { name, weight: false } = &b.role {
+                let t = inputs.get(name).ok_or_else(|| GpuError::MissingInput(name.clone()))?;
+                handles[b.id] = Some(self.upload(&t.data));
+                live += 4 * b.len as u64;
             }
         }
+        stats.peak_bytes = stats.peak_bytes.max(live);
+        self.launch_all(plan, plan.prepared()..plan.launches.len(), &mut handles, &mut live, &mut stats, times)?;
         let mut outputs = vec![];
         for (name, id) in &plan.outputs {
             let h = handles[*id].clone().expect("outputs stay alive");
@@ -236,6 +249,42 @@ impl Gpu {
             outputs.push(Tensor::new(plan.buffers[*id].shape.clone(), data));
         }
         Ok((outputs, stats))
+    }
+
+    /// Run `range` of the plan's launches, allocating outputs and freeing
+    /// dead temporaries; with `times`, synchronising around each.
+    fn launch_all(
+        &self,
+        plan: &Plan,
+        range: std::ops::Range<usize>,
+        handles: &mut [Option<Handle>],
+        live: &mut u64,
+        stats: &mut RunStats,
+        mut times: Option<&mut Vec<f64>>,
+    ) -> Result<(), GpuError> {
+        for launch in &plan.launches[range] {
+            let out = *launch.bindings.last().unwrap();
+            let out_len = plan.buffers[out].len;
+            handles[out] = Some(self.client.empty(4 * out_len));
+            *live += 4 * out_len as u64;
+            stats.peak_bytes = stats.peak_bytes.max(*live);
+            if let Some(times) = times.as_deref_mut() {
+                self.sync()?;
+                let start = std::time::Instant::now();
+                self.launch(launch.name.as_str(), &launch.spec, &launch.bindings, plan, handles);
+                self.sync()?;
+                times.push(start.elapsed().as_secs_f64());
+            } else {
+                self.launch(launch.name.as_str(), &launch.spec, &launch.bindings, plan, handles);
+            }
+            stats.launches += 1;
+            for id in &launch.frees {
+                if handles[*id].take().is_some() {
+                    *live -= 4 * plan.buffers[*id].len as u64;
+                }
+            }
+        }
+        Ok(())
     }
 
     fn launch(&self, name: &str, spec: &KernelSpec, bindings: &[usize], plan: &Plan, handles: &[Option<Handle>]) {

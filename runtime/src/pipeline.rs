@@ -1,0 +1,287 @@
+//! The pipeline in one place, for Rust users and for attnc's own CLI and
+//! tests: a spec and its settings → a compiled [`Program`] (parameters bound,
+//! dims free) → a [`Bound`] program (dims and inputs fixed) → optimized →
+//! planned → emitted as kernel source or run on a backend. Every failure is
+//! a typed [`Error`].
+//!
+//! ```no_run
+//! use attnc_runtime::pipeline::{Backend, Compiler};
+//! let program = Compiler::open("stdlib/iha.attn")?.set("P", 4).set("N", 128).compile()?;
+//! let bound = program.seeded(0)?; // inputs drawn from the spec's distributions
+//! let y = &bound.run(Backend::Interp)?["y"];
+//! # Ok::<(), attnc_runtime::pipeline::Error>(())
+//! ```
+
+use crate::gpu::{emit, exec::Gpu, exec::GpuError};
+use crate::{bind, interp, RunError, Tensor};
+use attnc_compiler::ir::DimValues;
+use attnc_compiler::opt::{self, cost};
+use attnc_compiler::plan::{self, Plan};
+use attnc_compiler::{render, Code, Compiled, Diagnostic, Setting};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// Why a step of the pipeline failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The spec does not compile; `rendered` shows every diagnostic with its
+    /// file, line, column and source text.
+    #[error("{rendered}")]
+    Spec { diagnostics: Vec<Diagnostic>, rendered: String },
+    /// A `set` that is not `NAME=VALUE`, or names nothing in the spec.
+    #[error("{0}")]
+    Setting(String),
+    /// Inputs that do not fit the spec: a missing, extra, mis-shaped or
+    /// wrong-dtype tensor, a value outside its domain, a size past the limits.
+    #[error(transparent)]
+    Input(#[from] RunError),
+    /// No device, or the device failed.
+    #[error(transparent)]
+    Device(#[from] GpuError),
+    /// Kernel source could not be generated.
+    #[error("emitting kernel source: {0}")]
+    Emit(String),
+    /// The spec file could not be read.
+    #[error("cannot read `{}`: {source}", path.display())]
+    Read { path: PathBuf, source: std::io::Error },
+}
+
+impl Error {
+    /// The diagnostic code (`attnc explain-error CODE`).
+    pub fn code(&self) -> Code {
+        match self {
+            Error::Spec { diagnostics, .. } => {
+                diagnostics.iter().find(|d| d.is_error()).map_or(Code::Internal, |d| d.code)
+            }
+            Error::Setting(_) => Code::BadSetting,
+            Error::Input(e) => e.code(),
+            Error::Device(_) => Code::Backend,
+            Error::Emit(_) => Code::Internal,
+            Error::Read { .. } => Code::Syntax,
+        }
+    }
+}
+
+/// Where a bound program runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// The float64 reference interpreter.
+    Interp,
+    /// wgpu: Vulkan, Metal, DX12, WebGPU — or lavapipe on a CPU.
+    Wgpu,
+    /// CUDA (built with the `cuda` feature).
+    Cuda,
+}
+
+impl Backend {
+    /// A device for a kernel backend (`None` for the interpreter).
+    pub fn device(self) -> Result<Option<Gpu>, Error> {
+        Ok(match self {
+            Backend::Interp => None,
+            Backend::Wgpu => Some(Gpu::wgpu()?),
+            Backend::Cuda => Some(Gpu::cuda()?),
+        })
+    }
+}
+
+/// A spec's text and the settings to compile it with.
+#[derive(Clone, Debug)]
+pub struct Compiler {
+    name: String,
+    source: String,
+    settings: Vec<Setting>,
+}
+
+impl Compiler {
+    /// A spec given as text; `name` is what diagnostics call it.
+    pub fn new(name: impl Into<String>, source: impl Into<String>) -> Compiler {
+        Compiler { name: name.into(), source: source.into(), settings: vec![] }
+    }
+
+    /// A spec file.
+    pub fn open(path: impl AsRef<Path>) -> Result<Compiler, Error> {
+        let path = path.as_ref();
+        let source =
+            std::fs::read_to_string(path).map_err(|source| Error::Read { path: path.to_path_buf(), source })?;
+        Ok(Compiler::new(path.display().to_string(), source))
+    }
+
+    /// Bind a parameter or a dim (`--set NAME=VALUE`).
+    pub fn set(mut self, name: &str, value: impl ToString) -> Compiler {
+        self.settings.push(Setting { name: name.to_string(), value: value.to_string() });
+        self
+    }
+
+    /// Bind `NAME=VALUE` settings as the CLI takes them.
+    pub fn settings<S: AsRef<str>>(mut self, sets: &[S]) -> Result<Compiler, Error> {
+        for s in sets {
+            self.settings.push(Setting::parse(s.as_ref()).map_err(Error::Setting)?);
+        }
+        Ok(self)
+    }
+
+    /// Parse, bind the parameters, lower and check.
+    pub fn compile(&self) -> Result<Program, Error> {
+        match attnc_compiler::compile(&self.source, &self.settings) {
+            Ok(compiled) => Ok(Program { compiler: self.clone(), compiled }),
+            Err(diagnostics) => {
+                let rendered = render(&self.name, &self.source, &diagnostics);
+                Err(Error::Spec { diagnostics, rendered })
+            }
+        }
+    }
+}
+
+/// A compiled spec: parameters bound, dims free until inputs fix them.
+#[derive(Clone, Debug)]
+pub struct Program {
+    compiler: Compiler,
+    compiled: Compiled,
+}
+
+impl Program {
+    /// The typed IR.
+    pub fn ir(&self) -> &attnc_compiler::ir::Program {
+        &self.compiled.program
+    }
+
+    /// The compiler's result: the IR, the bound parameters, the warnings.
+    pub fn compiled(&self) -> &Compiled {
+        &self.compiled
+    }
+
+    /// At the default dims (and those set), without inputs: enough to
+    /// optimize, plan and emit, not to run.
+    pub fn sized(&self) -> Result<Bound, Error> {
+        let dims = self.default_dims()?;
+        Ok(Bound { original: self.ir().clone(), chosen: self.ir().clone(), dims, inputs: BTreeMap::new() })
+    }
+
+    /// Warnings found while compiling, rendered (empty when none).
+    pub fn warnings(&self) -> String {
+        match self.compiled.warnings.is_empty() {
+            true => String::new(),
+            false => render(&self.compiler.name, &self.compiler.source, &self.compiled.warnings),
+        }
+    }
+
+    /// The dims as the defaults and the settings give them.
+    pub fn default_dims(&self) -> Result<DimValues, Error> {
+        Ok(bind::default_dims(self.ir())?)
+    }
+
+    /// Dims named in the settings, which inputs must agree with.
+    fn explicit_dims(&self) -> BTreeSet<String> {
+        let dims = &self.ir().dims;
+        self.compiler.settings.iter().map(|s| s.name.clone()).filter(|n| dims.iter().any(|d| &d.name == n)).collect()
+    }
+
+    /// Bind named input tensors: dims from their shapes, every tensor and
+    /// value checked against the spec.
+    pub fn bind(&self, inputs: BTreeMap<String, Tensor>) -> Result<Bound, Error> {
+        let (tensors, dims) = bind::bind_inputs(self.ir(), inputs, &self.explicit_dims())?;
+        Ok(self.bound(tensors, dims))
+    }
+
+    /// Inputs drawn with `seed` from the spec's distributions at the default dims.
+    pub fn seeded(&self, seed: u64) -> Result<Bound, Error> {
+        let (tensors, dims) = bind::generate_inputs(self.ir(), seed)?;
+        Ok(self.bound(tensors, dims))
+    }
+
+    fn bound(&self, tensors: Vec<Tensor>, dims: DimValues) -> Bound {
+        let inputs = self.ir().inputs.iter().map(|i| i.name.clone()).zip(tensors).collect();
+        Bound { original: self.ir().clone(), chosen: self.ir().clone(), dims, inputs }
+    }
+}
+
+/// A program at concrete dims with its inputs, optionally optimized.
+#[derive(Clone, Debug)]
+pub struct Bound {
+    original: attnc_compiler::ir::Program,
+    chosen: attnc_compiler::ir::Program,
+    dims: DimValues,
+    inputs: BTreeMap<String, Tensor>,
+}
+
+impl Bound {
+    pub fn dims(&self) -> &DimValues {
+        &self.dims
+    }
+
+    /// The inputs by name (drawn ones included).
+    pub fn inputs(&self) -> &BTreeMap<String, Tensor> {
+        &self.inputs
+    }
+
+    /// The program that runs: the original or the optimizer's choice.
+    pub fn program(&self) -> &attnc_compiler::ir::Program {
+        &self.chosen
+    }
+
+    /// Replace the program by the one the optimizer predicts cheapest on `target` in `mode`.
+    pub fn optimize(self, target: cost::Target, mode: cost::Mode) -> Bound {
+        self.optimize_with(&opt::Config { target, mode, ..Default::default() }).0
+    }
+
+    /// As [`Bound::optimize`] with a full configuration; also returns the report's data.
+    pub fn optimize_with(mut self, cfg: &opt::Config) -> (Bound, opt::Optimized) {
+        let o = opt::optimize(&self.original, &self.dims, cfg);
+        self.chosen = o.chosen.clone();
+        (self, o)
+    }
+
+    /// The launches that compute it (plain data, no device).
+    pub fn plan(&self) -> Plan {
+        plan::plan(&self.chosen, &self.dims)
+    }
+
+    /// Kernel source for every launch (file name, text) and the manifest.
+    pub fn emit(&self, target: emit::Target) -> Result<(Vec<(String, String)>, emit::Manifest), Error> {
+        emit::emit(&self.plan(), target).map_err(Error::Emit)
+    }
+
+    /// Refuse, before any work, sizes past `memory_budget` bytes (and, on
+    /// the interpreter, past `max_flops`).
+    pub fn check_limits(&self, backend: Backend, memory_budget: u64, max_flops: f64) -> Result<(), Error> {
+        bind::check_budget(&self.original, &self.dims, memory_budget)?;
+        if backend == Backend::Interp {
+            bind::check_work(&self.original, &self.dims, max_flops)?;
+        }
+        Ok(())
+    }
+
+    /// Run on `backend`; the outputs by name.
+    pub fn run(&self, backend: Backend) -> Result<BTreeMap<String, Tensor>, Error> {
+        match backend.device()? {
+            None => self.interpret(),
+            Some(gpu) => self.run_on(&gpu),
+        }
+    }
+
+    /// Run the kernels on a device one already has.
+    pub fn run_on(&self, gpu: &Gpu) -> Result<BTreeMap<String, Tensor>, Error> {
+        self.tensors()?;
+        let (outputs, _) = gpu.run(&self.plan(), &self.inputs)?;
+        Ok(self.name_outputs(outputs))
+    }
+
+    /// The float64 interpreter's outputs (the program's meaning).
+    pub fn interpret(&self) -> Result<BTreeMap<String, Tensor>, Error> {
+        Ok(self.name_outputs(interp::evaluate(&self.chosen, &self.tensors()?, &self.dims)))
+    }
+
+    /// The inputs in declaration order; an error for a program bound without them.
+    fn tensors(&self) -> Result<Vec<Tensor>, Error> {
+        let named = |i: &attnc_compiler::ir::Input| {
+            self.inputs.get(&i.name).cloned().ok_or_else(|| {
+                RunError::TensorFile(format!("input `{}` is not bound (bind inputs or draw them with a seed)", i.name))
+            })
+        };
+        Ok(self.original.inputs.iter().map(named).collect::<Result<_, _>>()?)
+    }
+
+    fn name_outputs(&self, outputs: Vec<Tensor>) -> BTreeMap<String, Tensor> {
+        self.original.outputs.iter().map(|(n, _)| n.clone()).zip(outputs).collect()
+    }
+}
