@@ -293,7 +293,7 @@ impl IrKernel {
                 }
                 KernelSpec::Thresholds { levels, .. } => k::thresholds::expand(scope, &bufs[0], &mut out, i, *levels),
                 KernelSpec::MixHeads { batch, m, h, p, s, d, x, x_m } => {
-                    let src = k::mix_heads_source::expand(scope, i, *m, *h, *p, *s, *d);
+                    let src = k::head_source::expand(scope, i, h * p, *m, *s, *d);
                     let x0 = view(scope, src, x, batch * m * s * d);
                     k::mix_heads::expand(scope, &bufs[0], &bufs[1], &mut out, i, x0, *m, *h, *p, *s, *d, *x_m)
                 }
@@ -303,7 +303,7 @@ impl IrKernel {
                     k::mix_cols::expand(scope, &bufs[0], &bufs[1], &mut out, i, y0, *m, *h, *p, *d, *y_m)
                 }
                 KernelSpec::Collapse { batch, h, c, s, d, x, x_c } => {
-                    let src = k::collapse_source::expand(scope, i, *h, *c, *s, *d);
+                    let src = k::head_source::expand(scope, i, *h, *c, *s, *d);
                     let x0 = view(scope, src, x, batch * c * s * d);
                     k::collapse::expand(scope, &bufs[0], &bufs[1], &mut out, i, x0, *h, *c, *s, *d, *x_c)
                 }

@@ -171,21 +171,21 @@ pub fn mix_heads(
     out[i] = acc;
 }
 
-/// The index of `x[b, 0, s, e]` in the row-major `[B, m, s, d]` operand of
-/// `mix_heads` for output element `i`.
+/// The index of `x[b, 0, s, e]` in a row-major `[B, in_heads, s, d]` operand
+/// for output element `i` of a row-major `[B, out_heads, s, d]` result (the
+/// operand of `mix_heads` with `out_heads = h·p`, of `collapse` with `h`).
 #[cube]
-pub fn mix_heads_source(
+pub fn head_source(
     i: usize,
-    #[comptime] m: usize,
-    #[comptime] h: usize,
-    #[comptime] p: usize,
+    #[comptime] out_heads: usize,
+    #[comptime] in_heads: usize,
     #[comptime] s: usize,
     #[comptime] d: usize,
 ) -> usize {
     let e = i % d;
     let si = (i / d) % s;
-    let bi = i / (d * s * p * h);
-    (bi * m * s + si) * d + e
+    let bi = i / (d * s * out_heads);
+    (bi * in_heads * s + si) * d + e
 }
 
 /// `out[r, (h·P+j)·d+e] = Σ_m alpha[m,h,j] · y[r, m·d+e]`.
@@ -238,22 +238,6 @@ pub fn collapse(
         acc += r[hi * c + ci] * x[x0 + ci * x_c];
     }
     out[i] = acc;
-}
-
-/// The index of `x[b, 0, s, e]` in the row-major `[B, c, s, d]` operand of
-/// `collapse` for output element `i`.
-#[cube]
-pub fn collapse_source(
-    i: usize,
-    #[comptime] h: usize,
-    #[comptime] c: usize,
-    #[comptime] s: usize,
-    #[comptime] d: usize,
-) -> usize {
-    let e = i % d;
-    let si = (i / d) % s;
-    let bi = i / (d * s * h);
-    (bi * c * s + si) * d + e
 }
 
 /// `out[r, h·d+e] = Σ_c r[h,c] · y[r, c·d+e]`.
