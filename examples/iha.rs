@@ -7,9 +7,17 @@ use attnc::{Backend, Compiler, Mode, CPU};
 fn main() -> Result<(), attnc::Error> {
     let program = Compiler::open("stdlib/iha.attn")?.set("H", 4).set("P", 4).set("d", 32).set("N", 128).compile()?;
     let bound = program.seeded(0)?.optimize(CPU, Mode::Inference);
-    println!("{} launches: {:?}", bound.plan().launches.len(), bound.plan().launches.iter().map(|l| l.spec.kind()).collect::<Vec<_>>());
+    println!(
+        "{} launches: {:?}",
+        bound.plan().launches.len(),
+        bound.plan().launches.iter().map(|l| l.spec.kind()).collect::<Vec<_>>()
+    );
     let y = &bound.run(Backend::Wgpu)?["y"];
     let reference = &bound.interpret()?["y"];
-    println!("y {:?}: relative error {:.2e} against the interpreter", y.shape, attnc::relative_error(&y.data, &reference.data));
+    println!(
+        "y {:?}: relative error {:.2e} against the interpreter",
+        y.shape,
+        attnc::relative_error(&y.data, &reference.data)
+    );
     Ok(())
 }

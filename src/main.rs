@@ -1,8 +1,8 @@
 //! `attnc`: the command-line driver. Parsing arguments, reading and writing
 //! files, and printing diagnostics happen here; everything else is a library call.
 
-use attnc_compiler::opt::{self, cost, cost::Mode, cost::Target};
 use attnc::{Backend as PipelineBackend, Compiler, Error as PipelineError, Program};
+use attnc_compiler::opt::{self, cost, cost::Mode, cost::Target};
 use attnc_compiler::{render, Code, Compiled, Diagnostic, Setting};
 use attnc_runtime::io::FileDtype;
 use attnc_runtime::{bind, gpu, interp, io, RunError, Tensor};

@@ -4,8 +4,8 @@
 
 mod common;
 
-use attnc_runtime::bind;
 use attnc_compiler::plan::{self, group::GroupStep};
+use attnc_runtime::bind;
 use attnc_runtime::gpu::emit;
 use common::*;
 

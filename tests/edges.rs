@@ -4,8 +4,8 @@
 
 mod common;
 
-use attnc_runtime::gpu::exec::Gpu;
 use attnc_compiler::plan;
+use attnc_runtime::gpu::exec::Gpu;
 use attnc_runtime::{bind, interp, Tensor};
 use common::*;
 use std::collections::BTreeMap;

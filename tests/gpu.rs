@@ -7,9 +7,9 @@
 mod common;
 
 use attnc_compiler::opt::{self, Config};
-use attnc_runtime::gpu::exec::Gpu;
 use attnc_compiler::plan;
 use attnc_runtime::gpu::emit;
+use attnc_runtime::gpu::exec::Gpu;
 use attnc_runtime::rng::Rng;
 use attnc_runtime::{bind, interp, Tensor};
 use common::*;

@@ -355,7 +355,9 @@ fn the_cost_model_charges_what_the_plan_launches() {
                     .map(|l| l.name.as_str())
                     .collect();
                 assert_eq!(charged, want, "{spec}");
-                for ((_, oc, _), l) in c.launches.iter().zip(plan.launches.iter().filter(|l| charged.contains(&l.name.as_str()))) {
+                for ((_, oc, _), l) in
+                    c.launches.iter().zip(plan.launches.iter().filter(|l| charged.contains(&l.name.as_str())))
+                {
                     assert_eq!((oc.flops, oc.bytes), (l.flops, l.bytes), "{spec}: {}", l.name);
                 }
                 assert_eq!(c.total.launches as usize, want.len());

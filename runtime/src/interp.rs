@@ -6,7 +6,6 @@ use crate::tensor::Tensor;
 use attnc_compiler::ir::*;
 pub use attnc_compiler::ir::{concrete, DimValues};
 
-
 /// Evaluate `program` on `inputs` (in declaration order); returns the outputs
 /// in declaration order.
 pub fn evaluate(program: &Program, inputs: &[Tensor], dims: &DimValues) -> Vec<Tensor> {

@@ -237,7 +237,11 @@ fn costed_listing(p: &Program, c: &ProgramCost) -> String {
     }
     for (name, oc, t) in &c.prepared {
         let (gf, mb) = (oc.flops / 1e9, oc.bytes / 1e6);
-        let _ = writeln!(out, "    {name}: {gf:.6} GFLOP, {mb:.6} MB -> {} once, to prepare the weights", format_seconds(*t));
+        let _ = writeln!(
+            out,
+            "    {name}: {gf:.6} GFLOP, {mb:.6} MB -> {} once, to prepare the weights",
+            format_seconds(*t)
+        );
     }
     out
 }

@@ -262,8 +262,10 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
         };
         let mixed_gemm = |n: usize| -> Option<usize> {
             let Op::MatMul { .. } = node.op else { return None };
-            let split = only_reader(n).filter(|&r| matches!(p.nodes[r].op, Op::SplitHeads { heads, .. }
-                if heads as usize <= MixEpilogue::MAX_HEADS && shapes[n].len() == 3))?;
+            let split = only_reader(n).filter(|&r| {
+                matches!(p.nodes[r].op, Op::SplitHeads { heads, .. }
+                if heads as usize <= MixEpilogue::MAX_HEADS && shapes[n].len() == 3)
+            })?;
             only_reader(split).filter(|&r| matches!(p.nodes[r].op, Op::MixHeads { x, .. } if x.0 as usize == split))
         };
         if mixed_gemm(i).is_some() {
@@ -297,9 +299,7 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
             Op::Deinterleave { x, pseudo } => Some(pl.relayout(*x, |l| l.deinterleave(*pseudo as usize))),
             Op::UnflattenHeads { x, pseudo } => Some(pl.relayout(*x, |l| l.unflatten_heads(*pseudo as usize))),
             Op::FlattenHeads { x } => Some(pl.relayout(*x, |l| Some(l.flatten_heads()))),
-            Op::SliceCols { x, start, len } => {
-                Some(pl.relayout(*x, |l| l.slice_cols(*start as usize, *len as usize)))
-            }
+            Op::SliceCols { x, start, len } => Some(pl.relayout(*x, |l| l.slice_cols(*start as usize, *len as usize))),
             _ => None,
         };
         if let Some(val) = val {
@@ -358,7 +358,10 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
                 // The product never reaches memory: its write and read are not paid.
                 let gemm = op_cost(&p.nodes[mm].op, &shapes[mm], &[sa.clone(), sb.clone()]);
                 let mixing = op_cost(&node.op, &shape, &[sx.clone(), al.clone()]);
-                fused_work = Some((gemm.flops + mixing.flops, gemm.bytes + mixing.bytes - 8.0 * sx.iter().product::<usize>() as f64));
+                fused_work = Some((
+                    gemm.flops + mixing.flops,
+                    gemm.bytes + mixing.bytes - 8.0 * sx.iter().product::<usize>() as f64,
+                ));
                 (spec, vec![ba, bb, pl.contiguous(*alpha)])
             }
             Op::MixHeads { x, alpha } => {

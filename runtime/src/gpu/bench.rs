@@ -6,11 +6,11 @@
 
 use super::baseline::{time_cubek_attention, time_cubek_matmul};
 use super::exec::{Gpu, GpuError};
-use attnc_compiler::plan::{KernelSpec, Plan};
 use crate::tensor::Tensor;
 use attnc_compiler::ir::MaskKind;
 use attnc_compiler::opt::cost::{OpCost, Target};
 use attnc_compiler::opt::format_seconds;
+use attnc_compiler::plan::{KernelSpec, Plan};
 use std::collections::BTreeMap;
 use std::fmt::Write;
 

@@ -3,11 +3,11 @@
 //! `expand` functions. Entry points carry the plan's names, so emitted source
 //! is the same in debug and release builds.
 
-use attnc_compiler::plan::group::{GroupStep, MapOp};
 use super::kernels as k;
-use attnc_compiler::plan::{KernelSpec, View, GEMM_COLS, GEMM_ROWS, GEMM_STAGE_K, GEMM_UNITS, GROUP_UNITS};
 use super::{attention, gemm};
 use attnc_compiler::ir::{BinaryOp, MaskKind, ReduceKind, UnaryOp};
+use attnc_compiler::plan::group::{GroupStep, MapOp};
+use attnc_compiler::plan::{KernelSpec, View, GEMM_COLS, GEMM_ROWS, GEMM_STAGE_K, GEMM_UNITS, GROUP_UNITS};
 use cubecl::prelude::*;
 use std::sync::Arc;
 

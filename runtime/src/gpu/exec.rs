@@ -3,8 +3,8 @@
 //! The executor keeps its own accounting of device bytes allocated.
 
 use super::define::IrKernel;
-use attnc_compiler::plan::{BufferRole, KernelSpec, Plan, LOOP_TRIPS_CPU};
 use crate::tensor::Tensor;
+use attnc_compiler::plan::{BufferRole, KernelSpec, Plan, LOOP_TRIPS_CPU};
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 use cubecl::wgpu::WgpuDeviceKind;

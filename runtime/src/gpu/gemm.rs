@@ -103,7 +103,13 @@ fn put<N: Size>(x: &mut [Vector<f32, N>], at: usize, v: Vector<f32, N>) {
 /// last column or channel.
 #[cube]
 #[allow(unused_assignments)]
-fn tile_col(c: usize, #[comptime] cols: usize, #[comptime] fl: usize, #[comptime] ce: usize, #[comptime] dl: usize) -> usize {
+fn tile_col(
+    c: usize,
+    #[comptime] cols: usize,
+    #[comptime] fl: usize,
+    #[comptime] ce: usize,
+    #[comptime] dl: usize,
+) -> usize {
     let c = min(c, comptime![cols - 1]);
     let mut col = 0usize;
     if comptime![ce == 0] {
@@ -260,49 +266,60 @@ pub fn build<N: Size>(
     };
     let unit_rows: Vec<_> = (0..GEMM_ROWS).map(|m| unit_row::expand(scope, m)).collect();
     // Where each of this unit's rows of `a` starts (the last row for rows past the end).
-    let a_starts: Vec<_> = unit_rows
-        .iter()
-        .map(|r| view(scope, clamp_row::expand(scope, r.clone(), rows), &shape.a_rows, rows))
-        .collect();
+    let a_starts: Vec<_> =
+        unit_rows.iter().map(|r| view(scope, clamp_row::expand(scope, r.clone(), rows), &shape.a_rows, rows)).collect();
     // The columns of `b` this lane loads (fixed for the whole product).
     let b_cols: Vec<_> = (0..per)
         .map(|r| tile_col::expand(scope, lane_col::expand(scope, lane.clone(), per, r), cols, fl, ce, dl))
         .collect();
     let acc = k::vzeros::expand::<N>(scope, GEMM_ROWS * cols);
-    let steps = RangeExpand::new(NativeExpand::from_lit(scope, 0usize), NativeExpand::from_lit(scope, kl));
-    for_expand(scope, steps, false, |scope, kt| {
-        let mut acc = acc;
-        let mut sums: Vec<_> = (0..GEMM_ROWS * cols).map(|i| k::vget::expand::<N>(scope, &acc, i)).collect();
-        let col = view(scope, kt.clone(), &shape.a_cols, kl);
-        let av: Vec<_> = a_starts
-            .iter()
-            .map(|r| load::expand::<N>(scope, a, k::add_index::expand(scope, r.clone(), col.clone())))
-            .collect();
-        for kk in 0..lanes {
-            let row = b_step_row::expand(scope, kt.clone(), lanes, kk);
-            let start = b_row_start::expand(scope, row, shape.b_row, shape.b_offset);
-            let held: Vec<_> = b_cols
+    // A plane whose rows all lie past the end (a short `a`, as at decode)
+    // skips the product: its loads and broadcasts serve only itself.
+    let active = plane_has_rows::expand(scope, plane.max(1), rows);
+    if_expand(scope, active, |scope| {
+        let steps = RangeExpand::new(NativeExpand::from_lit(scope, 0usize), NativeExpand::from_lit(scope, kl));
+        for_expand(scope, steps, false, |scope, kt| {
+            let mut acc = acc;
+            let mut sums: Vec<_> = (0..GEMM_ROWS * cols).map(|i| k::vget::expand::<N>(scope, &acc, i)).collect();
+            let col = view(scope, kt.clone(), &shape.a_cols, kl);
+            let av: Vec<_> = a_starts
                 .iter()
-                .map(|c| load::expand::<N>(scope, b, k::add_index::expand(scope, start.clone(), c.clone())))
+                .map(|r| load::expand::<N>(scope, a, k::add_index::expand(scope, r.clone(), col.clone())))
                 .collect();
-            let scalars: Vec<_> = av.iter().map(|v| k::component::expand::<N>(scope, v.clone(), kk)).collect();
-            for c in 0..cols {
-                let bc = if plane > 1 {
-                    k::from_lane::expand::<N>(scope, held[c % per].clone(), (c / per) as u32)
-                } else {
-                    held[c].clone()
-                };
-                for (m, x) in scalars.iter().enumerate() {
-                    let s = &mut sums[m * cols + c];
-                    *s = k::axpy::expand::<N>(scope, s.clone(), x.clone(), bc.clone());
+            for kk in 0..lanes {
+                let row = b_step_row::expand(scope, kt.clone(), lanes, kk);
+                let start = b_row_start::expand(scope, row, shape.b_row, shape.b_offset);
+                let held: Vec<_> = b_cols
+                    .iter()
+                    .map(|c| load::expand::<N>(scope, b, k::add_index::expand(scope, start.clone(), c.clone())))
+                    .collect();
+                let scalars: Vec<_> = av.iter().map(|v| k::component::expand::<N>(scope, v.clone(), kk)).collect();
+                for c in 0..cols {
+                    let bc = if plane > 1 {
+                        k::from_lane::expand::<N>(scope, held[c % per].clone(), (c / per) as u32)
+                    } else {
+                        held[c].clone()
+                    };
+                    for (m, x) in scalars.iter().enumerate() {
+                        let s = &mut sums[m * cols + c];
+                        *s = k::axpy::expand::<N>(scope, s.clone(), x.clone(), bc.clone());
+                    }
                 }
             }
-        }
-        for (i, s) in sums.into_iter().enumerate() {
-            k::vset::expand::<N>(scope, &mut acc, i, s);
-        }
+            for (i, s) in sums.into_iter().enumerate() {
+                k::vset::expand::<N>(scope, &mut acc, i, s);
+            }
+        });
     });
     epilogue::<N>(scope, out, &acc, &unit_rows, shape, tile);
+}
+
+/// Whether this unit's plane of `plane` units owns a row below `rows`
+/// (its first unit's first row is the plane's smallest).
+#[cube]
+fn plane_has_rows(#[comptime] plane: u32, #[comptime] rows: usize) -> bool {
+    let first = (UNIT_POS - UNIT_POS % plane) as usize;
+    CUBE_POS_Y as usize * comptime![GEMM_UNITS * GEMM_ROWS] + first < rows
 }
 
 /// Emit the staged GEMM body (see the module documentation).
@@ -373,7 +390,8 @@ pub fn build_staged<N: Size>(
         if_expand(scope, more, |scope| copy(scope, s_next));
         let mut acc = acc;
         let mut sums: Vec<_> = (0..GEMM_ROWS * cols).map(|i| k::vget::expand::<N>(scope, &acc, i)).collect();
-        let (base_a, base_b) = (stage_base::expand(scope, s.clone(), a_len), b_stage_base::expand(scope, s, a_len, b_len));
+        let (base_a, base_b) =
+            (stage_base::expand(scope, s.clone(), a_len), b_stage_base::expand(scope, s, a_len, b_len));
         for kq in 0..kv {
             let av: Vec<_> = (0..GEMM_ROWS)
                 .map(|m| {
