@@ -329,3 +329,22 @@ mod layouts {
         }
     }
 }
+
+/// A constant factor on a product is the GEMM's epilogue: `(a @ b) * c`,
+/// `c * (a @ b)` and `(a @ b) / c` are one launch; a sum is not a factor.
+#[test]
+fn constant_factors_fold_into_the_gemm_epilogue() {
+    for (expr, kinds, scale) in [
+        ("(a @ b) * 0.5", vec!["matmul"], Some(0.5)),
+        ("3.0 * (a @ b)", vec!["matmul"], Some(3.0)),
+        ("(a @ b) / 4.0", vec!["matmul"], Some(0.25)),
+        ("(a @ b) + 1.0", vec!["matmul", "binary"], None),
+    ] {
+        let src = format!("spec g\ninput a: [30, 8]\ninput b: [8, 12]\noutput y = {expr}\n");
+        let c = attnc_compiler::compile(&src, &[]).unwrap();
+        let p = plan::plan(&c.program, &bind::default_dims(&c.program).unwrap());
+        assert_eq!(p.launches.iter().map(|l| l.spec.kind()).collect::<Vec<_>>(), kinds, "{expr}");
+        let plan::KernelSpec::MatMul { scale: got, .. } = p.launches[0].spec else { unreachable!() };
+        assert_eq!(got.map(f64::from_bits), scale, "{expr}");
+    }
+}

@@ -256,6 +256,12 @@ fn gemms(make: fn() -> Result<Gpu, attnc_runtime::gpu::exec::GpuError>) {
             let c = attnc_compiler::compile(&src, &[]).unwrap();
             check_spec(&gpu, &c, &seeded(&c, 5), false, &format!("GEMM {a} @ {b} ({what}), staged: {staged}"));
         }
+        // Constant factors the epilogue applies (and one it must not: a sum).
+        for expr in ["(a @ b) * 0.5", "3.0 * (a @ b)", "(a @ b) / 4.0", "(a @ b) + 1.0"] {
+            let src = format!("spec g\ninput a: [300, 36]\ninput b: [36, 20]\noutput y = {expr}\n");
+            let c = attnc_compiler::compile(&src, &[]).unwrap();
+            check_spec(&gpu, &c, &seeded(&c, 5), false, &format!("{expr}, staged: {staged}"));
+        }
         let specs: Vec<(&str, Vec<(&'static str, String)>)> = vec![
             ("mha", sets(&[("H", "3"), ("d", "10"), ("N", "150")])),
             ("iha", sets(&[("H", "4"), ("P", "3"), ("d", "16"), ("N", "70"), ("B", "2")])),

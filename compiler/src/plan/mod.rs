@@ -10,7 +10,7 @@ mod view;
 pub use spec::*;
 pub use view::*;
 
-use crate::ir::{concrete, DimValues, Mask, NodeId, Op, Program};
+use crate::ir::{concrete, BinaryOp, DimValues, Mask, NodeId, Op, Program};
 use crate::opt::cost::{op_cost, weight_only};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -212,6 +212,50 @@ fn gemm_b(l: &Layout) -> Option<(usize, usize)> {
     }
 }
 
+/// The GEMM of node `mm` (its operands read through their layouts) with an
+/// epilogue, its bindings and the product's own work.
+fn plan_gemm(
+    pl: &mut Planner,
+    p: &Program,
+    shapes: &[Vec<usize>],
+    mm: usize,
+    mix: Option<MixEpilogue>,
+    scale: Option<u64>,
+) -> (KernelSpec, Vec<usize>, crate::opt::cost::OpCost) {
+    let Op::MatMul { a, b } = p.nodes[mm].op else { unreachable!("node {mm} is a GEMM") };
+    let (sa, sb) = (&shapes[a.0 as usize], &shapes[b.0 as usize]);
+    let k = *sa.last().unwrap();
+    let (ba, (a_rows, a_cols)) = pl.read(a, |l| Some(gemm_a(l)));
+    let (bb, (b_row, b_offset)) = pl.read(b, gemm_b);
+    let rows = sa.iter().product::<usize>() / k;
+    let spec = KernelSpec::MatMul { rows, k, f: sb[1], a_rows, a_cols, b_row, b_offset, mix, scale };
+    (spec, vec![ba, bb], op_cost(&p.nodes[mm].op, &shapes[mm], &[sa.clone(), sb.clone()]))
+}
+
+/// For `(x @ w) * c`, `c * (x @ w)` or `(x @ w) / c` at node `n` with a
+/// constant `c` (and, unless `gemm` is `usize::MAX`, the product at node
+/// `gemm`): the product's node and the factor.
+fn scale_of(p: &Program, n: usize, gemm: usize) -> Option<(usize, f64)> {
+    let Op::Binary { op, a, b } = p.nodes[n].op else { return None };
+    let constant = |x: NodeId| match p.nodes[x.0 as usize].op {
+        Op::Scalar { value } => Some(value),
+        _ => None,
+    };
+    let product = |x: NodeId| {
+        let x = x.0 as usize;
+        (matches!(p.nodes[x].op, Op::MatMul { .. }) && (gemm == usize::MAX || gemm == x)).then_some(x)
+    };
+    match op {
+        BinaryOp::Mul => match (product(a), product(b)) {
+            (Some(x), _) => Some((x, constant(b)?)),
+            (None, Some(x)) => Some((x, constant(a)?)),
+            _ => None,
+        },
+        BinaryOp::Div => Some((product(a)?, 1.0 / constant(b)?)),
+        _ => None,
+    }
+}
+
 /// Plan `p` at the concrete `dims`.
 pub fn plan(p: &Program, dims: &DimValues) -> Plan {
     let shapes: Vec<Vec<usize>> = p.nodes.iter().map(|n| concrete(&n.shape, dims)).collect();
@@ -268,7 +312,12 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
             })?;
             only_reader(split).filter(|&r| matches!(p.nodes[r].op, Op::MixHeads { x, .. } if x.0 as usize == split))
         };
-        if mixed_gemm(i).is_some() {
+        // `(x @ w) * c` or `(x @ w) / c` with a constant `c`: one GEMM scaling in its epilogue.
+        let scaled_gemm = |n: usize| -> Option<usize> {
+            let Op::MatMul { .. } = node.op else { return None };
+            only_reader(n).filter(|&r| scale_of(p, r, n).is_some())
+        };
+        if mixed_gemm(i).is_some() || scaled_gemm(i).is_some() {
             pl.vals.push(Val::InEpilogue);
             continue;
         }
@@ -315,6 +364,14 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
         let mut out_shape = shape.clone();
         let mut out_layout = Layout::contiguous(&shape);
         let (spec, mut bindings) = match &node.op {
+            Op::Binary { .. }
+                if scale_of(p, i, usize::MAX).is_some_and(|(mm, _)| matches!(pl.vals[mm], Val::InEpilogue)) =>
+            {
+                let (mm, c) = scale_of(p, i, usize::MAX).expect("a scaled GEMM");
+                let (spec, bindings, gemm) = plan_gemm(&mut pl, p, &shapes, mm, None, Some(c.to_bits()));
+                fused_work = Some((gemm.flops + len as f64, gemm.bytes));
+                (spec, bindings)
+            }
             Op::Binary { op, a, b } => {
                 let (ba, va) = pl.read(*a, |l| Some(l.broadcast(&shape).view()));
                 let (bb, vb) = pl.read(*b, |l| Some(l.broadcast(&shape).view()));
@@ -334,35 +391,20 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
                 let spec = KernelSpec::Thresholds { len: sh(0).iter().product(), levels: *levels as usize };
                 (spec, vec![pl.contiguous(*x)])
             }
-            Op::MatMul { a, b } => {
-                let (sa, sb) = (sh(0), sh(1));
-                let k = *sa.last().unwrap();
-                let (ba, (a_rows, a_cols)) = pl.read(*a, |l| Some(gemm_a(l)));
-                let (bb, (b_row, b_offset)) = pl.read(*b, gemm_b);
-                let rows = sa.iter().product::<usize>() / k;
-                let spec = KernelSpec::MatMul { rows, k, f: sb[1], a_rows, a_cols, b_row, b_offset, mix: None };
-                (spec, vec![ba, bb])
+            Op::MatMul { .. } => {
+                let (spec, bindings, _) = plan_gemm(&mut pl, p, &shapes, i, None, None);
+                (spec, bindings)
             }
             Op::MixHeads { x, alpha } if matches!(pl.vals[x.0 as usize], Val::InEpilogue) => {
                 let (sx, al) = (sh(0), sh(1));
                 let Op::SplitHeads { x: y, .. } = p.nodes[x.0 as usize].op else { unreachable!("a fused head split") };
-                let mm = y.0 as usize;
-                let Op::MatMul { a, b } = p.nodes[mm].op else { unreachable!("a fused GEMM") };
-                let (sa, sb) = (&shapes[a.0 as usize], &shapes[b.0 as usize]);
-                let k = *sa.last().unwrap();
-                let (ba, (a_rows, a_cols)) = pl.read(a, |l| Some(gemm_a(l)));
-                let (bb, (b_row, b_offset)) = pl.read(b, gemm_b);
                 let mix = MixEpilogue { m: sx[1], h: al[1], p: al[2], s: sx[2], d: sx[3] };
-                let rows = sa.iter().product::<usize>() / k;
-                let spec = KernelSpec::MatMul { rows, k, f: sb[1], a_rows, a_cols, b_row, b_offset, mix: Some(mix) };
+                let (spec, bindings, gemm) = plan_gemm(&mut pl, p, &shapes, y.0 as usize, Some(mix), None);
                 // The product never reaches memory: its write and read are not paid.
-                let gemm = op_cost(&p.nodes[mm].op, &shapes[mm], &[sa.clone(), sb.clone()]);
                 let mixing = op_cost(&node.op, &shape, &[sx.clone(), al.clone()]);
-                fused_work = Some((
-                    gemm.flops + mixing.flops,
-                    gemm.bytes + mixing.bytes - 8.0 * sx.iter().product::<usize>() as f64,
-                ));
-                (spec, vec![ba, bb, pl.contiguous(*alpha)])
+                let saved = 8.0 * sx.iter().product::<usize>() as f64;
+                fused_work = Some((gemm.flops + mixing.flops, gemm.bytes + mixing.bytes - saved));
+                (spec, [bindings, vec![pl.contiguous(*alpha)]].concat())
             }
             Op::MixHeads { x, alpha } => {
                 let (sx, al) = (sh(0), sh(1));

@@ -35,6 +35,10 @@ pub enum KernelSpec {
         b_offset: usize,
         #[serde(skip_serializing_if = "Option::is_none")]
         mix: Option<MixEpilogue>,
+        /// The epilogue multiplies by this constant (`f64` bits): `(a @ b) * c`
+        /// or `(a @ b) / c` in one launch.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        scale: Option<u64>,
     },
     /// `out[b,h,j,s,e] = Σ_m alpha[m,h,j] · x[b,m,s,e]`, `x[b,m,s,e]` at
     /// `x(index of [b,0,s,e]) + m·x_m` (a head split read in place).

@@ -225,7 +225,7 @@ impl IrKernel {
         let lanes = self.spec.line_size();
         let nonempty = k::has_vectors::expand::<N>(scope, &out);
         if_expand(scope, nonempty, |scope| match self.spec {
-            KernelSpec::MatMul { rows, k: kk, f, ref a_rows, ref a_cols, b_row, b_offset, mix } => {
+            KernelSpec::MatMul { rows, k: kk, f, ref a_rows, ref a_cols, b_row, b_offset, mix, scale } => {
                 let shape = gemm::Shape {
                     rows,
                     kdim: kk,
@@ -235,6 +235,7 @@ impl IrKernel {
                     b_row: b_row / lanes,
                     b_offset: b_offset / lanes,
                     mix: mix.map(|m| (m, scalars.pop().expect("the mixing coefficients"))),
+                    scale: scale.map(|bits| f64::from_bits(bits) as f32),
                 };
                 if self.staged {
                     gemm::build_staged::<N>(scope, &bufs[0], &bufs[1], &mut out, &shape, lanes)

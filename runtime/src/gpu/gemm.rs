@@ -39,6 +39,8 @@ pub struct Shape {
     pub b_offset: usize,
     /// A mixing epilogue and its coefficients.
     pub mix: Option<(MixEpilogue, NativeExpand<[f32]>)>,
+    /// A constant the epilogue multiplies by.
+    pub scale: Option<f32>,
 }
 
 /// A cube's column tile in vectors: `cols` of them; with a mixing epilogue,
@@ -439,10 +441,14 @@ fn epilogue<N: Size>(
 ) {
     let Tile { cols, ce, dl, fl } = tile;
     let rows = shape.rows;
+    let scaled = |scope: &Scope, v: NativeExpand<Vector<f32, N>>| match shape.scale {
+        Some(c) => k::vscale::expand::<N>(scope, v, NativeExpand::from_lit(scope, c)),
+        None => v,
+    };
     let Some((mix, alpha)) = &shape.mix else {
         for (m, row) in unit_rows.iter().enumerate() {
             for c in 0..cols {
-                let v = k::vget::expand::<N>(scope, acc, m * cols + c);
+                let v = scaled(scope, k::vget::expand::<N>(scope, acc, m * cols + c));
                 store::expand::<N>(scope, out, row.clone(), v, c, rows, cols, fl);
             }
         }
@@ -465,6 +471,7 @@ fn epilogue<N: Size>(
                     let y = k::vget::expand::<N>(scope, acc, r * cols + m * ce + ch);
                     v = k::axpy::expand::<N>(scope, v, a.clone(), y);
                 }
+                let v = scaled(scope, v);
                 let (row, at) = (row.clone(), starts[r].clone());
                 store_mixed::expand::<N>(scope, out, row, at, t.clone(), v, ch, ce, rows, dl, mix.s * dl);
             }
