@@ -348,3 +348,65 @@ fn constant_factors_fold_into_the_gemm_epilogue() {
         assert_eq!(got.map(f64::from_bits), scale, "{expr}");
     }
 }
+
+/// Emitted CUDA compiles next to host code (nvcc includes `<cstdint>`, whose
+/// `int64_t` is `long`): the fixed-width typedefs cubecl's preamble needs
+/// under NVRTC are kept for NVRTC only. Checked by compiling every emitted
+/// preamble with the system C++ compiler after the host headers, and the
+/// unguarded preamble is refused the same way (so the check can fail).
+#[test]
+fn cuda_preambles_compile_next_to_host_headers() {
+    let dir = std::env::temp_dir().join(format!("attnc-preamble-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let host = "#include <cstdint>\n#include <cstddef>\n#define __device__\n#define __align__(x) alignas(x)\n";
+    let compiles = |name: &str, preamble: &str| {
+        let path = dir.join(format!("{name}.cpp"));
+        std::fs::write(&path, format!("{host}{preamble}\nint main() {{ return 0; }}\n")).unwrap();
+        let out = std::process::Command::new("c++")
+            .args(["-fsyntax-only", "-x", "c++"])
+            .arg(&path)
+            .output()
+            .unwrap_or_else(|e| panic!("this test needs a C++ compiler (`c++`): {e}"));
+        (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    for spec in ["mha", "iha", "grpo"] {
+        let c = compile_stdlib(spec, &small(spec));
+        let p = plan::plan(&c.program, &bind::default_dims(&c.program).unwrap());
+        let (files, _) = emit::emit(&p, emit::Target::Cuda).unwrap();
+        for (name, source) in &files {
+            let preamble = &source[..source.find("extern \"C\"").expect("a kernel")];
+            let (ok, err) = compiles(name, preamble);
+            assert!(ok, "{spec} {name}: the preamble does not compile after host headers:\n{err}");
+            assert!(preamble.contains("#ifdef __CUDACC_RTC__") && preamble.contains("#include <cstdint>"));
+        }
+    }
+    let unguarded = "typedef signed long long int int64_t;\ntypedef unsigned long long int uint64_t;\n";
+    assert!(!compiles("unguarded", unguarded).0, "host headers accept a clashing typedef: the check cannot fail");
+    assert_eq!(emit::host_compatible("x\n"), "x\n");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Launches fit a real GPU at sizes users run: no kernel needs more than
+/// CUDA's default 48 KiB of dynamic shared memory (so none needs an opt-in),
+/// whatever the head width or group size, and the manifest says so.
+#[test]
+fn shared_memory_stays_within_the_default_limit() {
+    let cases: &[(&str, &[(&str, &str)])] = &[
+        // Attention keeps its rows in registers at any width (d = 256 needed
+        // 64 KiB of shared memory in an earlier kernel); N is small only to
+        // keep this debug-build test quick.
+        ("mha", &[("d", "256"), ("H", "1"), ("N", "5")]),
+        ("iha", &[("d", "16"), ("H", "8"), ("P", "8"), ("N", "5"), ("collapse", "per_head")]),
+        ("odrpo", &[("G", "1024"), ("K", "100"), ("B", "2")]),
+        ("gdpo", &[("G", "4096"), ("C", "8"), ("B", "2")]),
+        ("grpo", &[("G", "70000"), ("B", "1")]),
+    ];
+    for (spec, sets) in cases {
+        let c = compile_stdlib(spec, &sets.iter().map(|(k, v)| (*k, v.to_string())).collect::<Vec<_>>());
+        let p = plan::plan(&c.program, &bind::default_dims(&c.program).unwrap());
+        let (_, manifest) = emit::emit(&p, emit::Target::Cuda).unwrap();
+        for l in &manifest.launches {
+            assert!(l.shared_memory_bytes <= 48 * 1024, "{spec} {sets:?}: {} needs {} B", l.entry, l.shared_memory_bytes);
+        }
+    }
+}

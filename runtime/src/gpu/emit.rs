@@ -77,9 +77,32 @@ pub fn kernel_source(name: &str, spec: &KernelSpec, target: Target) -> Result<(S
             let k = cubecl_cpp::shared::CppCompiler::<cubecl_cpp::target::Cuda>::default()
                 .compile(def, &cubecl_cpp::shared::CompilationOptions::default())
                 .map_err(|e| format!("{e:?}"))?;
-            Ok((k.source, k.shared_memory_size, plane))
+            Ok((host_compatible(&k.source), k.shared_memory_size, plane))
         }
     }
+}
+
+/// CUDA source that also compiles under nvcc next to host code: cubecl's
+/// preamble declares the fixed-width integer types itself, which NVRTC needs
+/// but which clash with `<cstdint>`'s (`int64_t` is `long` there); they are
+/// kept for NVRTC (`__CUDACC_RTC__`) and replaced by `<cstdint>` elsewhere.
+pub fn host_compatible(source: &str) -> String {
+    let lines: Vec<&str> = source.lines().collect();
+    let is_typedef = |l: &str| l.starts_with("typedef ") && l.ends_with("_t;") && !l.contains('{');
+    let Some(start) = lines.iter().position(|l| is_typedef(l)) else { return source.to_string() };
+    let end = start + lines[start..].iter().take_while(|l| is_typedef(l)).count();
+    let mut out: Vec<&str> = lines[..start].to_vec();
+    out.push("#ifdef __CUDACC_RTC__");
+    out.extend(&lines[start..end]);
+    out.push("#else");
+    out.push("#include <cstdint>");
+    out.push("#endif");
+    out.extend(&lines[end..]);
+    let mut text = out.join("\n");
+    if source.ends_with('\n') {
+        text.push('\n');
+    }
+    text
 }
 
 #[derive(Serialize)]
@@ -142,7 +165,10 @@ pub struct Manifest {
 const CONVENTION: &str = "Each launch binds its buffers in the listed order (operands, then the output), \
 all row-major f32, followed by one read-only `info` buffer (declared as `info_struct`): the listed scalars \
 as f32, padded to a multiple of two, then each bound buffer's length in elements as a u32 in binding \
-order, padded to a multiple of two (the kernels check bounds against them). Buffers with role \
+order, padded to a multiple of two. Kernels are specialised to the listed shapes and do not check indices \
+against these lengths: each guards its writes by its own sizes and reads only inside the shapes (the GEMM and \
+attention clamp rows and columns to the last one, so a buffer must hold at least its listed `len`); launch \
+exactly the listed grid. Buffers with role \
 `input` hold the named tensors, `constant` buffers hold the listed values, `temp` buffers are allocated \
 with `len` f32 elements and written by the launch that binds them last. Run the launches in order; \
 `outputs` names the buffers to read back. CUDA kernels take their buffers as pointer arguments in the \
