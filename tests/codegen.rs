@@ -406,7 +406,48 @@ fn shared_memory_stays_within_the_default_limit() {
         let p = plan::plan(&c.program, &bind::default_dims(&c.program).unwrap());
         let (_, manifest) = emit::emit(&p, emit::Target::Cuda).unwrap();
         for l in &manifest.launches {
-            assert!(l.shared_memory_bytes <= 48 * 1024, "{spec} {sets:?}: {} needs {} B", l.entry, l.shared_memory_bytes);
+            assert!(
+                l.shared_memory_bytes <= 48 * 1024,
+                "{spec} {sets:?}: {} needs {} B",
+                l.entry,
+                l.shared_memory_bytes
+            );
+        }
+    }
+}
+
+/// Every launch fits CUDA's and WebGPU's grid limits (65 535 cubes along y
+/// and z; WebGPU also along x) at any size under the 2³¹-element limit: the
+/// issue's `mha B=256 N=4096 H=8 d=32` (its GEMMs have 4096 row tiles), a
+/// batch of 70 000 (batch, head) pairs, 100 000 groups, 2³⁰ elements.
+#[test]
+fn grids_fit_the_launch_limits_at_any_size() {
+    let specs: Vec<(String, Vec<(&str, String)>)> = vec![
+        ("mha".into(), vec![("B", "256".into()), ("N", "4096".into()), ("H", "8".into()), ("d", "32".into())]),
+        ("mha".into(), vec![("B", "70000".into()), ("N", "2".into()), ("H", "1".into()), ("d", "4".into())]),
+        ("grpo".into(), vec![("B", "100000".into()), ("G", "4".into())]),
+    ];
+    let mut plans: Vec<(String, plan::Plan)> = specs
+        .into_iter()
+        .map(|(spec, sets)| {
+            let c = compile_stdlib(&spec, &sets);
+            (format!("{spec} {sets:?}"), plan::plan(&c.program, &bind::default_dims(&c.program).unwrap()))
+        })
+        .collect();
+    let c = attnc_compiler::compile("spec e\ninput a: [1073741824]\noutput y = a * 2.0\n", &[]).unwrap();
+    plans.push(("2^30 elements".into(), plan::plan(&c.program, &bind::default_dims(&c.program).unwrap())));
+    for (what, p) in &plans {
+        for l in &p.launches {
+            let ((ux, _, _), (x, y, z)) = l.spec.grid();
+            assert!(x <= 65_535 && y <= 65_535 && z <= 65_535, "{what}: {} grid [{x}, {y}, {z}]", l.name);
+            // The grid holds every cube the kernel indexes.
+            let (cx, cy) = l.spec.cubes();
+            assert!((x as usize) * (y as usize) * (z as usize) >= cx * cy, "{what}: {}", l.name);
+            if !matches!(l.spec.kind(), "matmul" | "matmul_mix" | "attention" | "group") {
+                // Elementwise kernels: a unit per element.
+                let units = x as usize * y as usize * z as usize * ux as usize;
+                assert!(units >= l.spec.len(), "{what}: {} has {units} units for {}", l.name, l.spec.len());
+            }
         }
     }
 }

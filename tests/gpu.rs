@@ -308,6 +308,33 @@ fn prepared_calls(gpu: &Gpu) {
     }
 }
 
+/// Launches past 65 535 cubes along an axis (CUDA's y and z limit,
+/// WebGPU's on every axis) are laid out over three axes and give the same
+/// answers: attention over 70 000 (batch, head) pairs, a group kernel over
+/// 70 000 groups, a GEMM of 2²⁴ + 300 rows (one column: wgpu binds at
+/// most 128 MiB) and an elementwise kernel of 2²⁴ + 300 elements.
+fn folded_grids(gpu: &Gpu) {
+    let big = (1usize << 24) + 300;
+    let cases = [
+        ("attention".to_string(), "spec a\ninput q: [70000, 1, 2, 4]\ninput k: [70000, 1, 2, 4]\ninput v: [70000, 1, 2, 4]\noutput y = attention(q, k, v, mask = causal)\n".to_string()),
+        ("group".to_string(), "spec g\ninput r: [70000, 3]\noutput y = r - mean(r, axis = 1, keepdim = true)\n".to_string()),
+        ("gemm".to_string(), format!("spec m\ninput a: [{big}, 1]\ninput b: [1, 1]\noutput y = a @ b\n")),
+        ("elementwise".to_string(), format!("spec e\ninput a: [{big}]\noutput y = a * a\n")),
+    ];
+    for (what, src) in &cases {
+        let c = attnc_compiler::compile(src, &[]).unwrap_or_else(|e| panic!("{what}: {e:?}"));
+        let dims = bind::default_dims(&c.program).unwrap();
+        let p = plan::plan(&c.program, &dims);
+        let folded = p.launches.iter().any(|l| l.spec.grid().1 .1 > 1 || l.spec.fold_x() > 0);
+        assert!(folded, "{what}: no launch was folded");
+        for l in &p.launches {
+            let (_, (x, y, z)) = l.spec.grid();
+            assert!(x <= 65_535 && y <= 65_535 && z <= 65_535, "{what}: grid {x} {y} {z}");
+        }
+        check_spec(gpu, &c, &seeded(&c, 9), false, &format!("{what} on a folded grid"));
+    }
+}
+
 /// A launch past the loop iterations Mesa's CPU drivers run is refused with
 /// a clear error there, never run wrongly; elsewhere it runs and is right.
 fn loop_limit(gpu: &Gpu) {
@@ -549,6 +576,11 @@ macro_rules! backend_tests {
             #[test]
             fn prepared_weights_serve_many_calls() {
                 prepared_calls(&device($make));
+            }
+
+            #[test]
+            fn grids_past_65535_cubes_fold_and_match_the_interpreter() {
+                folded_grids(&device($make));
             }
 
             #[test]

@@ -92,7 +92,28 @@ pub enum KernelSpec {
 impl KernelSpec {
     /// Units per cube and cubes for this launch.
     pub fn grid(&self) -> ((u32, u32, u32), (u32, u32, u32)) {
-        let linear = |len: usize| ((256, 1, 1), ((len.div_ceil(256)).max(1) as u32, 1, 1));
+        let units = match self {
+            KernelSpec::MatMul { .. } => GEMM_UNITS,
+            KernelSpec::Attention { .. } => ATTN_ROWS,
+            KernelSpec::Group { .. } => GROUP_UNITS,
+            _ => 256,
+        } as u32;
+        let (x, y) = self.cubes();
+        let counts = if self.fold_x() == 0 && self.cubes_linear() == 0 {
+            (x as u32, y as u32, 1)
+        } else {
+            // Laid out linearly over all three axes, none past its limit.
+            let total = x * y;
+            let gx = total.min(MAX_GRID);
+            let rest = total.div_ceil(gx);
+            let gy = rest.min(MAX_GRID);
+            (gx as u32, gy as u32, rest.div_ceil(gy) as u32)
+        };
+        ((units, 1, 1), counts)
+    }
+
+    /// The launch's cubes as its kernel indexes them: along x and along y.
+    pub fn cubes(&self) -> (usize, usize) {
         match self {
             KernelSpec::MatMul { rows, f, mix, .. } => {
                 let lanes = self.line_size();
@@ -100,14 +121,39 @@ impl KernelSpec {
                     Some(mix) => (mix.d / lanes).div_ceil(mix.channels(lanes)),
                     None => (f / lanes).div_ceil(gemm_cols(*f, lanes)),
                 };
-                ((GEMM_UNITS as u32, 1, 1), (x as u32, rows.div_ceil(GEMM_UNITS * GEMM_ROWS) as u32, 1))
+                (x, rows.div_ceil(GEMM_UNITS * GEMM_ROWS))
             }
             KernelSpec::Attention { batch, h, s, .. } => {
-                let rows = ATTN_ROWS * self.attention_tiles().unit_rows;
-                ((ATTN_ROWS as u32, 1, 1), (s.div_ceil(rows) as u32, (batch * h) as u32, 1))
+                (s.div_ceil(ATTN_ROWS * self.attention_tiles().unit_rows), batch * h)
             }
-            KernelSpec::Group { groups, .. } => ((GROUP_UNITS as u32, 1, 1), (*groups as u32, 1, 1)),
-            other => linear(other.len()),
+            KernelSpec::Group { groups, .. } => (*groups, 1),
+            other => (other.len().div_ceil(256).max(1), 1),
+        }
+    }
+
+    /// When an axis of [`KernelSpec::cubes`] is past [`MAX_GRID`], the
+    /// cubes are laid out linearly over the grid's three axes and a GEMM,
+    /// attention or group kernel recovers its position from the linear index:
+    /// then its cubes along x (and every cube past `x · y` does nothing), else 0.
+    pub fn fold_x(&self) -> usize {
+        let (x, y) = self.cubes();
+        let positional =
+            matches!(self, KernelSpec::MatMul { .. } | KernelSpec::Attention { .. } | KernelSpec::Group { .. });
+        if positional && (x > MAX_GRID || y > MAX_GRID) {
+            x
+        } else {
+            0
+        }
+    }
+
+    /// For elementwise kernels (which index by their linear position and
+    /// guard it): their cubes when past [`MAX_GRID`], else 0.
+    fn cubes_linear(&self) -> usize {
+        let (x, _) = self.cubes();
+        match self {
+            KernelSpec::MatMul { .. } | KernelSpec::Attention { .. } | KernelSpec::Group { .. } => 0,
+            _ if x > MAX_GRID => x,
+            _ => 0,
         }
     }
 
@@ -272,6 +318,10 @@ impl MixEpilogue {
         (GEMM_COLS / lanes / self.m).clamp(1, self.d / lanes)
     }
 }
+
+/// The most cubes along any grid axis that every backend launches (CUDA's y
+/// and z limit, WebGPU's limit on all three).
+pub const MAX_GRID: usize = 65_535;
 
 /// Units per GEMM cube; each owns [`GEMM_ROWS`] rows of the output.
 pub const GEMM_UNITS: usize = 64;

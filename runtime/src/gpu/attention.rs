@@ -109,8 +109,8 @@ fn key_row_of(p: usize, #[comptime] koff: usize, #[comptime] sk: usize) -> usize
 /// This cube's query tile; causal cubes in reverse, since later query tiles
 /// see more keys and should start first.
 #[cube]
-fn query_tile(#[comptime] s: usize, #[comptime] bq: usize, #[comptime] kind: u32) -> usize {
-    let mut qt = CUBE_POS_X as usize;
+fn query_tile(#[comptime] s: usize, #[comptime] bq: usize, #[comptime] kind: u32, #[comptime] fold: usize) -> usize {
+    let mut qt = k::cube_x(fold);
     if comptime![kind != MASK_NONE] {
         qt = comptime![s.div_ceil(bq) - 1] - qt;
     }
@@ -127,10 +127,11 @@ fn row_slots(
     #[comptime] kind: u32,
     #[comptime] r: usize,
     #[comptime] views: [RowView; 4],
+    #[comptime] fold: usize,
 ) -> Array<usize> {
     let mut a = Array::<usize>::new(3usize);
-    let bh = CUBE_POS_Y as usize;
-    let i = query_tile(s, bq, kind) * bq + UNIT_POS as usize + comptime![r * ATTN_ROWS];
+    let bh = k::cube_y(fold);
+    let i = query_tile(s, bq, kind, fold) * bq + UNIT_POS as usize + comptime![r * ATTN_ROWS];
     let row = min(i, comptime![s - 1]);
     a[ROW_Q] = view_row(bh / h, bh % h, row, comptime![views[0]]);
     a[ROW_OUT] = view_row(bh / h, bh % h, row, comptime![views[3]]);
@@ -153,11 +154,12 @@ fn setup(
     #[comptime] window: usize,
     #[comptime] block: usize,
     #[comptime] views: [RowView; 4],
+    #[comptime] fold: usize,
 ) -> Array<usize> {
     let mut r = Array::<usize>::new(comptime![SET_LEN]);
-    let bh = CUBE_POS_Y as usize;
+    let bh = k::cube_y(fold);
     let g = (bh % h) / comptime![h / hk];
-    let q0 = query_tile(s, bq, kind) * bq;
+    let q0 = query_tile(s, bq, kind, fold) * bq;
     let q1 = min(q0 + comptime![bq - 1], comptime![s - 1]);
     let b = bh / h;
     r[SET_K] = view_row(b, g, 0, comptime![views[1]]);
@@ -309,6 +311,8 @@ pub struct Shape {
     /// Layouts of q, k, v and the output, strides in vectors.
     pub views: [RowView; 4],
     pub tiles: AttnTiles,
+    /// The grid's fold (`plan::KernelSpec::fold_x`).
+    pub fold: usize,
 }
 
 /// Emit the kernel body for vectors of `N` (`lanes` floats), spreading each
@@ -328,10 +332,10 @@ pub fn build<N: Size>(
     let (dl, el) = (a.d / lanes, a.e / lanes);
     let (bk, nr) = (a.tiles.key_tile, a.tiles.unit_rows);
     let bq = ATTN_ROWS * nr;
-    let set = setup::expand(scope, a.h, a.hk, a.s, a.sk, bq, bk, a.kind, a.window, a.block, a.views);
+    let set = setup::expand(scope, a.h, a.hk, a.s, a.sk, bq, bk, a.kind, a.window, a.block, a.views, a.fold);
     let mut units = Vec::with_capacity(nr);
     for r in 0..nr {
-        let slots = row_slots::expand(scope, a.h, a.s, bq, a.kind, r, a.views);
+        let slots = row_slots::expand(scope, a.h, a.s, bq, a.kind, r, a.views, a.fold);
         let qr = load_query::expand::<N>(scope, q, k::uget::expand(scope, &slots, ROW_Q), scale, dl);
         let acc = k::vzeros::expand::<N>(scope, el);
         let state = softmax_state::expand(scope);

@@ -198,7 +198,7 @@ impl CubeKernel for IrKernel {
         let out = bufs.pop().expect("an output buffer");
         let scope: &Scope = &builder.scope;
         let nonempty = k::has_elements::expand(scope, &out);
-        if_expand(scope, nonempty, |scope| self.body(scope, &bufs, out));
+        if_expand(scope, nonempty, |scope| in_grid(scope, &self.spec, |scope| self.body(scope, &bufs, out)));
         builder.build()
     }
 }
@@ -224,50 +224,56 @@ impl IrKernel {
         let scope: &Scope = &builder.scope;
         let lanes = self.spec.line_size();
         let nonempty = k::has_vectors::expand::<N>(scope, &out);
-        if_expand(scope, nonempty, |scope| match self.spec {
-            KernelSpec::MatMul { rows, k: kk, f, ref a_rows, ref a_cols, b_row, b_offset, mix, scale } => {
-                let shape = gemm::Shape {
-                    rows,
-                    kdim: kk,
-                    f,
-                    a_rows: a_rows.scaled_down(lanes),
-                    a_cols: a_cols.in_vectors(lanes).expect("the line size divides the GEMM's columns"),
-                    b_row: b_row / lanes,
-                    b_offset: b_offset / lanes,
-                    mix: mix.map(|m| (m, scalars.pop().expect("the mixing coefficients"))),
-                    scale: scale.map(|bits| f64::from_bits(bits) as f32),
-                };
-                if self.staged {
-                    gemm::build_staged::<N>(scope, &bufs[0], &bufs[1], &mut out, &shape, lanes)
-                } else {
-                    gemm::build::<N>(scope, &bufs[0], &bufs[1], &mut out, &shape, lanes, self.plane)
+        if_expand(scope, nonempty, |scope| {
+            in_grid(scope, &self.spec, |scope| match self.spec {
+                KernelSpec::MatMul { rows, k: kk, f, ref a_rows, ref a_cols, b_row, b_offset, mix, scale } => {
+                    let shape = gemm::Shape {
+                        rows,
+                        kdim: kk,
+                        f,
+                        a_rows: a_rows.scaled_down(lanes),
+                        a_cols: a_cols.in_vectors(lanes).expect("the line size divides the GEMM's columns"),
+                        b_row: b_row / lanes,
+                        b_offset: b_offset / lanes,
+                        mix: mix.map(|m| (m, scalars.pop().expect("the mixing coefficients"))),
+                        scale: scale.map(|bits| f64::from_bits(bits) as f32),
+                        fold: self.spec.fold_x(),
+                    };
+                    if self.staged {
+                        gemm::build_staged::<N>(scope, &bufs[0], &bufs[1], &mut out, &shape, lanes)
+                    } else {
+                        gemm::build::<N>(scope, &bufs[0], &bufs[1], &mut out, &shape, lanes, self.plane)
+                    }
                 }
-            }
-            KernelSpec::Attention { h, hk, s, sk, d, e, ref mask, window, block, q, k: kv, v, out: o, .. } => {
-                let shape = attention::Shape {
-                    h,
-                    hk,
-                    s,
-                    sk,
-                    d,
-                    e,
-                    kind: mask_code(*mask),
-                    window: window.unwrap_or(0),
-                    block,
-                    views: [q, kv, v, o].map(|view| view.in_vectors(lanes)),
-                    tiles: self.spec.attention_tiles(),
-                };
-                let scale = scale.expect("attention takes a scale");
-                attention::build::<N>(scope, &bufs[0], &bufs[1], &bufs[2], &mut out, scale, &shape, lanes, self.plane)
-            }
-            _ => unreachable!("only GEMM and attention are vectorised"),
+                KernelSpec::Attention { h, hk, s, sk, d, e, ref mask, window, block, q, k: kv, v, out: o, .. } => {
+                    let shape = attention::Shape {
+                        h,
+                        hk,
+                        s,
+                        sk,
+                        d,
+                        e,
+                        kind: mask_code(*mask),
+                        window: window.unwrap_or(0),
+                        block,
+                        views: [q, kv, v, o].map(|view| view.in_vectors(lanes)),
+                        tiles: self.spec.attention_tiles(),
+                        fold: self.spec.fold_x(),
+                    };
+                    let scale = scale.expect("attention takes a scale");
+                    attention::build::<N>(
+                        scope, &bufs[0], &bufs[1], &bufs[2], &mut out, scale, &shape, lanes, self.plane,
+                    )
+                }
+                _ => unreachable!("only GEMM and attention are vectorised"),
+            })
         });
     }
 
     fn body(&self, scope: &Scope, bufs: &[NativeExpand<[f32]>], mut out: NativeExpand<[f32]>) {
         let spec = &self.spec;
         if let KernelSpec::Group { len, groups, scratch, ref steps, .. } = *spec {
-            group_body(scope, bufs, out, steps, scratch, len / groups);
+            group_body(scope, bufs, out, steps, scratch, len / groups, spec.fold_x());
         } else {
             let i = ABSOLUTE_POS::expand(scope);
             let len = match spec {
@@ -342,6 +348,17 @@ impl IrKernel {
     }
 }
 
+/// `f` in the cubes of the launch: all of them, or with a folded grid
+/// (`KernelSpec::fold_x`) those below its logical count.
+fn in_grid(scope: &Scope, spec: &KernelSpec, f: impl FnOnce(&Scope)) {
+    if spec.fold_x() == 0 {
+        return f(scope);
+    }
+    let (x, y) = spec.cubes();
+    let inside = k::cube_in_grid::expand(scope, x * y);
+    if_expand(scope, inside, f);
+}
+
 /// `f(i)` for every `i < len`, split among the cube's units.
 fn for_each_element(scope: &Scope, len: usize, f: impl Fn(&Scope, NativeExpand<usize>)) {
     for chunk in 0..len.div_ceil(GROUP_UNITS) {
@@ -370,9 +387,10 @@ fn group_body(
     steps: &[GroupStep],
     scratch: usize,
     out_len: usize,
+    fold: usize,
 ) {
     let shared = k::group_scratch::expand(scope, scratch);
-    let b = k::group_index::expand(scope);
+    let b = k::group_index::expand(scope, fold);
     for step in steps {
         let mut s: NativeExpand<[f32]> = (*shared).clone_unchecked();
         match step {

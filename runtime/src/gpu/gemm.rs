@@ -41,6 +41,8 @@ pub struct Shape {
     pub mix: Option<(MixEpilogue, NativeExpand<[f32]>)>,
     /// A constant the epilogue multiplies by.
     pub scale: Option<f32>,
+    /// The grid's fold (`plan::KernelSpec::fold_x`).
+    pub fold: usize,
 }
 
 /// A cube's column tile in vectors: `cols` of them; with a mixing epilogue,
@@ -68,8 +70,8 @@ impl Tile {
 
 /// Row `m` of this unit, and whether it exists.
 #[cube]
-fn unit_row(#[comptime] m: usize) -> usize {
-    CUBE_POS_Y as usize * comptime![GEMM_UNITS * GEMM_ROWS] + comptime![m * GEMM_UNITS] + UNIT_POS as usize
+fn unit_row(#[comptime] m: usize, #[comptime] fold: usize) -> usize {
+    k::cube_y(fold) * comptime![GEMM_UNITS * GEMM_ROWS] + comptime![m * GEMM_UNITS] + UNIT_POS as usize
 }
 
 /// `row`, clamped to the last of `rows`.
@@ -111,13 +113,14 @@ fn tile_col(
     #[comptime] fl: usize,
     #[comptime] ce: usize,
     #[comptime] dl: usize,
+    #[comptime] fold: usize,
 ) -> usize {
     let c = min(c, comptime![cols - 1]);
     let mut col = 0usize;
     if comptime![ce == 0] {
-        col = min(CUBE_POS_X as usize * cols + c, comptime![fl - 1]);
+        col = min(k::cube_x(fold) * cols + c, comptime![fl - 1]);
     } else {
-        let ch = min(CUBE_POS_X as usize * ce + c % ce, comptime![dl - 1]);
+        let ch = min(k::cube_x(fold) * ce + c % ce, comptime![dl - 1]);
         col = c / ce * dl + ch;
     }
     col
@@ -151,8 +154,9 @@ fn store<N: Size>(
     #[comptime] rows: usize,
     #[comptime] cols: usize,
     #[comptime] fl: usize,
+    #[comptime] fold: usize,
 ) {
-    let col = CUBE_POS_X as usize * cols + c;
+    let col = k::cube_x(fold) * cols + c;
     if row < rows && col < fl {
         out[row * fl + col] = v;
     }
@@ -179,8 +183,9 @@ fn store_mixed<N: Size>(
     #[comptime] rows: usize,
     #[comptime] dl: usize,
     #[comptime] plane_len: usize,
+    #[comptime] fold: usize,
 ) {
-    let channel = CUBE_POS_X as usize * ce + ch;
+    let channel = k::cube_x(fold) * ce + ch;
     if row < rows && channel < dl {
         out[at + t * plane_len + channel] = v;
     }
@@ -233,8 +238,8 @@ fn coop(#[comptime] i: usize) -> usize {
 
 /// The cube's row `local` of `a` (clamped to the last row).
 #[cube]
-fn cube_row(local: usize, #[comptime] rows: usize) -> usize {
-    min(CUBE_POS_Y as usize * comptime![GEMM_UNITS * GEMM_ROWS] + local, comptime![rows - 1])
+fn cube_row(local: usize, #[comptime] rows: usize, #[comptime] fold: usize) -> usize {
+    min(k::cube_y(fold) * comptime![GEMM_UNITS * GEMM_ROWS] + local, comptime![rows - 1])
 }
 
 #[cube]
@@ -266,18 +271,18 @@ pub fn build<N: Size>(
     } else {
         (cols, NativeExpand::from_lit(scope, 0usize))
     };
-    let unit_rows: Vec<_> = (0..GEMM_ROWS).map(|m| unit_row::expand(scope, m)).collect();
+    let unit_rows: Vec<_> = (0..GEMM_ROWS).map(|m| unit_row::expand(scope, m, shape.fold)).collect();
     // Where each of this unit's rows of `a` starts (the last row for rows past the end).
     let a_starts: Vec<_> =
         unit_rows.iter().map(|r| view(scope, clamp_row::expand(scope, r.clone(), rows), &shape.a_rows, rows)).collect();
     // The columns of `b` this lane loads (fixed for the whole product).
     let b_cols: Vec<_> = (0..per)
-        .map(|r| tile_col::expand(scope, lane_col::expand(scope, lane.clone(), per, r), cols, fl, ce, dl))
+        .map(|r| tile_col::expand(scope, lane_col::expand(scope, lane.clone(), per, r), cols, fl, ce, dl, shape.fold))
         .collect();
     let acc = k::vzeros::expand::<N>(scope, GEMM_ROWS * cols);
     // A plane whose rows all lie past the end (a short `a`, as at decode)
     // skips the product: its loads and broadcasts serve only itself.
-    let active = plane_has_rows::expand(scope, plane.max(1), rows);
+    let active = plane_has_rows::expand(scope, plane.max(1), rows, shape.fold);
     if_expand(scope, active, |scope| {
         let steps = RangeExpand::new(NativeExpand::from_lit(scope, 0usize), NativeExpand::from_lit(scope, kl));
         for_expand(scope, steps, false, |scope, kt| {
@@ -319,9 +324,9 @@ pub fn build<N: Size>(
 /// Whether this unit's plane of `plane` units owns a row below `rows`
 /// (its first unit's first row is the plane's smallest).
 #[cube]
-fn plane_has_rows(#[comptime] plane: u32, #[comptime] rows: usize) -> bool {
+fn plane_has_rows(#[comptime] plane: u32, #[comptime] rows: usize, #[comptime] fold: usize) -> bool {
     let first = (UNIT_POS - UNIT_POS % plane) as usize;
-    CUBE_POS_Y as usize * comptime![GEMM_UNITS * GEMM_ROWS] + first < rows
+    k::cube_y(fold) * comptime![GEMM_UNITS * GEMM_ROWS] + first < rows
 }
 
 /// Emit the staged GEMM body (see the module documentation).
@@ -349,7 +354,7 @@ pub fn build_staged<N: Size>(
         .map(|i| {
             let idx = coop::expand(scope, i);
             let local = div_c::expand(scope, idx.clone(), kv);
-            let row = cube_row::expand(scope, local, rows);
+            let row = cube_row::expand(scope, local, rows, shape.fold);
             (idx.clone(), view(scope, row, &shape.a_rows, rows), mod_c::expand(scope, idx, kv))
         })
         .collect();
@@ -357,7 +362,7 @@ pub fn build_staged<N: Size>(
         .map(|i| {
             let idx = coop::expand(scope, i);
             let c = mod_c::expand(scope, idx.clone(), cols);
-            (idx.clone(), div_c::expand(scope, idx, cols), tile_col::expand(scope, c, cols, fl, ce, dl))
+            (idx.clone(), div_c::expand(scope, idx, cols), tile_col::expand(scope, c, cols, fl, ce, dl, shape.fold))
         })
         .collect();
     // Copy stage `s` into the buffer of its parity.
@@ -420,7 +425,7 @@ pub fn build_staged<N: Size>(
         }
         k::barrier::expand(scope);
     });
-    let unit_rows: Vec<_> = (0..GEMM_ROWS).map(|m| unit_row::expand(scope, m)).collect();
+    let unit_rows: Vec<_> = (0..GEMM_ROWS).map(|m| unit_row::expand(scope, m, shape.fold)).collect();
     epilogue::<N>(scope, out, &acc, &unit_rows, shape, tile);
 }
 
@@ -449,7 +454,7 @@ fn epilogue<N: Size>(
         for (m, row) in unit_rows.iter().enumerate() {
             for c in 0..cols {
                 let v = scaled(scope, k::vget::expand::<N>(scope, acc, m * cols + c));
-                store::expand::<N>(scope, out, row.clone(), v, c, rows, cols, fl);
+                store::expand::<N>(scope, out, row.clone(), v, c, rows, cols, fl, shape.fold);
             }
         }
         return;
@@ -473,7 +478,7 @@ fn epilogue<N: Size>(
                 }
                 let v = scaled(scope, v);
                 let (row, at) = (row.clone(), starts[r].clone());
-                store_mixed::expand::<N>(scope, out, row, at, t.clone(), v, ch, ce, rows, dl, mix.s * dl);
+                store_mixed::expand::<N>(scope, out, row, at, t.clone(), v, ch, ce, rows, dl, mix.s * dl, shape.fold);
             }
         }
     });

@@ -462,8 +462,42 @@ pub fn group_scratch(#[comptime] n: usize) -> Shared<[f32]> {
 
 /// The group this cube computes.
 #[cube]
-pub fn group_index() -> usize {
-    CUBE_POS_X as usize
+pub fn group_index(#[comptime] fold: usize) -> usize {
+    cube_x(fold)
+}
+
+/// This cube's index counting along x, then y, then z.
+#[cube]
+pub fn linear_cube() -> usize {
+    ((CUBE_POS_Z * CUBE_COUNT_Y + CUBE_POS_Y) * CUBE_COUNT_X + CUBE_POS_X) as usize
+}
+
+/// This cube's position along its launch's x axis (`plan::KernelSpec::cubes`):
+/// `CUBE_POS_X`, or from the linear index when the grid is folded
+/// (`fold` = cubes along x; 0: not folded).
+#[cube]
+pub fn cube_x(#[comptime] fold: usize) -> usize {
+    if comptime![fold > 0] {
+        linear_cube() % fold
+    } else {
+        CUBE_POS_X as usize
+    }
+}
+
+/// This cube's position along its launch's y axis (see [`cube_x`]).
+#[cube]
+pub fn cube_y(#[comptime] fold: usize) -> usize {
+    if comptime![fold > 0] {
+        linear_cube() / fold
+    } else {
+        CUBE_POS_Y as usize
+    }
+}
+
+/// Whether this cube is one of the launch's `total` cubes (a folded grid has a few more).
+#[cube]
+pub fn cube_in_grid(#[comptime] total: usize) -> bool {
+    linear_cube() < total
 }
 
 /// This unit's `chunk`-th element: `UNIT_POS + chunk · CUBE_DIM`.
