@@ -240,12 +240,15 @@ pub fn emit(plan: &Plan, target: Target) -> Result<(Vec<(String, String)>, Manif
             KernelSpec::Group { .. } => "[groups, 1, 1]".to_string(),
             _ => "[ceil(elements / 256), 1, 1]".to_string(),
         };
-        let grid_rule = match l.spec.grid() {
-            (_, (_, 1, 1)) if l.spec.fold_x() == 0 => grid_rule,
-            _ => {
-                let (x, y) = l.spec.cubes();
-                format!("{grid_rule}: {x} x {y} cubes, more than 65535 along an axis, laid out linearly over [x, y, z] (x fastest); cubes past {} do nothing", x * y)
-            }
+        let (x, y) = l.spec.cubes();
+        let grid_rule = if (gx as usize, gy as usize, gz) == (x, y, 1) {
+            grid_rule
+        } else {
+            format!(
+                "{grid_rule}: {x} x {y} cubes, more than 65535 along an axis, laid out linearly over [x, y, z] \
+                 (x fastest); cubes past {} do nothing",
+                x * y
+            )
         };
         launches.push(LaunchInfo {
             file,
