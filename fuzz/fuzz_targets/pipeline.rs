@@ -4,10 +4,9 @@
 //! and emits. Errors are fine; panics, hangs and unbounded work are not.
 #![no_main]
 
-use attnc_compiler::opt::{self, Config};
-use attnc_runtime::bind;
-use attnc_compiler::plan;
+use attnc_compiler::opt::Config;
 use attnc_runtime::gpu::emit;
+use attnc_runtime::pipeline::{Backend, Compiler};
 use libfuzzer_sys::fuzz_target;
 
 const SPECS: &[&str] = &[
@@ -58,18 +57,18 @@ fuzz_target!(|data: &[u8]| {
         }
     }
     let text: String = tokens.concat();
-    let Ok(compiled) = attnc_compiler::compile(&text, &[]) else { return };
-    let Ok(dims) = bind::default_dims(&compiled.program) else { return };
+    // The library pipeline, as users call it.
+    let Ok(program) = Compiler::new("fuzz.attn", text).compile() else { return };
+    let Ok(bound) = program.sized() else { return };
     // Keep each execution bounded: refuse what a run would refuse.
-    if bind::check_budget(&compiled.program, &dims, 64 << 20).is_err() {
+    if bound.check_limits(Backend::Wgpu, 64 << 20, f64::INFINITY).is_err() {
         return;
     }
     let cfg = Config { iter_limit: 6, node_limit: 2_000, ..Default::default() };
-    let optimized = opt::optimize(&compiled.program, &dims, &cfg);
-    assert!(attnc_compiler::valid::validate(&optimized.chosen).is_empty());
-    let p = plan::plan(&optimized.chosen, &dims);
-    if p.launches.len() <= 64 {
-        let _ = emit::emit(&p, emit::Target::Wgsl);
-        let _ = emit::emit(&p, emit::Target::Cuda);
+    let (bound, _) = bound.optimize_with(&cfg);
+    assert!(attnc_compiler::valid::validate(bound.program()).is_empty());
+    if bound.plan().launches.len() <= 64 {
+        let _ = bound.emit(emit::Target::Wgsl);
+        let _ = bound.emit(emit::Target::Cuda);
     }
 });
