@@ -52,7 +52,7 @@ impl View {
     /// of `l` (offset and result too); `None` unless every term steps by
     /// whole vectors or is the contiguous innermost run.
     pub fn in_vectors(&self, l: usize) -> Option<View> {
-        if self.offset % l != 0 {
+        if !self.offset.is_multiple_of(l) {
             return None;
         }
         let terms = self
@@ -195,7 +195,7 @@ impl Layout {
     /// not divide there.
     fn split(mut self, k: usize, outer: usize) -> Option<Layout> {
         let n: usize = self.axes[k].iter().map(|f| f.0).product();
-        if outer == 0 || n % outer != 0 {
+        if outer == 0 || !n.is_multiple_of(outer) {
             return None;
         }
         let mut inner_left = n / outer;
@@ -204,7 +204,7 @@ impl Layout {
         while inner_left > 1 {
             let (size, stride) = factors.pop()?;
             if size <= inner_left {
-                if inner_left % size != 0 {
+                if !inner_left.is_multiple_of(size) {
                     return None;
                 }
                 inner_left /= size;
@@ -374,7 +374,7 @@ impl Layout {
                 f.1 /= l;
             }
         }
-        (self.offset % l == 0).then_some(())?;
+        self.offset.is_multiple_of(l).then_some(())?;
         out.offset /= l;
         Some(out)
     }
