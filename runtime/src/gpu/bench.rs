@@ -193,13 +193,14 @@ impl BenchReport {
         }
         let _ = writeln!(
             out,
-            "{:<34} {:>12} {:>12.6} {:>12.6} {:>12} {:>8.2}%",
+            "{:<34} {:>12} {:>12.6} {:>12.6} {:>12} {:>9}",
             "all kernels per call",
             format_seconds(sum),
             work.flops / 1e9,
             work.bytes / 1e6,
             format_seconds(roofline(&work, target)),
-            100.0 * roofline(&work, target) / sum
+            // A program whose work is all preparation launches nothing per call.
+            if sum > 0.0 { format!("{:.2}%", 100.0 * roofline(&work, target) / sum) } else { "-".to_string() }
         );
         let _ = writeln!(
             out,
