@@ -451,3 +451,23 @@ fn grids_fit_the_launch_limits_at_any_size() {
         }
     }
 }
+
+/// Offline CUDA (a GPU: plane operations, 48 KiB) gets the GEMM that stages
+/// its tiles in shared memory, double-buffered (up to 18 KiB, a barrier per
+/// slice); offline WGSL, which keeps to WebGPU's guaranteed limits, gets the
+/// direct-load GEMM with no shared memory.
+#[test]
+fn gemms_stage_in_shared_memory_on_gpus_only() {
+    let c = compile_stdlib("mha", &small("mha"));
+    let p = plan::plan(&c.program, &bind::default_dims(&c.program).unwrap());
+    let (cuda, cuda_manifest) = emit::emit(&p, emit::Target::Cuda).unwrap();
+    let (wgsl, wgsl_manifest) = emit::emit(&p, emit::Target::Wgsl).unwrap();
+    for (i, l) in p.launches.iter().enumerate().filter(|(_, l)| l.spec.kind() == "matmul") {
+        // Two stages of 256 rows × 8 floats of `a` and 8 × (≤ 32) floats of `b`.
+        let bytes = cuda_manifest.launches[i].shared_memory_bytes;
+        assert!(bytes > 2 * 256 * 8 * 4 && bytes <= 18432, "{}: {bytes} B", l.name);
+        assert!(cuda[i].1.contains("__syncthreads()") && cuda[i].1.contains("extern __shared__"), "{}", l.name);
+        assert_eq!(wgsl_manifest.launches[i].shared_memory_bytes, 0, "{}", l.name);
+        assert!(!wgsl[i].1.contains("var<workgroup>") && !wgsl[i].1.contains("workgroupBarrier"), "{}", l.name);
+    }
+}
