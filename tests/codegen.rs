@@ -189,18 +189,19 @@ fn attention_specs_plan_no_copy_launch() {
     }
 }
 
-/// The row views attention reads and writes in place address exactly what
-/// the copy launches they replace would have gathered: `split_heads` and
-/// `interleave` (and so `merge_heads` and `deinterleave`, their inverses).
+/// The row views attention reads and writes in place (derived from the
+/// plan's layouts) address exactly what the copy launches they replace
+/// would have gathered: `split_heads` and `interleave` (and so `merge_heads`
+/// and `deinterleave`, their inverses).
 #[test]
 fn row_views_address_what_the_layout_copies_gather() {
     let (b, h, p, s, w) = (2, 3, 4, 5, 8);
     // split_heads of [b, s, h·w] → [b, h, s, w]: the gather's view, as the planner builds it.
     let split = plan::View::new(&[b, h, s, w], &[s * h * w, w, h * w, 1], 0);
-    let merged = plan::RowView::merged(h, s, w);
+    let merged = plan::Layout::contiguous(&[b, s, h * w]).split_heads(h).unwrap().row_view().unwrap();
     // interleave of [b, h, p, s, w] → [b, h, s·p, w].
     let inter = plan::View::new(&[b, h, s, p, w], &[h * p * s * w, p * s * w, w, s * w, 1], 0);
-    let pseudo = plan::RowView::pseudo(h, p, s, w);
+    let pseudo = plan::Layout::contiguous(&[b, h, p, s, w]).interleave().row_view().unwrap();
     for bi in 0..b {
         for hi in 0..h {
             for r in 0..s {

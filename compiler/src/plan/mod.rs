@@ -109,8 +109,9 @@ enum Val {
     At { buf: usize, layout: Layout },
     /// Computed inside the group kernels that read it.
     InGroup,
-    /// A GEMM (or its head split) whose head mixing is fused into its
-    /// epilogue: planned, as one launch, where the mixing is.
+    /// A GEMM (or its head split) whose only reader is fused into its
+    /// epilogue (head mixing, a constant factor): planned, as one launch,
+    /// where that reader is.
     InEpilogue,
 }
 
@@ -217,34 +218,30 @@ fn gemm_b(l: &Layout) -> Option<(usize, usize)> {
 fn plan_gemm(
     pl: &mut Planner,
     p: &Program,
-    shapes: &[Vec<usize>],
     mm: usize,
     mix: Option<MixEpilogue>,
     scale: Option<u64>,
 ) -> (KernelSpec, Vec<usize>, crate::opt::cost::OpCost) {
     let Op::MatMul { a, b } = p.nodes[mm].op else { unreachable!("node {mm} is a GEMM") };
-    let (sa, sb) = (&shapes[a.0 as usize], &shapes[b.0 as usize]);
+    let (sa, sb) = (pl.shapes[a.0 as usize].clone(), pl.shapes[b.0 as usize].clone());
     let k = *sa.last().unwrap();
     let (ba, (a_rows, a_cols)) = pl.read(a, |l| Some(gemm_a(l)));
     let (bb, (b_row, b_offset)) = pl.read(b, gemm_b);
     let rows = sa.iter().product::<usize>() / k;
     let spec = KernelSpec::MatMul { rows, k, f: sb[1], a_rows, a_cols, b_row, b_offset, mix, scale };
-    (spec, vec![ba, bb], op_cost(&p.nodes[mm].op, &shapes[mm], &[sa.clone(), sb.clone()]))
+    let work = op_cost(&p.nodes[mm].op, &pl.shapes[mm], &[sa, sb]);
+    (spec, vec![ba, bb], work)
 }
 
 /// For `(x @ w) * c`, `c * (x @ w)` or `(x @ w) / c` at node `n` with a
-/// constant `c` (and, unless `gemm` is `usize::MAX`, the product at node
-/// `gemm`): the product's node and the factor.
-fn scale_of(p: &Program, n: usize, gemm: usize) -> Option<(usize, f64)> {
+/// constant `c`: the product's node and the factor.
+fn scale_of(p: &Program, n: usize) -> Option<(usize, f64)> {
     let Op::Binary { op, a, b } = p.nodes[n].op else { return None };
     let constant = |x: NodeId| match p.nodes[x.0 as usize].op {
         Op::Scalar { value } => Some(value),
         _ => None,
     };
-    let product = |x: NodeId| {
-        let x = x.0 as usize;
-        (matches!(p.nodes[x].op, Op::MatMul { .. }) && (gemm == usize::MAX || gemm == x)).then_some(x)
-    };
+    let product = |x: NodeId| matches!(p.nodes[x.0 as usize].op, Op::MatMul { .. }).then_some(x.0 as usize);
     match op {
         BinaryOp::Mul => match (product(a), product(b)) {
             (Some(x), _) => Some((x, constant(b)?)),
@@ -315,7 +312,7 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
         // `(x @ w) * c` or `(x @ w) / c` with a constant `c`: one GEMM scaling in its epilogue.
         let scaled_gemm = |n: usize| -> Option<usize> {
             let Op::MatMul { .. } = node.op else { return None };
-            only_reader(n).filter(|&r| scale_of(p, r, n).is_some())
+            only_reader(n).filter(|&r| scale_of(p, r).is_some_and(|(mm, _)| mm == n))
         };
         if mixed_gemm(i).is_some() || scaled_gemm(i).is_some() {
             pl.vals.push(Val::InEpilogue);
@@ -364,11 +361,9 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
         let mut out_shape = shape.clone();
         let mut out_layout = Layout::contiguous(&shape);
         let (spec, mut bindings) = match &node.op {
-            Op::Binary { .. }
-                if scale_of(p, i, usize::MAX).is_some_and(|(mm, _)| matches!(pl.vals[mm], Val::InEpilogue)) =>
-            {
-                let (mm, c) = scale_of(p, i, usize::MAX).expect("a scaled GEMM");
-                let (spec, bindings, gemm) = plan_gemm(&mut pl, p, &shapes, mm, None, Some(c.to_bits()));
+            Op::Binary { .. } if scale_of(p, i).is_some_and(|(mm, _)| matches!(pl.vals[mm], Val::InEpilogue)) => {
+                let (mm, c) = scale_of(p, i).expect("a scaled GEMM");
+                let (spec, bindings, gemm) = plan_gemm(&mut pl, p, mm, None, Some(c.to_bits()));
                 fused_work = Some((gemm.flops + len as f64, gemm.bytes));
                 (spec, bindings)
             }
@@ -392,14 +387,14 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
                 (spec, vec![pl.contiguous(*x)])
             }
             Op::MatMul { .. } => {
-                let (spec, bindings, _) = plan_gemm(&mut pl, p, &shapes, i, None, None);
+                let (spec, bindings, _) = plan_gemm(&mut pl, p, i, None, None);
                 (spec, bindings)
             }
             Op::MixHeads { x, alpha } if matches!(pl.vals[x.0 as usize], Val::InEpilogue) => {
                 let (sx, al) = (sh(0), sh(1));
                 let Op::SplitHeads { x: y, .. } = p.nodes[x.0 as usize].op else { unreachable!("a fused head split") };
                 let mix = MixEpilogue { m: sx[1], h: al[1], p: al[2], s: sx[2], d: sx[3] };
-                let (spec, bindings, gemm) = plan_gemm(&mut pl, p, &shapes, y.0 as usize, Some(mix), None);
+                let (spec, bindings, gemm) = plan_gemm(&mut pl, p, y.0 as usize, Some(mix), None);
                 // The product never reaches memory: its write and read are not paid.
                 let mixing = op_cost(&node.op, &shape, &[sx.clone(), al.clone()]);
                 let saved = 8.0 * sx.iter().product::<usize>() as f64;
@@ -546,7 +541,7 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
         pl.vals.push(Val::At { buf: out, layout: out_layout });
     }
     let outputs: Vec<(String, usize)> = p.outputs.iter().map(|(n, id)| (n.clone(), pl.contiguous(*id))).collect();
-    let Planner { mut buffers, mut launches, .. } = pl;
+    let Planner { buffers, mut launches, .. } = pl;
     // Weight preparation first (it reads only weights, constants and earlier
     // preparation), then the per-call launches, each in planning order.
     launches.sort_by_key(|l| !l.prepare);
@@ -567,6 +562,5 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
             launches[last].frees.push(b.id);
         }
     }
-    buffers.shrink_to_fit();
     Plan { spec: p.name.clone(), dims: dims.clone(), buffers, launches, outputs }
 }

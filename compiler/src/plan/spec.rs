@@ -99,7 +99,7 @@ impl KernelSpec {
             _ => 256,
         } as u32;
         let (x, y) = self.cubes();
-        let counts = if self.fold_x() == 0 && self.cubes_linear() == 0 {
+        let counts = if x <= MAX_GRID && y <= MAX_GRID {
             (x as u32, y as u32, 1)
         } else {
             // Laid out linearly over all three axes, none past its limit.
@@ -143,17 +143,6 @@ impl KernelSpec {
             x
         } else {
             0
-        }
-    }
-
-    /// For elementwise kernels (which index by their linear position and
-    /// guard it): their cubes when past [`MAX_GRID`], else 0.
-    fn cubes_linear(&self) -> usize {
-        let (x, _) = self.cubes();
-        match self {
-            KernelSpec::MatMul { .. } | KernelSpec::Attention { .. } | KernelSpec::Group { .. } => 0,
-            _ if x > MAX_GRID => x,
-            _ => 0,
         }
     }
 

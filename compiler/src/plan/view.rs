@@ -36,16 +36,9 @@ impl View {
         View { offset, terms: merged }
     }
 
-    /// numpy broadcasting of `operand` to `out`.
+    /// numpy broadcasting of a row-major `operand` to `out`.
     pub fn broadcast(operand: &[usize], out: &[usize]) -> View {
-        let pad = out.len() - operand.len();
-        let mut strides = vec![0; out.len()];
-        let mut acc = 1;
-        for i in (0..operand.len()).rev() {
-            strides[pad + i] = if operand[i] == 1 { 0 } else { acc };
-            acc *= operand[i];
-        }
-        View::new(out, &strides, 0)
+        Layout::contiguous(operand).broadcast(out).view()
     }
 
     /// The same view over indices `i` that are multiples of `l`, in vectors
@@ -94,22 +87,6 @@ pub struct RowView {
 }
 
 impl RowView {
-    /// A row-major `[B, h, s, w]` tensor.
-    pub fn contiguous(h: usize, s: usize, w: usize) -> RowView {
-        RowView { offset: 0, batch: h * s * w, head: s * w, block: 1, outer: w, inner: 0 }
-    }
-
-    /// `split_heads` of a `[B, s, h·w]` tensor (and `merge_heads` into one).
-    pub fn merged(h: usize, s: usize, w: usize) -> RowView {
-        RowView { offset: 0, batch: s * h * w, head: w, block: 1, outer: h * w, inner: 0 }
-    }
-
-    /// `interleave` of a `[B, h, p, s, w]` tensor: row `r` is token `r / p`,
-    /// pseudo-head `r % p` (and `deinterleave` into one).
-    pub fn pseudo(h: usize, p: usize, s: usize, w: usize) -> RowView {
-        RowView { offset: 0, batch: h * p * s * w, head: p * s * w, block: p, outer: w, inner: s * w }
-    }
-
     /// The float offset of row `(b, h, r)` (the host-side definition kernels follow).
     pub fn row(&self, b: usize, h: usize, r: usize) -> usize {
         self.offset + b * self.batch + h * self.head + r / self.block * self.outer + r % self.block * self.inner
@@ -308,10 +285,7 @@ impl Layout {
 
     /// The stride of axis `k` when it is one factor (a size-1 axis: 0).
     pub fn stride(&self, k: usize) -> Option<usize> {
-        match self.axes[k][..] {
-            [(_, s)] => Some(s),
-            _ => None,
-        }
+        single_stride(&self.axes[k])
     }
 
     /// The stride between the `blocks` equal blocks of the last axis, when
@@ -334,14 +308,10 @@ impl Layout {
     /// A 4-axis `[B, H, S, w]` layout whose rows are contiguous as a [`RowView`].
     pub fn row_view(&self) -> Option<RowView> {
         let [b, h, r, w] = &self.axes[..] else { return None };
-        let one = |f: &[(usize, usize)]| match f {
-            [(_, s)] => Some(*s),
-            _ => None,
-        };
         if w.len() != 1 || (w[0].0 > 1 && w[0].1 != 1) {
             return None;
         }
-        let (batch, head) = (one(b)?, one(h)?);
+        let (batch, head) = (single_stride(b)?, single_stride(h)?);
         let (block, outer, inner) = match r[..] {
             [(_, s)] => (1, s, 0),
             [(_, so), (p, si)] => (p, so, si),
@@ -349,33 +319,12 @@ impl Layout {
         };
         Some(RowView { offset: self.offset, batch, head, block, outer, inner })
     }
+}
 
-    /// Every offset and stride in vectors of `l` floats, the innermost
-    /// factor of the last axis (stride 1) `l` times shorter; `None` unless
-    /// that factor is stride 1 and every other is a multiple of `l`.
-    pub fn in_vectors(&self, l: usize) -> Option<Layout> {
-        if l == 1 {
-            return Some(self.clone());
-        }
-        let mut out = self.clone();
-        let last = out.axes.len() - 1;
-        for (k, axis) in out.axes.iter_mut().enumerate() {
-            let n = axis.len();
-            for (i, f) in axis.iter_mut().enumerate() {
-                if k == last && i == n - 1 {
-                    if f.1 != 1 || f.0 % l != 0 {
-                        return None;
-                    }
-                    f.0 /= l;
-                    continue;
-                } else if f.1 % l != 0 {
-                    return None;
-                }
-                f.1 /= l;
-            }
-        }
-        self.offset.is_multiple_of(l).then_some(())?;
-        out.offset /= l;
-        Some(out)
+/// The stride of an axis made of one factor.
+fn single_stride(factors: &[(usize, usize)]) -> Option<usize> {
+    match factors {
+        [(_, s)] => Some(*s),
+        _ => None,
     }
 }
