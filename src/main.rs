@@ -3,11 +3,10 @@
 
 use attnc::{Backend as PipelineBackend, Compiler, Error as PipelineError, Program};
 use attnc_compiler::opt::{self, cost, cost::Mode, cost::Target};
-use attnc_compiler::{render, Code, Compiled, Diagnostic, Setting};
+use attnc_compiler::{render, Code, Compiled, Diagnostic};
 use attnc_runtime::io::FileDtype;
-use attnc_runtime::{bind, gpu, interp, io, RunError, Tensor};
+use attnc_runtime::{bind, gpu, io, RunError, Tensor};
 use clap::{Parser, Subcommand, ValueEnum};
-use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -270,10 +269,6 @@ fn read_source(file: &Path) -> Result<String, Failed> {
         .map_err(|e| report(Code::Syntax, format_args!("cannot read `{}`: {e}", file.display())))
 }
 
-fn settings(set: &[String]) -> Result<Vec<Setting>, Failed> {
-    set.iter().map(|s| Setting::parse(s).map_err(|m| report(Code::BadSetting, m))).collect()
-}
-
 /// Compile a file through the library pipeline, printing its diagnostics
 /// (warnings included).
 fn program(file: &Path, set: &[String]) -> Result<Program, Failed> {
@@ -485,31 +480,29 @@ fn run(
             ));
         }
     }
-    let explicit: BTreeSet<String> =
-        settings(set)?.into_iter().map(|s| s.name).filter(|n| program.dims.iter().any(|d| &d.name == n)).collect();
+    let pfail = |e: PipelineError| report(e.code(), e);
+    let backend = match backend {
+        Backend::Interp => PipelineBackend::Interp,
+        Backend::Wgpu => PipelineBackend::Wgpu,
+        Backend::Cuda => PipelineBackend::Cuda,
+    };
     // Memory and work limits, checked once the sizes are known and before any
     // work (for `--seed`, before drawing the inputs).
-    let within_limits = |dims: &interp::DimValues| -> Result<(), Failed> {
-        bind::check_budget(program, dims, memory_budget).map_err(fail)?;
-        if matches!(backend, Backend::Interp) {
-            bind::check_work(program, dims, max_flops).map_err(fail)?;
-        }
-        Ok(())
-    };
-    let (tensors, dims) = match (inputs, seed) {
+    let mut bound = match (inputs, seed) {
         (Some(path), _) => {
-            let bound = bind::bind_inputs(program, io::read_tensors(path).map_err(fail)?, &explicit).map_err(fail)?;
-            within_limits(&bound.1)?;
+            let bound = spec.bind(io::read_tensors(path).map_err(fail)?).map_err(pfail)?;
+            bound.check_limits(backend, memory_budget, max_flops).map_err(pfail)?;
             bound
         }
         (None, Some(s)) => {
-            within_limits(&bind::default_dims(program).map_err(fail)?)?;
-            bind::generate_inputs(program, s).map_err(fail)?
+            spec.sized().and_then(|b| b.check_limits(backend, memory_budget, max_flops)).map_err(pfail)?;
+            spec.seeded(s).map_err(pfail)?
         }
         (None, None) => unreachable!("clap requires --inputs or --seed"),
     };
     if check_inputs {
-        for (input, t) in program.inputs.iter().zip(&tensors) {
+        for input in &program.inputs {
+            let t = &bound.inputs()[&input.name];
             let nan = t.data.iter().filter(|v| v.is_nan()).count();
             let inf = t.data.iter().filter(|v| v.is_infinite()).count();
             match t.data.iter().position(|v| !v.is_finite()) {
@@ -521,8 +514,6 @@ fn run(
             }
         }
     }
-    let named_inputs = program.inputs.iter().map(|i| i.name.clone()).zip(tensors.iter().cloned()).collect();
-    let mut bound = spec.bind(named_inputs).map_err(|e| report(e.code(), e))?;
     if let Some(cfg) = optimize {
         let (b, optimized) = bound.optimize_with(&cfg);
         if optimized.hit_limit {
@@ -530,23 +521,18 @@ fn run(
         }
         bound = b;
     }
-    let backend = match backend {
-        Backend::Interp => PipelineBackend::Interp,
-        Backend::Wgpu => PipelineBackend::Wgpu,
-        Backend::Cuda => PipelineBackend::Cuda,
-    };
-    let by_name = bound.run(backend).map_err(|e| report(e.code(), e))?;
+    let by_name = bound.run(backend).map_err(pfail)?;
     let outputs: Vec<Tensor> = program.outputs.iter().map(|(n, _)| by_name[n].clone()).collect();
     let mut named: Vec<(String, &Tensor)> = program.outputs.iter().map(|(n, _)| n.clone()).zip(&outputs).collect();
     if seed.is_some() {
-        named.extend(program.inputs.iter().map(|i| i.name.clone()).zip(&tensors));
+        named.extend(program.inputs.iter().map(|i| (i.name.clone(), &bound.inputs()[&i.name])));
     }
     let file_dtype = match dtype {
         Dtype::F32 => FileDtype::F32,
         Dtype::F64 => FileDtype::F64,
     };
     io::write_tensors(out, &named, file_dtype).map_err(fail)?;
-    let dims_text: Vec<String> = dims.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let dims_text: Vec<String> = bound.dims().iter().map(|(k, v)| format!("{k}={v}")).collect();
     for (name, t) in &named[..program.outputs.len()] {
         eprintln!("wrote {name} {:?} ({}) to {}", t.shape, dims_text.join(" "), out.display());
     }

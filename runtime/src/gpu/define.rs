@@ -305,7 +305,7 @@ impl IrKernel {
                     k::mix_heads::expand(scope, &bufs[0], &bufs[1], &mut out, i, x0, *m, *h, *p, *s, *d, *x_m)
                 }
                 KernelSpec::MixCols { rows, m, h, p, d, y, y_m } => {
-                    let src = k::cols_source::expand(scope, i, h * p * d, *m, *d);
+                    let src = k::head_source::expand(scope, i, h * p, *m, 1, *d);
                     let y0 = view(scope, src, y, rows * m * d);
                     k::mix_cols::expand(scope, &bufs[0], &bufs[1], &mut out, i, y0, *m, *h, *p, *d, *y_m)
                 }
@@ -315,7 +315,7 @@ impl IrKernel {
                     k::collapse::expand(scope, &bufs[0], &bufs[1], &mut out, i, x0, *h, *c, *s, *d, *x_c)
                 }
                 KernelSpec::CollapseCols { rows, h, c, d, y, y_c } => {
-                    let src = k::cols_source::expand(scope, i, h * d, *c, *d);
+                    let src = k::head_source::expand(scope, i, *h, *c, 1, *d);
                     let y0 = view(scope, src, y, rows * c * d);
                     k::collapse_cols::expand(scope, &bufs[0], &bufs[1], &mut out, i, y0, *h, *c, *d, *y_c)
                 }

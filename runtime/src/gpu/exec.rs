@@ -88,7 +88,9 @@ pub struct RunStats {
 }
 
 /// A plan's weights on the device: its weights and constants uploaded and
-/// its preparation launches run, for any number of [`Gpu::run_prepared`] calls.
+/// its preparation launches run, for any number of [`Gpu::run_prepared`]
+/// calls (each works on a copy of these handles and counts).
+#[derive(Clone)]
 pub struct Prepared {
     handles: Vec<Option<Handle>>,
     stats: RunStats,
@@ -202,20 +204,10 @@ impl Gpu {
     ) -> Result<Prepared, GpuError> {
         self.check(plan)?;
         let mut state = Prepared { handles: vec![None; plan.buffers.len()], stats: RunStats::default(), live: 0 };
-        for b in &plan.buffers {
-            let h = match &b.role {
-                BufferRole::Input { name, weight: true } => {
-                    self.upload(&inputs.get(name).ok_or_else(|| GpuError::MissingInput(name.clone()))?.data)
-                }
-                BufferRole::Constant { values } => self.upload(values),
-                BufferRole::Input { weight: false, .. } | BufferRole::Temp => continue,
-            };
-            state.live += 4 * b.len as u64;
-            state.handles[b.id] = Some(h);
-        }
-        state.stats.peak_bytes = state.live;
-        let n = plan.prepared();
-        self.launch_all(plan, 0..n, &mut state.handles, &mut state.live, &mut state.stats, times)?;
+        let shared =
+            |role: &BufferRole| matches!(role, BufferRole::Input { weight: true, .. } | BufferRole::Constant { .. });
+        self.upload_buffers(plan, inputs, &mut state, shared)?;
+        self.launch_all(plan, 0..plan.prepared(), &mut state, times)?;
         Ok(state)
     }
 
@@ -229,26 +221,40 @@ impl Gpu {
         inputs: &BTreeMap<String, Tensor>,
         times: Option<&mut Vec<f64>>,
     ) -> Result<(Vec<Tensor>, RunStats), GpuError> {
-        let mut handles = prepared.handles.clone();
-        let mut stats = prepared.stats;
-        let mut live = prepared.live;
-        for b in &plan.buffers {
-            if let BufferRole::Input { name, weight: false } = &b.role {
-                let t = inputs.get(name).ok_or_else(|| GpuError::MissingInput(name.clone()))?;
-                handles[b.id] = Some(self.upload(&t.data));
-                live += 4 * b.len as u64;
-            }
-        }
-        stats.peak_bytes = stats.peak_bytes.max(live);
-        self.launch_all(plan, plan.prepared()..plan.launches.len(), &mut handles, &mut live, &mut stats, times)?;
+        let mut state = prepared.clone();
+        self.upload_buffers(plan, inputs, &mut state, |role| matches!(role, BufferRole::Input { weight: false, .. }))?;
+        self.launch_all(plan, plan.prepared()..plan.launches.len(), &mut state, times)?;
         let mut outputs = vec![];
         for (name, id) in &plan.outputs {
-            let h = handles[*id].clone().expect("outputs stay alive");
+            let h = state.handles[*id].clone().expect("outputs stay alive");
             let bytes = self.client.read_one(h).map_err(|e| GpuError::Launch(name.clone(), format!("{e:?}")))?;
             let data = f32::from_bytes(&bytes).iter().map(|v| *v as f64).collect();
             outputs.push(Tensor::new(plan.buffers[*id].shape.clone(), data));
         }
-        Ok((outputs, stats))
+        Ok((outputs, state.stats))
+    }
+
+    /// Upload the input (by name) and constant buffers `pick` selects.
+    fn upload_buffers(
+        &self,
+        plan: &Plan,
+        inputs: &BTreeMap<String, Tensor>,
+        state: &mut Prepared,
+        pick: impl Fn(&BufferRole) -> bool,
+    ) -> Result<(), GpuError> {
+        for b in plan.buffers.iter().filter(|b| pick(&b.role)) {
+            let h = match &b.role {
+                BufferRole::Input { name, .. } => {
+                    self.upload(&inputs.get(name).ok_or_else(|| GpuError::MissingInput(name.clone()))?.data)
+                }
+                BufferRole::Constant { values } => self.upload(values),
+                BufferRole::Temp => continue,
+            };
+            state.live += 4 * b.len as u64;
+            state.handles[b.id] = Some(h);
+        }
+        state.stats.peak_bytes = state.stats.peak_bytes.max(state.live);
+        Ok(())
     }
 
     /// Run `range` of the plan's launches, allocating outputs and freeing
@@ -257,30 +263,28 @@ impl Gpu {
         &self,
         plan: &Plan,
         range: std::ops::Range<usize>,
-        handles: &mut [Option<Handle>],
-        live: &mut u64,
-        stats: &mut RunStats,
+        state: &mut Prepared,
         mut times: Option<&mut Vec<f64>>,
     ) -> Result<(), GpuError> {
         for launch in &plan.launches[range] {
             let out = *launch.bindings.last().unwrap();
             let out_len = plan.buffers[out].len;
-            handles[out] = Some(self.client.empty(4 * out_len));
-            *live += 4 * out_len as u64;
-            stats.peak_bytes = stats.peak_bytes.max(*live);
+            state.handles[out] = Some(self.client.empty(4 * out_len));
+            state.live += 4 * out_len as u64;
+            state.stats.peak_bytes = state.stats.peak_bytes.max(state.live);
             if let Some(times) = times.as_deref_mut() {
                 self.sync()?;
                 let start = std::time::Instant::now();
-                self.launch(launch.name.as_str(), &launch.spec, &launch.bindings, plan, handles);
+                self.launch(launch.name.as_str(), &launch.spec, &launch.bindings, plan, &state.handles);
                 self.sync()?;
                 times.push(start.elapsed().as_secs_f64());
             } else {
-                self.launch(launch.name.as_str(), &launch.spec, &launch.bindings, plan, handles);
+                self.launch(launch.name.as_str(), &launch.spec, &launch.bindings, plan, &state.handles);
             }
-            stats.launches += 1;
+            state.stats.launches += 1;
             for id in &launch.frees {
-                if handles[*id].take().is_some() {
-                    *live -= 4 * plan.buffers[*id].len as u64;
+                if state.handles[*id].take().is_some() {
+                    state.live -= 4 * plan.buffers[*id].len as u64;
                 }
             }
         }

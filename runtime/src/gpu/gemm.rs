@@ -209,11 +209,6 @@ fn b_stage_base(i: usize, #[comptime] a_len: usize, #[comptime] b_len: usize) ->
     comptime![2 * a_len] + i % 2 * b_len
 }
 
-#[cube]
-fn below_rt(i: usize, #[comptime] n: usize) -> bool {
-    i < n
-}
-
 /// `i + 1 < n`.
 #[cube]
 fn has_next(i: usize, #[comptime] n: usize) -> bool {
@@ -240,16 +235,6 @@ fn coop(#[comptime] i: usize) -> usize {
 #[cube]
 fn cube_row(local: usize, #[comptime] rows: usize, #[comptime] fold: usize) -> usize {
     min(k::cube_y(fold) * comptime![GEMM_UNITS * GEMM_ROWS] + local, comptime![rows - 1])
-}
-
-#[cube]
-fn div_c(i: usize, #[comptime] d: usize) -> usize {
-    i / d
-}
-
-#[cube]
-fn mod_c(i: usize, #[comptime] d: usize) -> usize {
-    i % d
 }
 
 /// Emit the GEMM body for vectors of `N` (`lanes` floats, dividing `kdim` and
@@ -287,35 +272,28 @@ pub fn build<N: Size>(
         let steps = RangeExpand::new(NativeExpand::from_lit(scope, 0usize), NativeExpand::from_lit(scope, kl));
         for_expand(scope, steps, false, |scope, kt| {
             let mut acc = acc;
-            let mut sums: Vec<_> = (0..GEMM_ROWS * cols).map(|i| k::vget::expand::<N>(scope, &acc, i)).collect();
-            let col = view(scope, kt.clone(), &shape.a_cols, kl);
-            let av: Vec<_> = a_starts
-                .iter()
-                .map(|r| load::expand::<N>(scope, a, k::add_index::expand(scope, r.clone(), col.clone())))
-                .collect();
-            for kk in 0..lanes {
-                let row = b_step_row::expand(scope, kt.clone(), lanes, kk);
-                let start = b_row_start::expand(scope, row, shape.b_row, shape.b_offset);
-                let held: Vec<_> = b_cols
+            update::<N>(scope, &mut acc, GEMM_ROWS * cols, |sums| {
+                let col = view(scope, kt.clone(), &shape.a_cols, kl);
+                let av: Vec<_> = a_starts
                     .iter()
-                    .map(|c| load::expand::<N>(scope, b, k::add_index::expand(scope, start.clone(), c.clone())))
+                    .map(|r| load::expand::<N>(scope, a, k::add_index::expand(scope, r.clone(), col.clone())))
                     .collect();
-                let scalars: Vec<_> = av.iter().map(|v| k::component::expand::<N>(scope, v.clone(), kk)).collect();
-                for c in 0..cols {
-                    let bc = if plane > 1 {
-                        k::from_lane::expand::<N>(scope, held[c % per].clone(), (c / per) as u32)
-                    } else {
-                        held[c].clone()
-                    };
-                    for (m, x) in scalars.iter().enumerate() {
-                        let s = &mut sums[m * cols + c];
-                        *s = k::axpy::expand::<N>(scope, s.clone(), x.clone(), bc.clone());
-                    }
+                for kk in 0..lanes {
+                    let row = b_step_row::expand(scope, kt.clone(), lanes, kk);
+                    let start = b_row_start::expand(scope, row, shape.b_row, shape.b_offset);
+                    let held: Vec<_> = b_cols
+                        .iter()
+                        .map(|c| load::expand::<N>(scope, b, k::add_index::expand(scope, start.clone(), c.clone())))
+                        .collect();
+                    rank_one::<N>(scope, sums, &av, kk, cols, |c| {
+                        if plane > 1 {
+                            k::from_lane::expand::<N>(scope, held[c % per].clone(), (c / per) as u32)
+                        } else {
+                            held[c].clone()
+                        }
+                    });
                 }
-            }
-            for (i, s) in sums.into_iter().enumerate() {
-                k::vset::expand::<N>(scope, &mut acc, i, s);
-            }
+            });
         });
     });
     epilogue::<N>(scope, out, &acc, &unit_rows, shape, tile);
@@ -347,44 +325,44 @@ pub fn build_staged<N: Size>(
     let (a_len, b_len) = (cube_rows * kv, GEMM_STAGE_K * cols);
     // One shared array (two `a` stages, then two `b` stages): cubecl-cpp
     // declares several in an order that changes between runs.
-    let sa: NativeExpand<[Vector<f32, N>]> = (*stage::expand::<N>(scope, 2 * (a_len + b_len))).clone_unchecked();
-    let sb = sa.clone_unchecked();
+    let shared: NativeExpand<[Vector<f32, N>]> = (*stage::expand::<N>(scope, 2 * (a_len + b_len))).clone_unchecked();
     // The cooperative copy's fixed parts: rows of `a` and columns of `b` each unit copies.
     let a_copy: Vec<_> = (0..a_len / GEMM_UNITS)
         .map(|i| {
             let idx = coop::expand(scope, i);
-            let local = div_c::expand(scope, idx.clone(), kv);
+            let local = k::idx_div::expand(scope, idx.clone(), kv);
             let row = cube_row::expand(scope, local, rows, shape.fold);
-            (idx.clone(), view(scope, row, &shape.a_rows, rows), mod_c::expand(scope, idx, kv))
+            (idx.clone(), view(scope, row, &shape.a_rows, rows), k::idx_mod::expand(scope, idx, kv))
         })
         .collect();
     let b_copy: Vec<_> = (0..b_len.div_ceil(GEMM_UNITS))
         .map(|i| {
             let idx = coop::expand(scope, i);
-            let c = mod_c::expand(scope, idx.clone(), cols);
-            (idx.clone(), div_c::expand(scope, idx, cols), tile_col::expand(scope, c, cols, fl, ce, dl, shape.fold))
+            let c = k::idx_mod::expand(scope, idx.clone(), cols);
+            let kr = k::idx_div::expand(scope, idx.clone(), cols);
+            (idx, kr, tile_col::expand(scope, c, cols, fl, ce, dl, shape.fold))
         })
         .collect();
     // Copy stage `s` into the buffer of its parity.
     let copy = |scope: &Scope, s: NativeExpand<usize>| {
-        let (mut sa, mut sb) = (sa.clone_unchecked(), sb.clone_unchecked());
+        let mut stage = shared.clone_unchecked();
         let base_a = stage_base::expand(scope, s.clone(), a_len);
         for (idx, row_start, kq) in &a_copy {
-            let kvec = k::add_index::expand(scope, idx_mul_add(scope, s.clone(), kv), kq.clone());
-            let inside = below_rt::expand(scope, kvec.clone(), kl);
+            let kvec = k::add_index::expand(scope, k::idx_mul::expand(scope, s.clone(), kv), kq.clone());
+            let inside = k::below::expand(scope, kvec.clone(), kl);
             let col = view(scope, kvec, &shape.a_cols, kl);
             let v = load_or_zero::expand::<N>(scope, a, k::add_index::expand(scope, row_start.clone(), col), inside);
-            put::expand::<N>(scope, &mut sa, k::add_index::expand(scope, base_a.clone(), idx.clone()), v);
+            put::expand::<N>(scope, &mut stage, k::add_index::expand(scope, base_a.clone(), idx.clone()), v);
         }
         let base_b = b_stage_base::expand(scope, s.clone(), a_len, b_len);
         for (idx, kr, col) in &b_copy {
-            let krow = k::add_index::expand(scope, idx_mul_add(scope, s.clone(), GEMM_STAGE_K), kr.clone());
-            let inside = below_rt::expand(scope, krow.clone(), kdim);
+            let krow = k::add_index::expand(scope, k::idx_mul::expand(scope, s.clone(), GEMM_STAGE_K), kr.clone());
+            let inside = k::below::expand(scope, krow.clone(), kdim);
             let start = b_row_start::expand(scope, krow, shape.b_row, shape.b_offset);
             let v = load_or_zero::expand::<N>(scope, b, k::add_index::expand(scope, start, col.clone()), inside);
-            let exists = below_rt::expand(scope, idx.clone(), b_len);
+            let exists = k::below::expand(scope, idx.clone(), b_len);
             let at = k::add_index::expand(scope, base_b.clone(), idx.clone());
-            if_expand(scope, exists, |scope| put::expand::<N>(scope, &mut sb, at, v));
+            if_expand(scope, exists, |scope| put::expand::<N>(scope, &mut stage, at, v));
         }
     };
     copy(scope, NativeExpand::from_lit(scope, 0usize));
@@ -396,42 +374,65 @@ pub fn build_staged<N: Size>(
         let s_next = next::expand(scope, s.clone());
         if_expand(scope, more, |scope| copy(scope, s_next));
         let mut acc = acc;
-        let mut sums: Vec<_> = (0..GEMM_ROWS * cols).map(|i| k::vget::expand::<N>(scope, &acc, i)).collect();
-        let (base_a, base_b) =
-            (stage_base::expand(scope, s.clone(), a_len), b_stage_base::expand(scope, s, a_len, b_len));
-        for kq in 0..kv {
-            let av: Vec<_> = (0..GEMM_ROWS)
-                .map(|m| {
-                    let at = k::const_index::expand(scope, (m * GEMM_UNITS) * kv + kq);
-                    let unit = k::idx_mul::expand(scope, unit_pos::expand(scope), kv);
-                    let at = k::add_index::expand(scope, k::add_index::expand(scope, base_a.clone(), at), unit);
-                    load::expand::<N>(scope, &sa, at)
-                })
-                .collect();
-            for kk in 0..lanes {
-                let scalars: Vec<_> = av.iter().map(|v| k::component::expand::<N>(scope, v.clone(), kk)).collect();
-                for c in 0..cols {
-                    let at = k::const_index::expand(scope, (kq * lanes + kk) * cols + c);
-                    let bc = load::expand::<N>(scope, &sb, k::add_index::expand(scope, base_b.clone(), at));
-                    for (m, x) in scalars.iter().enumerate() {
-                        let s = &mut sums[m * cols + c];
-                        *s = k::axpy::expand::<N>(scope, s.clone(), x.clone(), bc.clone());
-                    }
+        update::<N>(scope, &mut acc, GEMM_ROWS * cols, |sums| {
+            let (base_a, base_b) =
+                (stage_base::expand(scope, s.clone(), a_len), b_stage_base::expand(scope, s, a_len, b_len));
+            for kq in 0..kv {
+                let av: Vec<_> = (0..GEMM_ROWS)
+                    .map(|m| {
+                        let at = k::const_index::expand(scope, (m * GEMM_UNITS) * kv + kq);
+                        let unit = k::idx_mul::expand(scope, unit_pos::expand(scope), kv);
+                        let at = k::add_index::expand(scope, k::add_index::expand(scope, base_a.clone(), at), unit);
+                        load::expand::<N>(scope, &shared, at)
+                    })
+                    .collect();
+                for kk in 0..lanes {
+                    rank_one::<N>(scope, sums, &av, kk, cols, |c| {
+                        let at = k::const_index::expand(scope, (kq * lanes + kk) * cols + c);
+                        load::expand::<N>(scope, &shared, k::add_index::expand(scope, base_b.clone(), at))
+                    });
                 }
             }
-        }
-        for (i, s) in sums.into_iter().enumerate() {
-            k::vset::expand::<N>(scope, &mut acc, i, s);
-        }
+        });
         k::barrier::expand(scope);
     });
     let unit_rows: Vec<_> = (0..GEMM_ROWS).map(|m| unit_row::expand(scope, m, shape.fold)).collect();
     epilogue::<N>(scope, out, &acc, &unit_rows, shape, tile);
 }
 
-/// `s · by`.
-fn idx_mul_add(scope: &Scope, s: NativeExpand<usize>, by: usize) -> NativeExpand<usize> {
-    k::idx_mul::expand(scope, s, by)
+/// Update `n` accumulators held in registers: `f` changes their values.
+fn update<N: Size>(
+    scope: &Scope,
+    acc: &mut NativeExpand<Array<Vector<f32, N>>>,
+    n: usize,
+    f: impl FnOnce(&mut [NativeExpand<Vector<f32, N>>]),
+) {
+    let mut sums: Vec<_> = (0..n).map(|i| k::vget::expand::<N>(scope, acc, i)).collect();
+    f(&mut sums);
+    for (i, s) in sums.into_iter().enumerate() {
+        k::vset::expand::<N>(scope, acc, i, s);
+    }
+}
+
+/// One step of `k`: each of the unit's rows, component `kk` of its `a`
+/// vector in `av`, times every column vector `b(c)` of the step's row of
+/// `b`, added to `sums[row · cols + c]`.
+fn rank_one<N: Size>(
+    scope: &Scope,
+    sums: &mut [NativeExpand<Vector<f32, N>>],
+    av: &[NativeExpand<Vector<f32, N>>],
+    kk: usize,
+    cols: usize,
+    mut b: impl FnMut(usize) -> NativeExpand<Vector<f32, N>>,
+) {
+    let scalars: Vec<_> = av.iter().map(|v| k::component::expand::<N>(scope, v.clone(), kk)).collect();
+    for c in 0..cols {
+        let bc = b(c);
+        for (m, x) in scalars.iter().enumerate() {
+            let s = &mut sums[m * cols + c];
+            *s = k::axpy::expand::<N>(scope, s.clone(), x.clone(), bc.clone());
+        }
+    }
 }
 
 /// Store the accumulators, or mix heads from them: one runtime loop over

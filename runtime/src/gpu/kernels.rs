@@ -173,7 +173,8 @@ pub fn mix_heads(
 
 /// The index of `x[b, 0, s, e]` in a row-major `[B, in_heads, s, d]` operand
 /// for output element `i` of a row-major `[B, out_heads, s, d]` result (the
-/// operand of `mix_heads` with `out_heads = h·p`, of `collapse` with `h`).
+/// operand of `mix_heads` with `out_heads = h·p`, of `collapse` with `h`;
+/// with `s = 1`, of `mix_cols` and `collapse_cols` over rows `b`).
 #[cube]
 pub fn head_source(
     i: usize,
@@ -183,7 +184,7 @@ pub fn head_source(
     #[comptime] d: usize,
 ) -> usize {
     let e = i % d;
-    let si = (i / d) % s;
+    let si = if comptime![s > 1] { (i / d) % s } else { 0usize.runtime() };
     let bi = i / (d * s * out_heads);
     (bi * in_heads * s + si) * d + e
 }
@@ -209,13 +210,6 @@ pub fn mix_cols(
         acc += alpha[(mi * h + hi) * p + j] * y[y0 + mi * y_m];
     }
     out[i] = acc;
-}
-
-/// The index of `y[r, e]` in the row-major `[rows, m·d]` operand of
-/// `mix_cols` for output element `i` (`w` output columns a row).
-#[cube]
-pub fn cols_source(i: usize, #[comptime] w: usize, #[comptime] m: usize, #[comptime] d: usize) -> usize {
-    i / w * (m * d) + i % d
 }
 
 /// `out[b,h,s,e] = Σ_c r[h,c] · x[b,c,s,e]`.
