@@ -3,6 +3,7 @@
 
 use attnc::{Backend as PipelineBackend, Compiler, Error as PipelineError, Program};
 use attnc_compiler::opt::{self, cost, cost::Mode, cost::Target};
+use attnc_compiler::plan;
 use attnc_compiler::{render, Code, Compiled, Diagnostic};
 use attnc_runtime::io::FileDtype;
 use attnc_runtime::{bind, gpu, io, RunError, Tensor};
@@ -50,7 +51,8 @@ enum Command {
         /// Where to execute
         #[arg(long, value_enum, default_value_t = Backend::Interp)]
         backend: Backend,
-        /// Element type of the written tensors
+        /// Element type: f32 or f64 files; f16 or bf16 kernels (wgpu, cuda) store
+        /// every tensor in that type and compute in f32, and the file holds f32
         #[arg(long, value_enum, default_value_t = Dtype::F32)]
         dtype: Dtype,
         /// Run the program the optimizer chooses (see `attnc explain`)
@@ -87,6 +89,9 @@ enum Command {
         /// Compile the program the optimizer chooses for the h200 profile
         #[arg(long)]
         optimize: bool,
+        /// Element type the kernels store tensors in (they compute in f32); bf16 is CUDA only
+        #[arg(long, value_enum, default_value_t = KernelDtype::F32)]
+        dtype: KernelDtype,
     },
     /// Time the generated kernels on a device, next to their roofline
     Bench {
@@ -115,6 +120,9 @@ enum Command {
         /// Where a sweep writes its plot of GFLOP/s against the swept value
         #[arg(long, value_name = "FILE.svg", default_value = "sweep.svg")]
         plot: PathBuf,
+        /// Element type the kernels store tensors in (they compute in f32)
+        #[arg(long, value_enum, default_value_t = KernelDtype::F32)]
+        dtype: KernelDtype,
     },
     /// Optimize a spec for a target and explain the choice
     Explain {
@@ -211,6 +219,37 @@ impl ModeArg {
 enum Dtype {
     F32,
     F64,
+    F16,
+    Bf16,
+}
+
+impl Dtype {
+    /// What the kernels store, and what the file holds.
+    fn split(self) -> (plan::Dtype, FileDtype) {
+        match self {
+            Dtype::F32 => (plan::Dtype::F32, FileDtype::F32),
+            Dtype::F64 => (plan::Dtype::F32, FileDtype::F64),
+            Dtype::F16 => (plan::Dtype::F16, FileDtype::F32),
+            Dtype::Bf16 => (plan::Dtype::Bf16, FileDtype::F32),
+        }
+    }
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum KernelDtype {
+    F32,
+    F16,
+    Bf16,
+}
+
+impl KernelDtype {
+    fn dtype(self) -> plan::Dtype {
+        match self {
+            KernelDtype::F32 => plan::Dtype::F32,
+            KernelDtype::F16 => plan::Dtype::F16,
+            KernelDtype::Bf16 => plan::Dtype::Bf16,
+        }
+    }
 }
 
 fn main() -> ExitCode {
@@ -237,9 +276,11 @@ fn main() -> ExitCode {
             let limits = Limits { memory_budget, max_flops };
             run(&file, inputs.as_deref(), seed, &out, &set, dtype, opt, backend, check_inputs, limits)
         }
-        Command::Compile { file, set, target, out, optimize } => compile(&file, &set, target, &out, optimize),
-        Command::Bench { file, set, backend, iters, warmup, target, optimize, sweep, plot } => {
-            let opts = BenchOpts { backend, iters, warmup, target, optimize };
+        Command::Compile { file, set, target, out, optimize, dtype } => {
+            compile(&file, &set, target, &out, optimize, dtype.dtype())
+        }
+        Command::Bench { file, set, backend, iters, warmup, target, optimize, sweep, plot, dtype } => {
+            let opts = BenchOpts { backend, iters, warmup, target, optimize, dtype: dtype.dtype() };
             match sweep {
                 None => bench(&file, &set, &opts).map(|(text, _)| print!("{text}")),
                 Some(sweep) => bench_sweep(&file, &set, &opts, &sweep, &plot),
@@ -360,9 +401,16 @@ fn same_file(a: &Path, b: &Path) -> bool {
     }
 }
 
-fn compile(file: &Path, set: &[String], target: SourceArg, out: &Path, optimize: bool) -> Result<(), Failed> {
+fn compile(
+    file: &Path,
+    set: &[String],
+    target: SourceArg,
+    out: &Path,
+    optimize: bool,
+    dtype: plan::Dtype,
+) -> Result<(), Failed> {
     let fail = |e: PipelineError| report(e.code(), e);
-    let mut bound = program(file, set)?.sized().map_err(fail)?;
+    let mut bound = program(file, set)?.sized().map_err(fail)?.in_dtype(dtype);
     if optimize {
         bound = bound.optimize(cost::H200, Mode::Inference);
     }
@@ -388,12 +436,13 @@ struct BenchOpts {
     warmup: usize,
     target: Option<TargetArg>,
     optimize: bool,
+    dtype: plan::Dtype,
 }
 
 /// One benchmark: the rendered report, and the report.
 fn bench(file: &Path, set: &[String], o: &BenchOpts) -> Result<(String, gpu::bench::BenchReport), Failed> {
     let fail = |e: PipelineError| report(e.code(), e);
-    let mut bound = program(file, set)?.seeded(0).map_err(fail)?;
+    let mut bound = program(file, set)?.seeded(0).map_err(fail)?.in_dtype(o.dtype);
     let target = match (o.target, o.backend) {
         (Some(t), _) => t.target(),
         (None, GpuArg::Wgpu) => cost::CPU,
@@ -481,6 +530,7 @@ fn run(
         }
     }
     let pfail = |e: PipelineError| report(e.code(), e);
+    let (dtype, file_dtype) = dtype.split();
     let backend = match backend {
         Backend::Interp => PipelineBackend::Interp,
         Backend::Wgpu => PipelineBackend::Wgpu,
@@ -521,16 +571,13 @@ fn run(
         }
         bound = b;
     }
+    bound = bound.in_dtype(dtype);
     let by_name = bound.run(backend).map_err(pfail)?;
     let outputs: Vec<Tensor> = program.outputs.iter().map(|(n, _)| by_name[n].clone()).collect();
     let mut named: Vec<(String, &Tensor)> = program.outputs.iter().map(|(n, _)| n.clone()).zip(&outputs).collect();
     if seed.is_some() {
         named.extend(program.inputs.iter().map(|i| (i.name.clone(), &bound.inputs()[&i.name])));
     }
-    let file_dtype = match dtype {
-        Dtype::F32 => FileDtype::F32,
-        Dtype::F64 => FileDtype::F64,
-    };
     io::write_tensors(out, &named, file_dtype).map_err(fail)?;
     let dims_text: Vec<String> = bound.dims().iter().map(|(k, v)| format!("{k}={v}")).collect();
     for (name, t) in &named[..program.outputs.len()] {

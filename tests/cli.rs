@@ -320,3 +320,44 @@ fn check_inputs_reports_nan_and_attention_propagates_it() {
     }
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// `--dtype`: f16 kernels on wgpu (lavapipe has shader-f16) write an f32
+/// file close to the interpreter's; bf16 on wgpu, any half dtype on the
+/// interpreter and bf16 WGSL are clear errors that write nothing; `compile
+/// --dtype bf16 --target cuda` writes a bf16 manifest.
+#[test]
+fn half_precision_dtypes_run_compile_or_refuse_clearly() {
+    let dir = scratch("dtype");
+    let (half, exact) = (dir.join("half.safetensors"), dir.join("exact.safetensors"));
+    let base = ["run", "stdlib/mha.attn", "--seed", "3", "--set", "N=40", "--set", "H=2", "--set", "d=16"];
+    let o = attnc(&[&base[..], &["--out", s(&exact)]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = attnc(&[&base[..], &["--out", s(&half), "--backend", "wgpu", "--dtype", "f16"]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let bytes = std::fs::read(&half).unwrap();
+    let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header = String::from_utf8_lossy(&bytes[8..8 + header_len]).into_owned();
+    assert!(header.contains("\"F32\"") && !header.contains("F16"), "f16 runs write f32 files: {header}");
+    let (y16, y) = (&decode(&bytes).unwrap()["y"], &decode(&std::fs::read(&exact).unwrap()).unwrap()["y"]);
+    let e = attnc_runtime::relative_error(&y16.data, &y.data);
+    assert!(e > 1e-5 && e < 5e-3, "f16 relative error {e:e}: not half precision, or not close");
+    for (extra, needle) in [
+        (&["--backend", "wgpu", "--dtype", "bf16"][..], "cannot store bf16"),
+        (&["--dtype", "f16"][..], "interpreter computes in float64"),
+    ] {
+        let out = dir.join("refused.safetensors");
+        let o = attnc(&[&base[..], &["--out", s(&out)], extra].concat());
+        let err = stderr(&o);
+        assert!(!o.status.success() && !out.exists() && err.contains(needle) && !err.contains("panicked"), "{err}");
+    }
+    let k = dir.join("k");
+    let o = attnc(&["compile", "stdlib/mha.attn", "--target", "wgsl", "--dtype", "bf16", "--out", s(&k)]);
+    assert!(!o.status.success() && !k.exists() && stderr(&o).contains("WGSL has no bf16"), "{}", stderr(&o));
+    let o =
+        attnc(&["compile", "stdlib/mha.attn", "--set", "N=8", "--target", "cuda", "--dtype", "bf16", "--out", s(&k)]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(k.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(manifest["dtype"], "bf16");
+    std::fs::remove_dir_all(&dir).ok();
+}

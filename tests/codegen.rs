@@ -472,3 +472,66 @@ fn gemms_stage_in_shared_memory_on_gpus_only() {
         assert!(!wgsl[i].1.contains("var<workgroup>") && !wgsl[i].1.contains("workgroupBarrier"), "{}", l.name);
     }
 }
+
+/// Half precision: with `--dtype bf16` the CUDA GEMMs and attention multiply
+/// on tensor cores (`nvcuda::wmma` fragments of `__nv_bfloat16` into f32),
+/// deterministically and within 48 KiB of shared memory; a GEMM that mixes
+/// heads in its epilogue, attention over heads wider than
+/// `plan::FRAG_MAX_HEAD`, f32 kernels and WGSL keep the scalar kernels
+/// (WGSL f16 declares the `f16` extension; WGSL has no bf16).
+#[test]
+fn bf16_cuda_kernels_multiply_on_tensor_cores() {
+    let wmma = "nvcuda::wmma::mma_sync";
+    let cases: &[(&str, &[(&str, &str)])] = &[
+        ("mha", &[("H", "2"), ("d", "64"), ("N", "40")]),
+        ("mha", &[("H", "1"), ("d", "128"), ("N", "20"), ("mask", "none")]),
+        ("iha", &[("H", "2"), ("P", "2"), ("d", "16"), ("N", "10")]),
+    ];
+    for (spec, sets) in cases {
+        let c = compile_stdlib(spec, &sets.iter().map(|(k, v)| (*k, v.to_string())).collect::<Vec<_>>());
+        let dims = bind::default_dims(&c.program).unwrap();
+        let p = plan::plan(&c.program, &dims).in_dtype(plan::Dtype::Bf16);
+        let (files, manifest) = emit::emit(&p, emit::Target::Cuda).unwrap();
+        let (again, _) = emit::emit(&p, emit::Target::Cuda).unwrap();
+        assert_eq!(files, again, "{spec} {sets:?}: bf16 emission is not deterministic");
+        assert_eq!(manifest.dtype, "bf16");
+        for (l, ((name, source), info)) in p.launches.iter().zip(files.iter().zip(&manifest.launches)) {
+            assert!(info.bindings.iter().all(|b| b.dtype == "bf16"), "{name}");
+            assert!(info.shared_memory_bytes <= 48 * 1024, "{name}: {} B", info.shared_memory_bytes);
+            match l.spec.kind() {
+                "matmul" | "attention" => {
+                    assert!(
+                        source.contains(wmma)
+                            && source.contains("wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, __nv_bfloat16"),
+                        "{spec} {name}: no bf16 tensor-core product"
+                    );
+                    assert!(
+                        source.contains("wmma::load_matrix_sync") && source.contains("wmma::store_matrix_sync"),
+                        "{name}"
+                    );
+                }
+                _ => assert!(!source.contains(wmma), "{spec} {name}: unexpected fragments"),
+            }
+        }
+        // The same plan in f32 and in f16 WGSL: scalar kernels.
+        let f32_plan = plan::plan(&c.program, &dims);
+        let (files, _) = emit::emit(&f32_plan, emit::Target::Cuda).unwrap();
+        assert!(files.iter().all(|(_, s)| !s.contains("wmma")), "{spec}: f32 kernels on tensor cores");
+        let (files, _) =
+            emit::emit(&plan::plan(&c.program, &dims).in_dtype(plan::Dtype::F16), emit::Target::Wgsl).unwrap();
+        assert!(files.iter().all(|(_, s)| s.starts_with("enable f16;")), "{spec}: f16 WGSL without the extension");
+        let (files, _) =
+            emit::emit(&plan::plan(&c.program, &dims).in_dtype(plan::Dtype::F16), emit::Target::Cuda).unwrap();
+        assert!(
+            files.iter().any(|(_, s)| s.contains("matrix_a, 16, 16, 16, __half")),
+            "{spec}: f16 CUDA without fragments"
+        );
+    }
+    // Heads past 128 keep the scalar attention (its shared memory would pass 48 KiB).
+    let c = compile_stdlib("mha", &[("H", "1"), ("d", "256"), ("N", "4")].map(|(k, v)| (k, v.to_string())));
+    let p = plan::plan(&c.program, &bind::default_dims(&c.program).unwrap()).in_dtype(plan::Dtype::Bf16);
+    let att = p.launches.iter().find(|l| l.spec.kind() == "attention").unwrap();
+    assert!(!att.spec.fragments(), "d = 256 attention tiled for fragments");
+    let err = emit::emit(&p, emit::Target::Wgsl).err().expect("bf16 WGSL is refused");
+    assert!(err.contains("bf16"), "{err}");
+}

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The device check for a session lent an NVIDIA GPU (see the developers'
 # brief): run every stdlib spec on CUDA against the float64 interpreter, then
-# time the kernels against cubek (in `bench`) and PyTorch (torch_ref.py). Build here first and carry the binary:
+# time the kernels against cubek (in `bench`) and PyTorch (torch_ref.py), in
+# f32 and then in bf16 on tensor cores. Build here first and carry the binary:
 #   cargo build --release --features cuda   (after `eval "$(bash .ci/llvm-for-cuda.sh)"`)
 #   cp target/release/attnc .device-bin/attnc  (an ignored folder named in `carry`)
 # On the device: bash bench/device/run.sh  (writes its log under $OUT)
@@ -61,4 +62,31 @@ done <<'TORCH'
 4 flat_causal global 1024
 4 token_causal per_head 1024
 TORCH
+# Half precision (issue "Half precision and tensor cores"): bf16 on tensor
+# cores. Checked against the interpreter at a smaller size (bf16's unit
+# roundoff is 2^-8, so expect relative errors of a few 1e-3), then timed at
+# B·H = 64, N = 4096, P = 4, d = 128 (flat_causal, global collapse) and MHA at
+# the same virtual length (N·P = 16384), next to cubek-attention's
+# accelerated strategy (in `bench`), PyTorch in bf16 and the card's measured
+# bf16 matmul rate (torch_ref.py).
+while read -r spec key sets; do
+  "$BIN" run "stdlib/$spec.attn" --seed 0 $sets --dtype f64 --out "$OUT/$spec-bf16-ref.safetensors" 2>>"$log" || status=1
+  "$BIN" run "stdlib/$spec.attn" --seed 0 $sets --backend cuda --dtype bf16 --out "$OUT/$spec-bf16.safetensors" 2>>"$log" || status=1
+  err=$(compare "$OUT/$spec-bf16.safetensors" "$OUT/$spec-bf16-ref.safetensors" "$key" 2>&1)
+  echo "cuda bf16 vs interpreter: $spec $sets: relative error $err" | tee -a "$log"
+done <<'CASES'
+mha y --set H=4 --set d=128 --set N=1000
+mha y --set H=8 --set d=64 --set N=777 --set window=100
+iha y --set B=2 --set H=4 --set P=4 --set d=128 --set N=256 --set mask=flat_causal
+CASES
+iha="--set B=16 --set H=4 --set P=4 --set d=128 --set N=4096 --set mask=flat_causal --set collapse=global"
+echo "== bench bf16 stdlib/iha.attn $iha" | tee -a "$log"
+timeout 200 "$BIN" bench stdlib/iha.attn $iha --backend cuda --dtype bf16 --iters 5 --warmup 1 >"$OUT/bf16-bench.txt" 2>&1 || status=1
+cat "$OUT/bf16-bench.txt" | tee -a "$log"
+echo "== bench bf16 stdlib/mha.attn (same virtual length)" | tee -a "$log"
+timeout 200 "$BIN" bench stdlib/mha.attn --set B=16 --set H=4 --set d=128 --set N=16384 --backend cuda --dtype bf16 \
+  --iters 5 --warmup 1 2>&1 | tee -a "$log" || status=1
+"$BIN" run stdlib/iha.attn --seed 0 $iha --backend cuda --dtype bf16 --out "$OUT/bf16-in.safetensors" 2>>"$log" || status=1
+python3 bench/device/torch_ref.py iha "$OUT/bf16-in.safetensors" "$OUT/bf16-in.safetensors" "$OUT/bf16-bench.txt" \
+  4 flat_causal global bfloat16 2>&1 | tee -a "$log" || status=1
 exit $status

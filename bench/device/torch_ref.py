@@ -1,6 +1,10 @@
 """PyTorch reference for the device check (bench/device/run.sh).
 
-usage: torch_ref.py SPEC INPUTS.safetensors OURS.safetensors BENCH_LOG [P] [MASK] [COLLAPSE]
+usage: torch_ref.py SPEC INPUTS.safetensors OURS.safetensors BENCH_LOG [P] [MASK] [COLLAPSE] [DTYPE]
+
+DTYPE is float32 (default) or bfloat16: PyTorch computes in it, and for
+bfloat16 the script also measures the card's bf16 matmul rate and prints our
+attention's and PyTorch's FLOP rates as fractions of it.
 
 Reads the inputs `attnc run --seed` wrote (x and the weights), computes the
 spec's output with PyTorch on the GPU (scaled_dot_product_attention on the
@@ -42,9 +46,9 @@ def interleaved_mask(n, p, mask):
     return None
 
 
-def forward(spec, t, p, mask, collapse):
-    x = t["x"].to(DEV).float()
-    w = {k: v.to(DEV).float() for k, v in t.items() if k != "x"}
+def forward(spec, t, p, mask, collapse, dtype=torch.float32):
+    x = t["x"].to(DEV).to(dtype)
+    w = {k: v.to(DEV).to(dtype) for k, v in t.items() if k != "x"}
     h = w["alpha_q"].shape[0] if spec == "iha" else None
     if spec != "iha":
         # MHA/GQA/MQA: heads from the projections' widths and d from w_o.
@@ -90,8 +94,10 @@ def main():
     p = int(sys.argv[5]) if len(sys.argv) > 5 else 1
     mask = sys.argv[6] if len(sys.argv) > 6 else "flat_causal"
     collapse = sys.argv[7] if len(sys.argv) > 7 else "global"
+    dtype = getattr(torch, sys.argv[8]) if len(sys.argv) > 8 else torch.float32
     t = load_file(inputs)
-    y, attend = forward(spec, {k: v for k, v in t.items() if k != "y"}, p, mask, collapse)
+    y, attend = forward(spec, {k: v for k, v in t.items() if k != "y"}, p, mask, collapse, dtype)
+    y = y.float()
     got = load_file(ours)["y"].to(DEV).float()
     err = (got - y).norm() / y.norm()
     print(f"cuda vs pytorch: {spec} P={p} mask={mask} collapse={collapse}: relative error {err:.3e}")
@@ -110,6 +116,21 @@ def main():
     torch_s = times[len(times) // 2]
     print(f"pytorch sdpa {torch_s * 1e3:.3f} ms, attnc attention {float(ours_s) * 1e3:.3f} ms")
     print(f"baseline pytorch (sdpa): attnc/torch time ratio {float(ours_s) / torch_s:.3f}")
+    if dtype != torch.float32 and DEV == "cuda":
+        a = torch.randn(8192, 8192, device=DEV, dtype=dtype)
+        for _ in range(3):
+            a @ a
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(20):
+            a @ a
+        torch.cuda.synchronize()
+        rate = 20 * 2 * 8192**3 / (time.perf_counter() - start)
+        b, n, w = t["x"].shape
+        h, e = t["alpha_q"].shape[0], t["w_o"].shape[0] // t["alpha_q"].shape[0]
+        flops = 4 * b * h * (n * p) ** 2 * e * (0.5 if mask != "none" else 1.0)
+        print(f"measured {dtype} matmul rate {rate / 1e12:.1f} TFLOP/s; attention {flops / 1e9:.1f} GFLOP: "
+              f"attnc {flops / ours_s / rate:.3%} of it, pytorch {flops / torch_s / rate:.3%}")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 //! tensor files and input generation.
 
 pub mod bind;
+pub mod dtype;
 mod error;
 pub mod interp;
 pub mod io;

@@ -16,7 +16,7 @@ use crate::gpu::{emit, exec::Gpu, exec::GpuError};
 use crate::{bind, interp, RunError, Tensor};
 use attnc_compiler::ir::DimValues;
 use attnc_compiler::opt::{self, cost};
-use attnc_compiler::plan::{self, Plan};
+use attnc_compiler::plan::{self, Dtype, Plan};
 use attnc_compiler::{render, Code, Compiled, Diagnostic, Setting};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -154,7 +154,13 @@ impl Program {
     /// optimize, plan and emit, not to run.
     pub fn sized(&self) -> Result<Bound, Error> {
         let dims = self.default_dims()?;
-        Ok(Bound { original: self.ir().clone(), chosen: self.ir().clone(), dims, inputs: BTreeMap::new() })
+        Ok(Bound {
+            original: self.ir().clone(),
+            chosen: self.ir().clone(),
+            dims,
+            inputs: BTreeMap::new(),
+            dtype: Dtype::F32,
+        })
     }
 
     /// Warnings found while compiling, rendered (empty when none).
@@ -191,7 +197,7 @@ impl Program {
 
     fn bound(&self, tensors: Vec<Tensor>, dims: DimValues) -> Bound {
         let inputs = self.ir().inputs.iter().map(|i| i.name.clone()).zip(tensors).collect();
-        Bound { original: self.ir().clone(), chosen: self.ir().clone(), dims, inputs }
+        Bound { original: self.ir().clone(), chosen: self.ir().clone(), dims, inputs, dtype: Dtype::F32 }
     }
 }
 
@@ -202,9 +208,21 @@ pub struct Bound {
     chosen: attnc_compiler::ir::Program,
     dims: DimValues,
     inputs: BTreeMap<String, Tensor>,
+    dtype: Dtype,
 }
 
 impl Bound {
+    /// Kernels that store every tensor in `dtype` (computing in f32); the
+    /// interpreter always computes in float64.
+    pub fn in_dtype(mut self, dtype: Dtype) -> Bound {
+        self.dtype = dtype;
+        self
+    }
+
+    pub fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+
     pub fn dims(&self) -> &DimValues {
         &self.dims
     }
@@ -233,11 +251,17 @@ impl Bound {
 
     /// The launches that compute it (plain data, no device).
     pub fn plan(&self) -> Plan {
-        plan::plan(&self.chosen, &self.dims)
+        plan::plan(&self.chosen, &self.dims).in_dtype(self.dtype)
     }
 
     /// Kernel source for every launch (file name, text) and the manifest.
     pub fn emit(&self, target: emit::Target) -> Result<(Vec<(String, String)>, emit::Manifest), Error> {
+        if target == emit::Target::Wgsl && self.dtype == Dtype::Bf16 {
+            return Err(Error::Setting(
+                "--dtype bf16: WGSL has no bf16 type; emit bf16 kernels with `--target cuda`, or use `--dtype f16`"
+                    .into(),
+            ));
+        }
         emit::emit(&self.plan(), target).map_err(Error::Emit)
     }
 
@@ -254,6 +278,10 @@ impl Bound {
     /// Run on `backend`; the outputs by name.
     pub fn run(&self, backend: Backend) -> Result<BTreeMap<String, Tensor>, Error> {
         match backend.device()? {
+            None if self.dtype != Dtype::F32 => Err(Error::Setting(format!(
+                "--dtype {} applies to the kernel backends (wgpu, cuda); the interpreter computes in float64",
+                self.dtype
+            ))),
             None => self.interpret(),
             Some(gpu) => self.run_on(&gpu),
         }

@@ -55,3 +55,53 @@ pub fn assert_close(a: &Tensor, b: &Tensor, tol: f64, what: &str) {
     let e = attnc_runtime::relative_error(&a.data, &b.data);
     assert!(e <= tol, "{what}: relative error {e:e} > {tol:e}");
 }
+
+/// Half the distance from 1 to the next value of `dtype`.
+pub fn unit_roundoff(dtype: attnc_compiler::plan::Dtype) -> f64 {
+    match dtype {
+        attnc_compiler::plan::Dtype::F16 => 2f64.powi(-11),
+        attnc_compiler::plan::Dtype::Bf16 => 2f64.powi(-8),
+        attnc_compiler::plan::Dtype::F32 => 2f64.powi(-24),
+    }
+}
+
+/// Largest |x| of `xs` (NaN counts as infinite).
+fn max_abs(xs: &[f64]) -> f64 {
+    xs.iter().map(|x| if x.is_nan() { f64::INFINITY } else { x.abs() }).fold(0.0, f64::max)
+}
+
+fn diff(a: &[f64], b: &[f64]) -> Vec<f64> {
+    a.iter().zip(b).map(|(x, y)| x - y).collect()
+}
+
+/// FlashAttention's rule for half precision: a kernel storing tensors in
+/// `dtype` is as accurate as the format allows when its error against the
+/// float64 result `want` is at most twice the error of `same`, a reference
+/// that rounds like a `dtype` computation (`interp::evaluate_rounded`), plus
+/// an absolute term of a quarter of the format's unit roundoff times the
+/// result's size — both in the largest element and in the 2-norm. Returns
+/// why it fails, if it does.
+pub fn half_rule(
+    got: &[f64],
+    want: &[f64],
+    same: &[f64],
+    dtype: attnc_compiler::plan::Dtype,
+) -> Result<String, String> {
+    let u = unit_roundoff(dtype);
+    if got.iter().any(|v| v.is_nan()) && !want.iter().any(|v| v.is_nan()) {
+        return Err("NaN in the kernel's output".into());
+    }
+    let norm = |x: &[f64]| x.iter().map(|v| v * v).sum::<f64>().sqrt();
+    let (e_max, r_max) = (max_abs(&diff(got, want)), max_abs(&diff(same, want)));
+    let (e_norm, r_norm) = (norm(&diff(got, want)), norm(&diff(same, want)));
+    let (abs_max, abs_norm) = (u / 4.0 * max_abs(want), u / 4.0 * norm(want));
+    let text = format!(
+        "max error {e_max:.3e} vs 2 x reference {r_max:.3e} + {abs_max:.3e}; \
+         norm error {e_norm:.3e} vs 2 x reference {r_norm:.3e} + {abs_norm:.3e}"
+    );
+    if e_max <= 2.0 * r_max + abs_max && e_norm <= 2.0 * r_norm + abs_norm {
+        Ok(text)
+    } else {
+        Err(text)
+    }
+}

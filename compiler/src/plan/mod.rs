@@ -3,10 +3,12 @@
 //! launch runs with which comptime parameters, and which buffers it binds.
 //! Every size is concrete: a plan is specialised to the bound dims.
 
+mod dtype;
 pub mod group;
 mod spec;
 mod view;
 
+pub use dtype::Dtype;
 pub use spec::*;
 pub use view::*;
 
@@ -60,9 +62,33 @@ pub struct Plan {
     pub buffers: Vec<Buffer>,
     pub launches: Vec<Launch>,
     pub outputs: Vec<(String, usize)>,
+    /// What every buffer stores (`plan` gives f32; see [`Plan::in_dtype`]).
+    pub dtype: Dtype,
 }
 
 impl Plan {
+    /// The same launches over buffers of `dtype`: each launch moves
+    /// `dtype.size()` bytes an element instead of 4.
+    /// Half precision tiles attention for matrix fragments where the heads
+    /// fit ([`frag_key_tile`]).
+    pub fn in_dtype(mut self, dtype: Dtype) -> Plan {
+        let ratio = dtype.size() as f64 / self.dtype.size() as f64;
+        for l in &mut self.launches {
+            l.bytes *= ratio;
+            let lanes = l.spec.line_size();
+            if let KernelSpec::Attention { d, e, ref mut fragments, .. } = l.spec {
+                *fragments = dtype.is_half() && frag_key_tile(d, e, lanes).is_some();
+            }
+        }
+        self.dtype = dtype;
+        self
+    }
+
+    /// Bytes of buffer `id` on the device.
+    pub fn buffer_bytes(&self, id: usize) -> u64 {
+        (self.buffers[id].len * self.dtype.size()) as u64
+    }
+
     /// How many launches, at the start, prepare the weights: run them once
     /// and the rest on every call while the weights stay the same.
     pub fn prepared(&self) -> usize {
@@ -500,6 +526,7 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
                     k: vk,
                     v: vv,
                     out,
+                    fragments: false,
                 };
                 (spec, vec![bq, bk, bv])
             }
@@ -562,5 +589,5 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
             launches[last].frees.push(b.id);
         }
     }
-    Plan { spec: p.name.clone(), dims: dims.clone(), buffers, launches, outputs }
+    Plan { spec: p.name.clone(), dims: dims.clone(), buffers, launches, outputs, dtype: Dtype::F32 }
 }

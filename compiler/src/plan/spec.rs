@@ -79,6 +79,11 @@ pub enum KernelSpec {
         k: RowView,
         v: RowView,
         out: RowView,
+        /// Tiled for matrix fragments (half precision; see
+        /// [`KernelSpec::fragments`]): one query row per unit, key tiles of
+        /// [`frag_key_tile`], whichever kernel runs it.
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        fragments: bool,
     },
     /// `out[o] = reduce_r x[base(o) + inner(r)]` over `count` elements.
     Reduce { len: usize, op: ReduceKind, count: usize, base: View, inner: View },
@@ -180,8 +185,22 @@ impl KernelSpec {
 
     /// The tiling of an attention launch (any other launch: a single unit row
     /// and key tile, unused).
+    /// Whether a kernel on matrix fragments may compute this launch on the
+    /// plan's grid: a GEMM without a mixing epilogue, attention tiled for it.
+    pub fn fragments(&self) -> bool {
+        match self {
+            KernelSpec::MatMul { mix, .. } => mix.is_none(),
+            KernelSpec::Attention { fragments, .. } => *fragments,
+            _ => false,
+        }
+    }
+
     pub fn attention_tiles(&self) -> AttnTiles {
         match *self {
+            KernelSpec::Attention { fragments: true, d, e, .. } => AttnTiles {
+                unit_rows: 1,
+                key_tile: frag_key_tile(d, e, self.line_size()).expect("tiled for fragments where they fit"),
+            },
             KernelSpec::Attention { s, sk, d, e, mask, window, block, .. } => {
                 let l = self.line_size();
                 AttnTiles::new(
@@ -373,6 +392,22 @@ impl AttnTiles {
         AttnTiles { unit_rows: rows, key_tile }
     }
 }
+
+/// Key rows per tile of attention on matrix fragments for heads of `d`
+/// and `e` read in vectors of `lanes`, if it takes them: heads up to
+/// [`FRAG_MAX_HEAD`]; 32 rows, or 16 past 64 so that its shared memory (64
+/// query rows, a key and a value tile and the tile's probabilities in 16
+/// bits, the scores in f32) stays within 32 KiB (30 KiB at 128); and a tile
+/// the scalar kernel (which runs the same tiling on devices without matrix
+/// units) unrolls within its bound of 2048 vector operations.
+pub fn frag_key_tile(d: usize, e: usize, lanes: usize) -> Option<usize> {
+    let width = (d + e) / lanes;
+    let tile = if d.max(e) > 64 { 16 } else { 32 };
+    [tile, 16].into_iter().find(|t| t * width <= 2048).filter(|_| d.max(e) <= FRAG_MAX_HEAD)
+}
+
+/// The widest head (`d` and `e`) attention on matrix fragments takes.
+pub const FRAG_MAX_HEAD: usize = 128;
 
 /// Units per group-kernel cube (`kernels::unit_element` strides by it).
 pub const GROUP_UNITS: usize = 256;

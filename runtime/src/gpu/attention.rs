@@ -18,15 +18,15 @@
 //!
 //! Loop iterations per unit: one per key tile (see `plan::loop_trips`).
 
-use super::kernels::{self as k, shifted, visible, MASK_CAUSAL, MASK_NONE, MASK_TOKEN_CAUSAL};
+use super::kernels::{self as k, shifted, visible, Stored, MASK_CAUSAL, MASK_NONE, MASK_TOKEN_CAUSAL};
 use attnc_compiler::plan::{AttnTiles, RowView, ATTN_ROWS};
 use cubecl::prelude::*;
 
 /// Masked score for a key no query sees: `exp(MASKED − m)` is 0 for any
 /// finite running max `m ≥ M_INIT` (WGSL has no infinite literals).
-const MASKED: f32 = -3.4e38;
+pub(super) const MASKED: f32 = -3.4e38;
 /// The running max before any key.
-const M_INIT: f32 = -3.0e38;
+pub(super) const M_INIT: f32 = -3.0e38;
 
 /// Slots of the per-cube setup array.
 pub const SET_K: usize = 0;
@@ -43,7 +43,7 @@ pub const ROW_I: usize = 2;
 
 /// Vector offset of row `r` of head `(b, h)` in a view (strides in vectors).
 #[cube]
-fn view_row(b: usize, h: usize, r: usize, #[comptime] v: RowView) -> usize {
+pub(super) fn view_row(b: usize, h: usize, r: usize, #[comptime] v: RowView) -> usize {
     let mut at = b * comptime![v.batch] + h * comptime![v.head] + comptime![v.offset];
     if comptime![v.block == 1] {
         at += r * comptime![v.outer];
@@ -120,7 +120,7 @@ fn query_tile(#[comptime] s: usize, #[comptime] bq: usize, #[comptime] kind: u32
 /// Addresses of this unit's `r`-th query row (slots `ROW_*`): the row of
 /// the query and of the output (clamped to the last row) and its index.
 #[cube]
-fn row_slots(
+pub(super) fn row_slots(
     #[comptime] h: usize,
     #[comptime] s: usize,
     #[comptime] bq: usize,
@@ -143,7 +143,7 @@ fn row_slots(
 /// query tiles of `bq` rows.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn setup(
+pub(super) fn setup(
     #[comptime] h: usize,
     #[comptime] hk: usize,
     #[comptime] s: usize,
@@ -195,7 +195,7 @@ fn setup(
 
 /// The `t`-th masked (boundary) tile: those before the full ones, then those after.
 #[cube]
-fn masked_tile(set: &Array<usize>, t: usize) -> usize {
+pub(super) fn masked_tile(set: &Array<usize>, t: usize) -> usize {
     let vis0 = set[SET_VIS0];
     let before = set[SET_FULL0] - vis0;
     let mut kt = vis0 + t;
@@ -232,7 +232,7 @@ fn key_row(
 /// `score` if query row `i` sees key row `k0 + jj`, else [`MASKED`].
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn mask_score(
+pub(super) fn mask_score(
     score: f32,
     i: usize,
     k0: usize,
@@ -255,18 +255,23 @@ fn mask_score(
 
 /// This unit's query row, scaled.
 #[cube]
-fn load_query<N: Size>(q: &[Vector<f32, N>], base: usize, scale: f32, #[comptime] dl: usize) -> Array<Vector<f32, N>> {
+fn load_query<N: Size>(
+    q: &[Vector<Stored, N>],
+    base: usize,
+    scale: f32,
+    #[comptime] dl: usize,
+) -> Array<Vector<f32, N>> {
     let mut a = Array::<Vector<f32, N>>::new(dl);
     #[unroll]
     for c in 0..dl {
-        a[c] = q[base + c] * Vector::new(scale);
+        a[c] = Vector::<f32, N>::cast_from(q[base + c]) * Vector::new(scale);
     }
     a
 }
 
 /// `[running max, running sum]`.
 #[cube]
-fn softmax_state() -> Array<f32> {
+pub(super) fn softmax_state() -> Array<f32> {
     let mut a = Array::<f32>::new(2usize);
     a[0] = f32::new(M_INIT);
     a[1] = f32::new(0.0);
@@ -276,7 +281,7 @@ fn softmax_state() -> Array<f32> {
 /// `out = acc / l`; a row that saw no key (`l = 0`) is 0, and NaN stays NaN.
 #[cube]
 fn store_row<N: Size>(
-    out: &mut [Vector<f32, N>],
+    out: &mut [Vector<Stored, N>],
     acc: &Array<Vector<f32, N>>,
     state: &Array<f32>,
     rows: &Array<usize>,
@@ -292,7 +297,7 @@ fn store_row<N: Size>(
         let base = rows[ROW_OUT];
         #[unroll]
         for c in 0..el {
-            out[base + c] = acc[c] * Vector::new(inv);
+            out[base + c] = Vector::<Stored, N>::cast_from(acc[c] * Vector::new(inv));
         }
     }
 }
@@ -320,10 +325,10 @@ pub struct Shape {
 #[allow(clippy::too_many_arguments)]
 pub fn build<N: Size>(
     scope: &Scope,
-    q: &NativeExpand<[Vector<f32, N>]>,
-    kb: &NativeExpand<[Vector<f32, N>]>,
-    v: &NativeExpand<[Vector<f32, N>]>,
-    out: &mut NativeExpand<[Vector<f32, N>]>,
+    q: &NativeExpand<[Vector<Stored, N>]>,
+    kb: &NativeExpand<[Vector<Stored, N>]>,
+    v: &NativeExpand<[Vector<Stored, N>]>,
+    out: &mut NativeExpand<[Vector<Stored, N>]>,
     scale: NativeExpand<f32>,
     a: &Shape,
     lanes: usize,
@@ -374,8 +379,8 @@ struct UnitRow<N: Size> {
 struct Tile<'a, N: Size> {
     a: &'a Shape,
     set: &'a NativeExpand<Array<usize>>,
-    kb: &'a NativeExpand<[Vector<f32, N>]>,
-    v: &'a NativeExpand<[Vector<f32, N>]>,
+    kb: &'a NativeExpand<[Vector<Stored, N>]>,
+    v: &'a NativeExpand<[Vector<Stored, N>]>,
     rows: &'a [UnitRow<N>],
     lane: NativeExpand<usize>,
     k0: NativeExpand<usize>,
@@ -392,7 +397,7 @@ impl<N: Size> Tile<'_, N> {
     fn row(
         &self,
         scope: &Scope,
-        x: &NativeExpand<[Vector<f32, N>]>,
+        x: &NativeExpand<[Vector<Stored, N>]>,
         row: NativeExpand<usize>,
         n: usize,
     ) -> Vec<NativeExpand<Vector<f32, N>>> {

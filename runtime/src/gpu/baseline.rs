@@ -1,14 +1,18 @@
-//! The baselines `attnc bench` compares with on the same device: plain
-//! attention against cubek-attention 0.3.1 (CubeCL's own FlashAttention,
-//! `Unit` strategy), each GEMM against cubek-matmul 0.3.1 (`Strategy::Auto`).
+//! The baselines `attnc bench` compares with on the same device, in the
+//! plan's dtype: plain attention against cubek-attention 0.3.1 (CubeCL's own
+//! FlashAttention: the `Unit` strategy in f32, the tensor-core
+//! `BlackboxAccelerated` one in half precision), each GEMM against
+//! cubek-matmul 0.3.1 (`Strategy::Auto`).
 
+use super::define::elem_type;
 use super::exec::{Gpu, GpuError};
 use crate::rng::Rng;
-use cubecl::prelude::*;
+use attnc_compiler::plan::Dtype;
 use cubecl::std::tensor::TensorHandle;
 use cubecl::zspace::Shape;
 use cubek_attention::forward::definition::{AccumulatorPrecision, AttentionGlobalTypes, AttentionOptions};
 use cubek_attention::forward::launch::{launch_ref, BlueprintStrategy, Strategy};
+use cubek_attention::forward::routines::blackbox_accelerated::BlackboxAcceleratedStrategy;
 use cubek_matmul::definition::MatmulElems;
 use cubek_std::InputBinding;
 
@@ -32,28 +36,34 @@ fn time_calls(
     Ok(times)
 }
 
-/// A random row-major f32 tensor of `shape` on the device.
-fn random_tensor<const D: usize>(gpu: &Gpu, shape: [usize; D], rng: &mut Rng) -> TensorHandle {
+/// A random row-major tensor of `shape` in `dtype` on the device.
+fn random_tensor<const D: usize>(gpu: &Gpu, shape: [usize; D], dtype: Dtype, rng: &mut Rng) -> TensorHandle {
     let n: usize = shape.iter().product();
-    let data: Vec<f32> = (0..n).map(|_| (2.0 * rng.unit() - 1.0) as f32).collect();
-    let handle = gpu.client().create_from_slice(f32::as_bytes(&data));
-    TensorHandle::new_contiguous(Shape::new(shape), handle, f32::elem_type_native())
+    let data: Vec<f64> = (0..n).map(|_| 2.0 * rng.unit() - 1.0).collect();
+    let handle = gpu.client().create_from_slice(&crate::dtype::encode(dtype, &data));
+    TensorHandle::new_contiguous(Shape::new(shape), handle, elem_type(dtype))
 }
 
 /// Seconds per call of cubek-matmul on random `[m, k] · [k, n]`.
-pub fn time_cubek_matmul(gpu: &Gpu, [m, k, n]: [usize; 3], warmup: usize, iters: usize) -> Result<Vec<f64>, GpuError> {
-    let f32_ty = f32::elem_type_native();
+pub fn time_cubek_matmul(
+    gpu: &Gpu,
+    [m, k, n]: [usize; 3],
+    dtype: Dtype,
+    warmup: usize,
+    iters: usize,
+) -> Result<Vec<f64>, GpuError> {
+    let ty = elem_type(dtype);
     let mut rng = Rng::for_input(0, "cubek-matmul");
-    let (a, b) = (random_tensor(gpu, [m, k], &mut rng), random_tensor(gpu, [k, n], &mut rng));
-    let out = TensorHandle::new_contiguous(Shape::new([m, n]), gpu.client().empty(4 * m * n), f32_ty);
+    let (a, b) = (random_tensor(gpu, [m, k], dtype, &mut rng), random_tensor(gpu, [k, n], dtype, &mut rng));
+    let out = TensorHandle::new_contiguous(Shape::new([m, n]), gpu.client().empty(dtype.size() * m * n), ty);
     time_calls(gpu, warmup, iters, || {
         cubek_matmul::launch::launch_ref(
             &cubek_matmul::strategy::Strategy::Auto,
             gpu.client(),
-            InputBinding::Normal(a.clone().binding(), f32_ty),
-            InputBinding::Normal(b.clone().binding(), f32_ty),
+            InputBinding::Normal(a.clone().binding(), ty),
+            InputBinding::Normal(b.clone().binding(), ty),
             out.clone().binding(),
-            &mut MatmulElems::from_single_dtype(f32_ty),
+            &mut MatmulElems::from_single_dtype(ty),
         )
         .map_err(|e| GpuError::Launch("cubek-matmul".into(), format!("{e:?}")))
     })
@@ -65,20 +75,29 @@ pub fn time_cubek_attention(
     gpu: &Gpu,
     shape: [usize; 4],
     causal: bool,
+    dtype: Dtype,
     warmup: usize,
     iters: usize,
 ) -> Result<Vec<f64>, GpuError> {
     let client = gpu.client();
-    let f32_ty = f32::elem_type_native();
+    let ty = elem_type(dtype);
     let mut rng = Rng::for_input(0, "cubek");
-    let (q, k, v) =
-        (random_tensor(gpu, shape, &mut rng), random_tensor(gpu, shape, &mut rng), random_tensor(gpu, shape, &mut rng));
+    let mut draw = || random_tensor(gpu, shape, dtype, &mut rng);
+    let (q, k, v) = (draw(), draw(), draw());
     let n: usize = shape.iter().product();
-    let out = TensorHandle::new_contiguous(Shape::new(shape), client.empty(4 * n), f32_ty);
-    let dtypes = AttentionGlobalTypes::from_single_float_dtype(f32_ty, AttentionGlobalTypes::mask_dtype(client));
+    let out = TensorHandle::new_contiguous(Shape::new(shape), client.empty(dtype.size() * n), ty);
+    let dtypes = AttentionGlobalTypes::from_single_float_dtype(ty, AttentionGlobalTypes::mask_dtype(client));
+    let strategy = || match dtype {
+        Dtype::F32 => Strategy::Unit(BlueprintStrategy::Inferred(())),
+        _ => Strategy::BlackboxAccelerated(BlueprintStrategy::Inferred(BlackboxAcceleratedStrategy {
+            num_planes: 1,
+            seq_q: 1,
+            seq_kv: 1,
+        })),
+    };
     time_calls(gpu, warmup, iters, || {
         launch_ref(
-            Strategy::Unit(BlueprintStrategy::Inferred(())),
+            strategy(),
             client,
             q.clone().binding(),
             k.clone().binding(),

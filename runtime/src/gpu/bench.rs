@@ -121,7 +121,7 @@ pub fn bench(
             let shape = [*batch, *h, *s, *d];
             let causal = *mask == MaskKind::Causal;
             Some(
-                time_cubek_attention(gpu, shape, causal, warmup.max(1), iters)
+                time_cubek_attention(gpu, shape, causal, plan.dtype, warmup.max(1), iters)
                     .map(|t| Baseline { shape, causal, ours: k.median, cubek: median(t), work: k.work })
                     .map_err(|e| e.to_string()),
             )
@@ -137,7 +137,7 @@ pub fn bench(
             let theirs = cubek
                 .entry(mkn)
                 .or_insert_with(|| {
-                    time_cubek_matmul(gpu, mkn, warmup.max(1), iters).map(median).map_err(|e| e.to_string())
+                    time_cubek_matmul(gpu, mkn, plan.dtype, warmup.max(1), iters).map(median).map_err(|e| e.to_string())
                 })
                 .clone();
             gemms.push(GemmBaseline { launch: l.name.clone(), mkn, ours: k.median, cubek: theirs, work: k.work });

@@ -3,34 +3,56 @@
 //! `expand` functions. Entry points carry the plan's names, so emitted source
 //! is the same in debug and release builds.
 
-use super::kernels as k;
-use super::{attention, gemm};
+use super::kernels::{self as k, Stored};
+use super::{attention, gemm, mma};
 use attnc_compiler::ir::{BinaryOp, MaskKind, ReduceKind, UnaryOp};
 use attnc_compiler::plan::group::{GroupStep, MapOp};
-use attnc_compiler::plan::{KernelSpec, View, GEMM_COLS, GEMM_ROWS, GEMM_STAGE_K, GEMM_UNITS, GROUP_UNITS};
+use attnc_compiler::plan::{Dtype, KernelSpec, View, GEMM_COLS, GEMM_ROWS, GEMM_STAGE_K, GEMM_UNITS, GROUP_UNITS};
 use cubecl::prelude::*;
 use std::sync::Arc;
 
 pub struct IrKernel {
     pub name: String,
     pub spec: KernelSpec,
+    /// What the kernel's buffers store.
+    pub dtype: Dtype,
     /// Units of a plane that share loaded rows by broadcasts (1: none).
     pub plane: u32,
     /// Whether the GEMM stages its tiles in shared memory (see `gemm.rs`).
     pub staged: bool,
+    /// Whether the GEMM and attention multiply matrix fragments (see `mma.rs`).
+    pub mma: Mma,
     pub settings: KernelSettings,
     pub props: Arc<DeviceProperties>,
     pub target: Arc<TargetProperties>,
 }
 
 impl IrKernel {
-    pub fn new(name: &str, spec: &KernelSpec, props: Arc<DeviceProperties>, target: Arc<TargetProperties>) -> IrKernel {
+    pub fn new(
+        name: &str,
+        spec: &KernelSpec,
+        dtype: Dtype,
+        props: Arc<DeviceProperties>,
+        target: Arc<TargetProperties>,
+    ) -> IrKernel {
         let ((x, y, z), _) = spec.grid();
         let mode = if spec.vectorised() { ExecutionMode::Unchecked } else { ExecutionMode::Checked };
         let settings = KernelSettings::new(CubeDim::new_3d(x, y, z).into(), mode, AddressType::U32).kernel_name(name);
         let plane = plane_width(&props);
         let staged = stages_gemm(&props);
-        IrKernel { name: name.to_string(), spec: spec.clone(), plane, staged, settings, props, target }
+        let mma = if matrix_units(&props, dtype) && spec.fragments() { Mma::Hardware } else { Mma::Off };
+        IrKernel { name: name.to_string(), spec: spec.clone(), dtype, plane, staged, mma, settings, props, target }
+    }
+
+    /// The same kernel multiplying fragments in software (where the spec
+    /// allows fragments; see `mma.rs`), or as the device chooses (`false`).
+    pub fn with_software_fragments(mut self, on: bool) -> IrKernel {
+        if on && self.spec.fragments() {
+            self.mma = Mma::Software;
+        } else if on {
+            self.mma = Mma::Off;
+        }
+        self
     }
 
     /// The same kernel with the GEMM staged in shared memory or not.
@@ -72,7 +94,7 @@ impl KernelMetadata for IrKernel {
             .address_type(self.settings.address_type)
             .cube_dim(self.settings.cube_dim)
             .mode(self.settings.execution_mode)
-            .info(format!("{}:{}:{}:{:?}", self.name, self.plane, self.staged, self.spec))
+            .info(format!("{}:{}:{}:{}:{:?}:{:?}", self.name, self.dtype, self.plane, self.staged, self.mma, self.spec))
     }
 
     fn address_type(&self) -> ElemType {
@@ -141,6 +163,40 @@ fn reduce_code(op: ReduceKind) -> u32 {
     }
 }
 
+/// How the GEMM and attention multiply.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mma {
+    /// The scalar kernels (`gemm.rs`, `attention.rs`).
+    Off,
+    /// Fragment kernels (`mma.rs`) with the fragments computed in plain code.
+    Software,
+    /// Fragment kernels on the device's matrix units (`cmma`).
+    Hardware,
+}
+
+/// The fragment shape the kernels use, for `dtype` operands and f32 accumulators.
+pub fn fragment_config(dtype: Dtype) -> cubecl::ir::features::MmaConfig {
+    let f = mma::F as u32;
+    let cd_type = elem_type(Dtype::F32);
+    cubecl::ir::features::MmaConfig { a_type: elem_type(dtype), b_type: elem_type(dtype), cd_type, m: f, n: f, k: f }
+}
+
+/// Whether the device multiplies 16×16×16 fragments of `dtype` into f32
+/// (CUDA tensor cores for f16 and bf16); f32 kernels stay scalar.
+pub fn matrix_units(props: &DeviceProperties, dtype: Dtype) -> bool {
+    dtype.is_half() && props.features.matmul.cmma.contains(&fragment_config(dtype))
+}
+
+/// The cubecl element type of `dtype`.
+pub fn elem_type(dtype: Dtype) -> ElemType {
+    use cubecl::ir::FloatKind;
+    ElemType::Float(match dtype {
+        Dtype::F32 => FloatKind::F32,
+        Dtype::F16 => FloatKind::F16,
+        Dtype::Bf16 => FloatKind::BF16,
+    })
+}
+
 pub fn mask_code(mask: MaskKind) -> u32 {
     match mask {
         MaskKind::None => k::MASK_NONE,
@@ -184,6 +240,7 @@ impl CubeKernel for IrKernel {
         let mut builder = KernelBuilder::new(self.settings.clone());
         builder.runtime_properties(self.target.as_ref().clone());
         builder.device_properties(&self.props);
+        builder.scope.register_type::<Stored>(elem_type(self.dtype));
         if self.spec.vectorised() {
             match self.spec.line_size() {
                 4 => self.define_vectorized::<Const<4>>(&mut builder),
@@ -193,8 +250,8 @@ impl CubeKernel for IrKernel {
             return builder.build();
         }
         let arg = BufferCompilationArg { inplace: None };
-        let mut bufs: Vec<NativeExpand<[f32]>> =
-            (0..=self.operand_count()).map(|_| <[f32] as LaunchArg>::expand(&arg, &mut builder)).collect();
+        let mut bufs: Vec<NativeExpand<[Stored]>> =
+            (0..=self.operand_count()).map(|_| <[Stored] as LaunchArg>::expand(&arg, &mut builder)).collect();
         let out = bufs.pop().expect("an output buffer");
         let scope: &Scope = &builder.scope;
         let nonempty = k::has_elements::expand(scope, &out);
@@ -207,13 +264,13 @@ impl IrKernel {
     /// GEMM and attention: buffers of vectors of `N` floats.
     fn define_vectorized<N: Size>(&self, builder: &mut KernelBuilder) {
         let arg = BufferCompilationArg { inplace: None };
-        let mut bufs: Vec<NativeExpand<[Vector<f32, N>]>> = vec![];
-        let mut scalars: Vec<NativeExpand<[f32]>> = vec![];
+        let mut bufs: Vec<NativeExpand<[Vector<Stored, N>]>> = vec![];
+        let mut scalars: Vec<NativeExpand<[Stored]>> = vec![];
         for slot in 0..=self.operand_count() {
             if self.spec.scalar_binding(slot) {
-                scalars.push(<[f32] as LaunchArg>::expand(&arg, builder));
+                scalars.push(<[Stored] as LaunchArg>::expand(&arg, builder));
             } else {
-                bufs.push(<[Vector<f32, N>] as LaunchArg>::expand(&arg, builder));
+                bufs.push(<[Vector<Stored, N>] as LaunchArg>::expand(&arg, builder));
             }
         }
         let scale = match self.spec {
@@ -239,7 +296,10 @@ impl IrKernel {
                         scale: scale.map(|bits| f64::from_bits(bits) as f32),
                         fold: self.spec.fold_x(),
                     };
-                    if self.staged {
+                    if self.mma != Mma::Off {
+                        let hardware = self.mma == Mma::Hardware;
+                        mma::build_gemm::<N>(scope, &bufs[0], &bufs[1], &mut out, &shape, lanes, hardware)
+                    } else if self.staged {
                         gemm::build_staged::<N>(scope, &bufs[0], &bufs[1], &mut out, &shape, lanes)
                     } else {
                         gemm::build::<N>(scope, &bufs[0], &bufs[1], &mut out, &shape, lanes, self.plane)
@@ -261,6 +321,10 @@ impl IrKernel {
                         fold: self.spec.fold_x(),
                     };
                     let scale = scale.expect("attention takes a scale");
+                    if self.mma != Mma::Off {
+                        let (q, kb, v, hardware) = (&bufs[0], &bufs[1], &bufs[2], self.mma == Mma::Hardware);
+                        return mma::build_attention::<N>(scope, q, kb, v, &mut out, scale, &shape, lanes, hardware);
+                    }
                     attention::build::<N>(
                         scope, &bufs[0], &bufs[1], &bufs[2], &mut out, scale, &shape, lanes, self.plane,
                     )
@@ -270,7 +334,7 @@ impl IrKernel {
         });
     }
 
-    fn body(&self, scope: &Scope, bufs: &[NativeExpand<[f32]>], mut out: NativeExpand<[f32]>) {
+    fn body(&self, scope: &Scope, bufs: &[NativeExpand<[Stored]>], mut out: NativeExpand<[Stored]>) {
         let spec = &self.spec;
         if let KernelSpec::Group { len, groups, scratch, ref steps, .. } = *spec {
             group_body(scope, bufs, out, steps, scratch, len / groups, spec.fold_x());
@@ -337,10 +401,19 @@ impl IrKernel {
                 KernelSpec::Reduce { op, count, base, inner, .. } => {
                     let b = view(scope, i, base, len);
                     let stride = inner.terms.first().map_or(0, |t| t.2);
-                    k::reduce::expand(scope, &bufs[0], &mut out, i, b, *count, stride, reduce_code(*op));
+                    k::reduce::expand::<Stored, Stored>(
+                        scope,
+                        &bufs[0],
+                        &mut out,
+                        i,
+                        b,
+                        *count,
+                        stride,
+                        reduce_code(*op),
+                    );
                 }
                 KernelSpec::LooMean { n, stride, .. } => {
-                    k::loo_mean::expand(scope, &bufs[0], &mut out, i, 0, 0, *n, *stride)
+                    k::loo_mean::expand::<Stored, Stored>(scope, &bufs[0], &mut out, i, 0, 0, *n, *stride)
                 }
                 KernelSpec::MatMul { .. } | KernelSpec::Attention { .. } | KernelSpec::Group { .. } => unreachable!(),
             });
@@ -382,8 +455,8 @@ fn offset(scope: &Scope, i: NativeExpand<usize>, by: usize) -> NativeExpand<usiz
 /// A group kernel: its steps in order, each over the group's shared array, a barrier after each.
 fn group_body(
     scope: &Scope,
-    bufs: &[NativeExpand<[f32]>],
-    out: NativeExpand<[f32]>,
+    bufs: &[NativeExpand<[Stored]>],
+    out: NativeExpand<[Stored]>,
     steps: &[GroupStep],
     scratch: usize,
     out_len: usize,
@@ -396,36 +469,45 @@ fn group_body(
         match step {
             GroupStep::Load { dst, len, input, stride } => for_each_element(scope, *len, |scope, i| {
                 let base = k::group_offset::expand(scope, b, *stride);
-                let v = k::read::expand(scope, &bufs[*input], k::add_index::expand(scope, base, i));
-                k::write::expand(scope, &mut s.clone_unchecked(), offset(scope, i, *dst), v);
+                let v = k::read::expand::<Stored>(scope, &bufs[*input], k::add_index::expand(scope, base, i));
+                k::write::expand::<f32>(scope, &mut s.clone_unchecked(), offset(scope, i, *dst), v);
             }),
             GroupStep::Map { dst, len, op, args } => for_each_element(scope, *len, |scope, i| {
                 let xs: Vec<NativeExpand<f32>> =
-                    args.iter().map(|a| k::read::expand(scope, &s, view(scope, i, a, *len))).collect();
+                    args.iter().map(|a| k::read::expand::<f32>(scope, &s, view(scope, i, a, *len))).collect();
                 let v = match (*op, &xs[..]) {
                     (MapOp::Where, [c, x, y]) => k::apply_select::expand(scope, *c, *x, *y),
                     (MapOp::Unary(op), [x]) => k::apply_unary::expand(scope, *x, unary_code(op)),
                     (MapOp::Binary(op), [x, y]) => k::apply_binary::expand(scope, *x, *y, binary_code(op)),
                     (op, xs) => unreachable!("`{}` is planned with {} operands", op.name(), xs.len()),
                 };
-                k::write::expand(scope, &mut s.clone_unchecked(), offset(scope, i, *dst), v);
+                k::write::expand::<f32>(scope, &mut s.clone_unchecked(), offset(scope, i, *dst), v);
             }),
             GroupStep::Thresholds { dst, len, levels, x } => for_each_element(scope, *len, |scope, i| {
-                let v = k::read::expand(scope, &s, view(scope, i, x, *len));
+                let v = k::read::expand::<f32>(scope, &s, view(scope, i, x, *len));
                 let r = k::apply_threshold::expand(scope, v, i, *levels);
-                k::write::expand(scope, &mut s.clone_unchecked(), offset(scope, i, *dst), r);
+                k::write::expand::<f32>(scope, &mut s.clone_unchecked(), offset(scope, i, *dst), r);
             }),
             GroupStep::Indicator { dst, l } => for_each_element(scope, 2 * l, |scope, i| {
                 let r = k::indicator::expand(scope, i, *l);
-                k::write::expand(scope, &mut s.clone_unchecked(), offset(scope, i, *dst), r);
+                k::write::expand::<f32>(scope, &mut s.clone_unchecked(), offset(scope, i, *dst), r);
             }),
             GroupStep::Reduce { dst, len, op, base, count, stride } => for_each_element(scope, *len, |scope, i| {
                 let from = view(scope, i, base, *len);
                 let o = offset(scope, i, *dst);
-                k::reduce::expand(scope, &s, &mut s.clone_unchecked(), o, from, *count, *stride, reduce_code(*op));
+                k::reduce::expand::<f32, f32>(
+                    scope,
+                    &s,
+                    &mut s.clone_unchecked(),
+                    o,
+                    from,
+                    *count,
+                    *stride,
+                    reduce_code(*op),
+                );
             }),
             GroupStep::LooMean { dst, len, x, n, stride } => for_each_element(scope, *len, |scope, i| {
-                k::loo_mean::expand(scope, &s, &mut s.clone_unchecked(), i, *x, *dst, *n, *stride);
+                k::loo_mean::expand::<f32, f32>(scope, &s, &mut s.clone_unchecked(), i, *x, *dst, *n, *stride);
             }),
             GroupStep::Levels { r, m, hist, g, l } => {
                 first_unit(scope, |scope| k::levels::expand(scope, &mut s, *r, *m, *hist, *g, *l))
@@ -462,9 +544,9 @@ fn group_body(
                 k::densify::expand(scope, &mut s.clone_unchecked(), i, *dst, *v, *m, *l);
             }),
             GroupStep::Store { src, len } => for_each_element(scope, *len, |scope, i| {
-                let v = k::read::expand(scope, &s, offset(scope, i, *src));
+                let v = k::read::expand::<f32>(scope, &s, offset(scope, i, *src));
                 let base = k::group_offset::expand(scope, b, out_len);
-                k::write::expand(scope, &mut out.clone_unchecked(), k::add_index::expand(scope, base, i), v);
+                k::write::expand::<Stored>(scope, &mut out.clone_unchecked(), k::add_index::expand(scope, base, i), v);
             }),
         }
         k::barrier::expand(scope);

@@ -3,7 +3,7 @@
 //! says how to launch each from one's own host code.
 
 use super::define::IrKernel;
-use attnc_compiler::plan::{BufferRole, KernelSpec, Plan, ATTN_ROWS, GEMM_ROWS, GEMM_UNITS};
+use attnc_compiler::plan::{BufferRole, Dtype, KernelSpec, Plan, ATTN_ROWS, GEMM_ROWS, GEMM_UNITS};
 use cubecl::ir::features::Features;
 use cubecl::ir::{DeviceIdentity, HardwareProperties, MemoryDeviceProperties};
 use cubecl::prelude::*;
@@ -27,12 +27,17 @@ impl Target {
 }
 
 /// A generic device description for offline compilation (1024 units and
-/// 48 KiB of shared memory per cube). CUDA has 32-wide warps; WGSL kernels
-/// use no plane operations, so they run on any WebGPU device.
+/// 48 KiB of shared memory per cube). CUDA has 32-wide warps and tensor
+/// cores for f16 and bf16 (sm_80 and later); WGSL kernels use no plane
+/// operations, so they run on any WebGPU device.
 pub fn offline_properties(target: Target) -> Arc<DeviceProperties> {
     let mut features = Features::default();
     if target == Target::Cuda {
         features.plane.insert(cubecl::ir::features::Plane::Ops);
+        // Tensor cores as from sm_80: 16×16×16 f16 and bf16 fragments into f32.
+        for dtype in [Dtype::F16, Dtype::Bf16] {
+            features.matmul.cmma.insert(super::define::fragment_config(dtype));
+        }
     }
     Arc::new(DeviceProperties::new(
         features,
@@ -62,8 +67,16 @@ pub fn offline_properties(target: Target) -> Arc<DeviceProperties> {
 
 /// Source text of one launch's kernel, the bytes of dynamic shared memory it
 /// needs (CUDA), and the plane width it relies on.
-pub fn kernel_source(name: &str, spec: &KernelSpec, target: Target) -> Result<(String, usize, u32), String> {
-    let kernel = IrKernel::new(name, spec, offline_properties(target), Arc::new(TargetProperties::default()));
+pub fn kernel_source(
+    name: &str,
+    spec: &KernelSpec,
+    dtype: Dtype,
+    target: Target,
+) -> Result<(String, usize, u32), String> {
+    if target == Target::Wgsl && dtype == Dtype::Bf16 {
+        return Err("WGSL has no bf16 type".into());
+    }
+    let kernel = IrKernel::new(name, spec, dtype, offline_properties(target), Arc::new(TargetProperties::default()));
     let plane = kernel.plane;
     let def = kernel.define();
     match target {
@@ -77,9 +90,38 @@ pub fn kernel_source(name: &str, spec: &KernelSpec, target: Target) -> Result<(S
             let k = cubecl_cpp::shared::CppCompiler::<cubecl_cpp::target::Cuda>::default()
                 .compile(def, &cubecl_cpp::shared::CompilationOptions::default())
                 .map_err(|e| format!("{e:?}"))?;
-            Ok((host_compatible(&k.source), k.shared_memory_size, plane))
+            Ok((canonical_names(&host_compatible(&k.source)), k.shared_memory_size, plane))
         }
     }
+}
+
+/// `source` with its values (`v` and a number) renumbered in order of first
+/// appearance: cubecl-cpp numbers the slices of a kernel's shared-memory
+/// block in an order that changes from run to run when it has several
+/// arrays, and the text must not.
+pub fn canonical_names(source: &str) -> String {
+    let mut names: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    let bytes = source.as_bytes();
+    let mut out = String::with_capacity(source.len());
+    let (mut i, mut copied) = (0, 0);
+    while i < bytes.len() {
+        let starts = bytes[i] == b'v' && (i == 0 || !bytes[i - 1].is_ascii_alphanumeric());
+        let digits = bytes[i + 1..].iter().take_while(|b| b.is_ascii_digit()).count();
+        let ends = bytes.get(i + 1 + digits).is_none_or(|b| !b.is_ascii_alphanumeric());
+        if starts && digits > 0 && ends {
+            let name = &source[i..i + 1 + digits];
+            let next = names.len();
+            let n = *names.entry(name).or_insert(next);
+            out.push_str(&source[copied..i]);
+            out.push_str(&format!("v{n}"));
+            i += 1 + digits;
+            copied = i;
+        } else {
+            i += 1;
+        }
+    }
+    out.push_str(&source[copied..]);
+    out
 }
 
 /// CUDA source that also compiles under nvcc next to host code: cubecl's
@@ -138,9 +180,9 @@ pub struct LaunchInfo {
     /// The `info` buffer's layout as the kernel declares it.
     pub info_struct: String,
     pub shared_memory_bytes: usize,
-    /// Floats per vector in the kernel's buffers (`array<vec4<f32>>` when 4;
+    /// Elements per vector in the kernel's buffers (`array<vec4<f32>>` when 4;
     /// a binding's own `line_size` says where one differs): bind the same
-    /// f32 data; the lengths in `info` count vectors.
+    /// data; the lengths in `info` count vectors.
     pub line_size: usize,
     /// Work on weights and constants alone: with the same weights, run it
     /// once and only the other launches per call.
@@ -163,14 +205,14 @@ pub struct Manifest {
 }
 
 const CONVENTION: &str = "Each launch binds its buffers in the listed order (operands, then the output), \
-all row-major f32, followed by one read-only `info` buffer (declared as `info_struct`): the listed scalars \
+all row-major in the manifest's `dtype` (kernels compute in f32), followed by one read-only `info` buffer (declared as `info_struct`): the listed scalars \
 as f32, padded to a multiple of two, then each bound buffer's length in elements as a u32 in binding \
 order, padded to a multiple of two. Kernels are specialised to the listed shapes and do not check indices \
 against these lengths: each guards its writes by its own sizes and reads only inside the shapes (the GEMM and \
 attention clamp rows and columns to the last one, so a buffer must hold at least its listed `len`); launch \
 exactly the listed grid. Buffers with role \
 `input` hold the named tensors, `constant` buffers hold the listed values, `temp` buffers are allocated \
-with `len` f32 elements and written by the launch that binds them last. Run the launches in order; \
+with `len` elements and written by the launch that binds them last. Run the launches in order; \
 `outputs` names the buffers to read back. CUDA kernels take their buffers as pointer arguments in the \
 same order and `shared_memory_bytes` of dynamic shared memory.";
 
@@ -194,7 +236,7 @@ pub fn emit(plan: &Plan, target: Target) -> Result<(Vec<(String, String)>, Manif
     let mut files = vec![];
     let mut launches = vec![];
     for (i, l) in plan.launches.iter().enumerate() {
-        let (source, shared, plane_width) = kernel_source(&l.name, &l.spec, target)?;
+        let (source, shared, plane_width) = kernel_source(&l.name, &l.spec, plan.dtype, target)?;
         let info_struct = info_struct(&source);
         let shared = shared.max(match l.spec {
             KernelSpec::Group { scratch, .. } => scratch * 4,
@@ -212,7 +254,7 @@ pub fn emit(plan: &Plan, target: Target) -> Result<(Vec<(String, String)>, Manif
                 buffer: *id,
                 tensor: buffer_name(plan, *id),
                 shape: plan.buffers[*id].shape.clone(),
-                dtype: "f32",
+                dtype: plan.dtype.name(),
                 access: if slot + 1 == l.bindings.len() { "read_write" } else { "read" },
                 line_size: l.spec.binding_line_size(slot),
             })
@@ -272,7 +314,7 @@ pub fn emit(plan: &Plan, target: Target) -> Result<(Vec<(String, String)>, Manif
             Target::Wgsl => "wgsl",
             Target::Cuda => "cuda",
         },
-        dtype: "f32",
+        dtype: plan.dtype.name(),
         dims: plan.dims.clone(),
         calling_convention: CONVENTION,
         buffers: plan.buffers.clone(),

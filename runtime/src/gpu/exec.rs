@@ -3,8 +3,9 @@
 //! The executor keeps its own accounting of device bytes allocated.
 
 use super::define::IrKernel;
+use super::kernels::Stored;
 use crate::tensor::Tensor;
-use attnc_compiler::plan::{BufferRole, KernelSpec, Plan, LOOP_TRIPS_CPU};
+use attnc_compiler::plan::{BufferRole, Dtype, KernelSpec, Plan, LOOP_TRIPS_CPU};
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 use cubecl::wgpu::WgpuDeviceKind;
@@ -27,6 +28,8 @@ pub enum GpuError {
          run these sizes on a GPU or on `--backend interp`"
     )]
     LoopLimit { kernel: String, trips: usize, limit: usize },
+    #[error("the {backend} device `{adapter}` cannot store {dtype} tensors ({why}); use {hint}")]
+    Dtype { backend: &'static str, adapter: String, dtype: Dtype, why: &'static str, hint: &'static str },
 }
 
 /// A device and its client.
@@ -40,6 +43,8 @@ pub struct Gpu {
     plane: Option<u32>,
     /// Whether GEMMs stage tiles in shared memory, instead of the device's choice.
     staged: Option<bool>,
+    /// Fragment kernels with fragments in software wherever a spec allows them.
+    software_fragments: bool,
 }
 
 /// A kernel whose source was generated earlier (by `attnc compile`).
@@ -112,7 +117,15 @@ impl Gpu {
         let client = std::panic::catch_unwind(|| device.client())
             .map_err(|_| GpuError::Unavailable("wgpu", "creating the device client failed".into()))?;
         let adapter = client.properties().identity.name.clone();
-        Ok(Gpu { client, backend: "wgpu", adapter, precompiled: None, plane: None, staged: None })
+        Ok(Gpu {
+            client,
+            backend: "wgpu",
+            adapter,
+            precompiled: None,
+            plane: None,
+            staged: None,
+            software_fragments: false,
+        })
     }
 
     /// The CUDA device 0, when built with the `cuda` feature and a driver is present.
@@ -128,7 +141,15 @@ impl Gpu {
             let client = std::panic::catch_unwind(|| device.client())
                 .map_err(|_| GpuError::Unavailable("cuda", "creating the CUDA client failed".into()))?;
             let adapter = client.properties().identity.name.clone();
-            Ok(Gpu { client, backend: "cuda", adapter, precompiled: None, plane: None, staged: None })
+            Ok(Gpu {
+                client,
+                backend: "cuda",
+                adapter,
+                precompiled: None,
+                plane: None,
+                staged: None,
+                software_fragments: false,
+            })
         }
         #[cfg(not(feature = "cuda"))]
         Err(GpuError::NotBuilt("cuda"))
@@ -154,13 +175,37 @@ impl Gpu {
         self
     }
 
+    /// GEMMs and attention on matrix fragments computed in plain code
+    /// (`mma.rs`), wherever the plan's tiling allows them: the fragment
+    /// kernels' logic, checked on devices without matrix units.
+    pub fn with_software_fragments(mut self) -> Gpu {
+        self.software_fragments = true;
+        self
+    }
+
     /// Whether this is one of Mesa's CPU drivers, which bound loop iterations.
     pub fn bounds_loops(&self) -> bool {
         super::define::mesa_cpu(&self.adapter)
     }
 
-    /// Refuse a plan a driver would run wrongly (before anything runs).
+    /// Whether kernels can store `dtype` here, and if not why.
+    pub fn supports(&self, dtype: Dtype) -> Result<(), GpuError> {
+        let props = self.client.properties();
+        if props.supports_type(super::define::elem_type(dtype)) {
+            return Ok(());
+        }
+        let (why, hint) = match (self.backend, dtype) {
+            ("wgpu", Dtype::Bf16) => ("WebGPU and wgpu have no bf16 type", "`--dtype f16` or `--backend cuda`"),
+            ("wgpu", _) => ("the adapter lacks the shader-f16 feature", "`--dtype f32`"),
+            _ => ("the device lacks the type", "`--dtype f32`"),
+        };
+        Err(GpuError::Dtype { backend: self.backend, adapter: self.adapter.clone(), dtype, why, hint })
+    }
+
+    /// Refuse a plan this device cannot store or a driver would run wrongly
+    /// (before anything runs).
     pub fn check(&self, plan: &Plan) -> Result<(), GpuError> {
+        self.supports(plan.dtype)?;
         if !self.bounds_loops() {
             return Ok(());
         }
@@ -177,9 +222,8 @@ impl Gpu {
         &self.client
     }
 
-    fn upload(&self, values: &[f64]) -> Handle {
-        let data: Vec<f32> = values.iter().map(|v| *v as f32).collect();
-        self.client.create_from_slice(f32::as_bytes(&data))
+    fn upload(&self, values: &[f64], dtype: Dtype) -> Handle {
+        self.client.create_from_slice(&crate::dtype::encode(dtype, values))
     }
 
     /// Run `plan` on named inputs; outputs in the plan's order.
@@ -228,7 +272,7 @@ impl Gpu {
         for (name, id) in &plan.outputs {
             let h = state.handles[*id].clone().expect("outputs stay alive");
             let bytes = self.client.read_one(h).map_err(|e| GpuError::Launch(name.clone(), format!("{e:?}")))?;
-            let data = f32::from_bytes(&bytes).iter().map(|v| *v as f64).collect();
+            let data = crate::dtype::decode(plan.dtype, &bytes);
             outputs.push(Tensor::new(plan.buffers[*id].shape.clone(), data));
         }
         Ok((outputs, state.stats))
@@ -245,12 +289,13 @@ impl Gpu {
         for b in plan.buffers.iter().filter(|b| pick(&b.role)) {
             let h = match &b.role {
                 BufferRole::Input { name, .. } => {
-                    self.upload(&inputs.get(name).ok_or_else(|| GpuError::MissingInput(name.clone()))?.data)
+                    let t = inputs.get(name).ok_or_else(|| GpuError::MissingInput(name.clone()))?;
+                    self.upload(&t.data, plan.dtype)
                 }
-                BufferRole::Constant { values } => self.upload(values),
+                BufferRole::Constant { values } => self.upload(values, plan.dtype),
                 BufferRole::Temp => continue,
             };
-            state.live += 4 * b.len as u64;
+            state.live += plan.buffer_bytes(b.id);
             state.handles[b.id] = Some(h);
         }
         state.stats.peak_bytes = state.stats.peak_bytes.max(state.live);
@@ -268,9 +313,9 @@ impl Gpu {
     ) -> Result<(), GpuError> {
         for launch in &plan.launches[range] {
             let out = *launch.bindings.last().unwrap();
-            let out_len = plan.buffers[out].len;
-            state.handles[out] = Some(self.client.empty(4 * out_len));
-            state.live += 4 * out_len as u64;
+            let out_bytes = plan.buffer_bytes(out);
+            state.handles[out] = Some(self.client.empty(out_bytes as usize));
+            state.live += out_bytes;
             state.stats.peak_bytes = state.stats.peak_bytes.max(state.live);
             if let Some(times) = times.as_deref_mut() {
                 self.sync()?;
@@ -284,7 +329,7 @@ impl Gpu {
             state.stats.launches += 1;
             for id in &launch.frees {
                 if state.handles[*id].take().is_some() {
-                    state.live -= 4 * plan.buffers[*id].len as u64;
+                    state.live -= plan.buffer_bytes(*id);
                 }
             }
         }
@@ -292,14 +337,20 @@ impl Gpu {
     }
 
     fn launch(&self, name: &str, spec: &KernelSpec, bindings: &[usize], plan: &Plan, handles: &[Option<Handle>]) {
-        let mut kernel =
-            IrKernel::new(name, spec, self.client.properties_shared(), self.client.target_properties_shared());
+        let mut kernel = IrKernel::new(
+            name,
+            spec,
+            plan.dtype,
+            self.client.properties_shared(),
+            self.client.target_properties_shared(),
+        );
         if let Some(w) = self.plane {
             kernel = kernel.with_plane(w);
         }
         if let Some(staged) = self.staged {
             kernel = kernel.with_staging(staged);
         }
+        kernel = kernel.with_software_fragments(self.software_fragments);
         match self.precompiled.as_ref().and_then(|p| p.get(name)) {
             Some(source) => {
                 let kernel =
@@ -318,12 +369,20 @@ impl Gpu {
         plan: &Plan,
         handles: &[Option<Handle>],
     ) {
-        let settings =
-            IrKernel::new("settings", spec, self.client.properties_shared(), self.client.target_properties_shared())
-                .settings;
+        let settings = IrKernel::new(
+            "settings",
+            spec,
+            plan.dtype,
+            self.client.properties_shared(),
+            self.client.target_properties_shared(),
+        )
+        .settings;
         let (_, (gx, gy, gz)) = spec.grid();
         let mut launcher = KernelLauncher::new(settings);
-        launcher.with_scope(|scope| scope.device_properties(self.client.properties()));
+        launcher.with_scope(|scope| {
+            scope.device_properties(self.client.properties());
+            scope.register_type::<Stored>(super::define::elem_type(plan.dtype));
+        });
         for (slot, id) in bindings.iter().enumerate() {
             let io = if slot + 1 == bindings.len() { BufferIOAttr::ReadWrite } else { BufferIOAttr::ReadOnly };
             launcher.declare_io(io);
@@ -337,7 +396,7 @@ impl Gpu {
                 }
             } else {
                 let arg = unsafe { BufferArg::from_raw_parts(handle, len) };
-                let _ = <[f32] as LaunchArg>::register(arg, &mut launcher);
+                let _ = <[Stored] as LaunchArg>::register(arg, &mut launcher);
             }
         }
         if let KernelSpec::Attention { scale_bits, .. } = spec {
@@ -347,8 +406,8 @@ impl Gpu {
     }
 }
 
-/// Bind `len` floats as `len / N` vectors.
+/// Bind `len` elements as `len / N` vectors.
 fn register_vectors<N: Size>(handle: Handle, len: usize, launcher: &mut KernelLauncher) {
     let arg = unsafe { BufferArg::from_raw_parts(handle, len / N::value()) };
-    let _ = <[Vector<f32, N>] as LaunchArg>::register(arg, launcher);
+    let _ = <[Vector<Stored, N>] as LaunchArg>::register(arg, launcher);
 }

@@ -22,7 +22,7 @@
 //! a cube's columns are `ce` channel vectors of each of the `m` heads.
 
 use super::define::view;
-use super::kernels as k;
+use super::kernels::{self as k, Stored};
 use attnc_compiler::plan::{gemm_cols, MixEpilogue, View, GEMM_ROWS, GEMM_STAGE_K, GEMM_UNITS};
 use cubecl::prelude::*;
 
@@ -38,7 +38,7 @@ pub struct Shape {
     pub b_row: usize,
     pub b_offset: usize,
     /// A mixing epilogue and its coefficients.
-    pub mix: Option<(MixEpilogue, NativeExpand<[f32]>)>,
+    pub mix: Option<(MixEpilogue, NativeExpand<[Stored]>)>,
     /// A constant the epilogue multiplies by.
     pub scale: Option<f32>,
     /// The grid's fold (`plan::KernelSpec::fold_x`).
@@ -80,18 +80,18 @@ fn clamp_row(row: usize, #[comptime] rows: usize) -> usize {
     min(row, comptime![rows - 1])
 }
 
-/// The vector at `at` of `x`.
+/// The vector at `at` of `x` (a buffer or the shared stages), in f32.
 #[cube]
-fn load<N: Size>(x: &[Vector<f32, N>], at: usize) -> Vector<f32, N> {
-    x[at]
+fn load<E: Float, N: Size>(x: &[Vector<E, N>], at: usize) -> Vector<f32, N> {
+    Vector::<f32, N>::cast_from(x[at])
 }
 
-/// `x[at]` if `inside`, else zeros.
+/// `x[at]` in f32 if `inside`, else zeros.
 #[cube]
-fn load_or_zero<N: Size>(x: &[Vector<f32, N>], at: usize, inside: bool) -> Vector<f32, N> {
+fn load_or_zero<N: Size>(x: &[Vector<Stored, N>], at: usize, inside: bool) -> Vector<f32, N> {
     let mut v = Vector::new(f32::new(0.0));
     if inside {
-        v = x[at];
+        v = Vector::<f32, N>::cast_from(x[at]);
     }
     v
 }
@@ -107,7 +107,7 @@ fn put<N: Size>(x: &mut [Vector<f32, N>], at: usize, v: Vector<f32, N>) {
 /// last column or channel.
 #[cube]
 #[allow(unused_assignments)]
-fn tile_col(
+pub(super) fn tile_col(
     c: usize,
     #[comptime] cols: usize,
     #[comptime] fl: usize,
@@ -128,7 +128,7 @@ fn tile_col(
 
 /// Where row `t` of `b` starts (vectors).
 #[cube]
-fn b_row_start(t: usize, #[comptime] b_row: usize, #[comptime] b_offset: usize) -> usize {
+pub(super) fn b_row_start(t: usize, #[comptime] b_row: usize, #[comptime] b_offset: usize) -> usize {
     t * b_row + b_offset
 }
 
@@ -147,7 +147,7 @@ fn lane_col(lane: usize, #[comptime] per: usize, #[comptime] r: usize) -> usize 
 /// Store accumulator `v` at row `row`, column vector `c` of the cube, if both exist.
 #[cube]
 fn store<N: Size>(
-    out: &mut [Vector<f32, N>],
+    out: &mut [Vector<Stored, N>],
     row: usize,
     v: Vector<f32, N>,
     #[comptime] c: usize,
@@ -158,7 +158,7 @@ fn store<N: Size>(
 ) {
     let col = k::cube_x(fold) * cols + c;
     if row < rows && col < fl {
-        out[row * fl + col] = v;
+        out[row * fl + col] = Vector::<Stored, N>::cast_from(v);
     }
 }
 
@@ -173,7 +173,7 @@ fn mixed_row(row: usize, #[comptime] s: usize, #[comptime] dl: usize, #[comptime
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn store_mixed<N: Size>(
-    out: &mut [Vector<f32, N>],
+    out: &mut [Vector<Stored, N>],
     row: usize,
     at: usize,
     t: usize,
@@ -187,7 +187,7 @@ fn store_mixed<N: Size>(
 ) {
     let channel = k::cube_x(fold) * ce + ch;
     if row < rows && channel < dl {
-        out[at + t * plane_len + channel] = v;
+        out[at + t * plane_len + channel] = Vector::<Stored, N>::cast_from(v);
     }
 }
 
@@ -221,19 +221,19 @@ fn next(i: usize) -> usize {
 }
 
 #[cube]
-fn unit_pos() -> usize {
+pub(super) fn unit_pos() -> usize {
     UNIT_POS as usize
 }
 
 /// `UNIT_POS + GEMM_UNITS · i`: this unit's `i`-th element of a cooperative copy.
 #[cube]
-fn coop(#[comptime] i: usize) -> usize {
+pub(super) fn coop(#[comptime] i: usize) -> usize {
     UNIT_POS as usize + comptime![i * GEMM_UNITS]
 }
 
 /// The cube's row `local` of `a` (clamped to the last row).
 #[cube]
-fn cube_row(local: usize, #[comptime] rows: usize, #[comptime] fold: usize) -> usize {
+pub(super) fn cube_row(local: usize, #[comptime] rows: usize, #[comptime] fold: usize) -> usize {
     min(k::cube_y(fold) * comptime![GEMM_UNITS * GEMM_ROWS] + local, comptime![rows - 1])
 }
 
@@ -241,9 +241,9 @@ fn cube_row(local: usize, #[comptime] rows: usize, #[comptime] fold: usize) -> u
 /// `f`), sharing `b` over planes of `plane` units (1: every unit loads it all).
 pub fn build<N: Size>(
     scope: &Scope,
-    a: &NativeExpand<[Vector<f32, N>]>,
-    b: &NativeExpand<[Vector<f32, N>]>,
-    out: &mut NativeExpand<[Vector<f32, N>]>,
+    a: &NativeExpand<[Vector<Stored, N>]>,
+    b: &NativeExpand<[Vector<Stored, N>]>,
+    out: &mut NativeExpand<[Vector<Stored, N>]>,
     shape: &Shape,
     lanes: usize,
     plane: u32,
@@ -276,14 +276,16 @@ pub fn build<N: Size>(
                 let col = view(scope, kt.clone(), &shape.a_cols, kl);
                 let av: Vec<_> = a_starts
                     .iter()
-                    .map(|r| load::expand::<N>(scope, a, k::add_index::expand(scope, r.clone(), col.clone())))
+                    .map(|r| load::expand::<Stored, N>(scope, a, k::add_index::expand(scope, r.clone(), col.clone())))
                     .collect();
                 for kk in 0..lanes {
                     let row = b_step_row::expand(scope, kt.clone(), lanes, kk);
                     let start = b_row_start::expand(scope, row, shape.b_row, shape.b_offset);
                     let held: Vec<_> = b_cols
                         .iter()
-                        .map(|c| load::expand::<N>(scope, b, k::add_index::expand(scope, start.clone(), c.clone())))
+                        .map(|c| {
+                            load::expand::<Stored, N>(scope, b, k::add_index::expand(scope, start.clone(), c.clone()))
+                        })
                         .collect();
                     rank_one::<N>(scope, sums, &av, kk, cols, |c| {
                         if plane > 1 {
@@ -310,9 +312,9 @@ fn plane_has_rows(#[comptime] plane: u32, #[comptime] rows: usize, #[comptime] f
 /// Emit the staged GEMM body (see the module documentation).
 pub fn build_staged<N: Size>(
     scope: &Scope,
-    a: &NativeExpand<[Vector<f32, N>]>,
-    b: &NativeExpand<[Vector<f32, N>]>,
-    out: &mut NativeExpand<[Vector<f32, N>]>,
+    a: &NativeExpand<[Vector<Stored, N>]>,
+    b: &NativeExpand<[Vector<Stored, N>]>,
+    out: &mut NativeExpand<[Vector<Stored, N>]>,
     shape: &Shape,
     lanes: usize,
 ) {
@@ -383,13 +385,13 @@ pub fn build_staged<N: Size>(
                         let at = k::const_index::expand(scope, (m * GEMM_UNITS) * kv + kq);
                         let unit = k::idx_mul::expand(scope, unit_pos::expand(scope), kv);
                         let at = k::add_index::expand(scope, k::add_index::expand(scope, base_a.clone(), at), unit);
-                        load::expand::<N>(scope, &shared, at)
+                        load::expand::<f32, N>(scope, &shared, at)
                     })
                     .collect();
                 for kk in 0..lanes {
                     rank_one::<N>(scope, sums, &av, kk, cols, |c| {
                         let at = k::const_index::expand(scope, (kq * lanes + kk) * cols + c);
-                        load::expand::<N>(scope, &shared, k::add_index::expand(scope, base_b.clone(), at))
+                        load::expand::<f32, N>(scope, &shared, k::add_index::expand(scope, base_b.clone(), at))
                     });
                 }
             }
@@ -439,7 +441,7 @@ fn rank_one<N: Size>(
 /// the h·p targets, each mixing the unit's heads of every row and channel it holds.
 fn epilogue<N: Size>(
     scope: &Scope,
-    out: &mut NativeExpand<[Vector<f32, N>]>,
+    out: &mut NativeExpand<[Vector<Stored, N>]>,
     acc: &NativeExpand<Array<Vector<f32, N>>>,
     unit_rows: &[NativeExpand<usize>],
     shape: &Shape,
@@ -467,7 +469,7 @@ fn epilogue<N: Size>(
         let alphas: Vec<_> = (0..mix.m)
             .map(|m| {
                 let at = k::add_index::expand(scope, k::const_index::expand(scope, m * targets), t.clone());
-                k::read::expand(scope, alpha, at)
+                k::read::expand::<Stored>(scope, alpha, at)
             })
             .collect();
         for (r, row) in unit_rows.iter().enumerate() {

@@ -5,6 +5,11 @@
 
 use cubecl::prelude::*;
 
+// The element type of the plan's buffers (`plan::Dtype`), registered in
+// each kernel's scope by `define.rs`. Kernels load it into f32, compute in
+// f32 and store results back in it; for f32 the casts vanish from the source.
+cubecl::define_scalar!(pub Stored);
+
 // The parts of a term `((i / div) % modulo) · stride` of a
 // [`attnc_compiler::plan::View`]; `define::view` leaves out the parts that
 // cannot change the value.
@@ -41,12 +46,12 @@ pub fn below(i: usize, #[comptime] n: usize) -> bool {
 /// Reads the output's length from the `info` buffer, so every kernel uses that
 /// binding (wgpu drops unused bindings from layouts derived from WGSL text).
 #[cube]
-pub fn has_elements(out: &[f32]) -> bool {
+pub fn has_elements(out: &[Stored]) -> bool {
     out.len() > 0
 }
 
 #[cube]
-pub fn gather(x: &[f32], out: &mut [f32], i: usize, ix: usize) {
+pub fn gather(x: &[Stored], out: &mut [Stored], i: usize, ix: usize) {
     out[i] = x[ix];
 }
 
@@ -62,8 +67,8 @@ pub const GT: u32 = 7;
 pub const EQ: u32 = 8;
 
 #[cube]
-pub fn binary(a: &[f32], b: &[f32], out: &mut [f32], i: usize, ia: usize, ib: usize, #[comptime] op: u32) {
-    out[i] = apply_binary(a[ia], b[ib], op);
+pub fn binary(a: &[Stored], b: &[Stored], out: &mut [Stored], i: usize, ia: usize, ib: usize, #[comptime] op: u32) {
+    out[i] = Stored::cast_from(apply_binary(f32::cast_from(a[ia]), f32::cast_from(b[ib]), op));
 }
 
 /// `op(x, y)`; comparisons give 1.0 or 0.0.
@@ -101,8 +106,8 @@ pub const SQRT: u32 = 1;
 pub const ABS: u32 = 2;
 
 #[cube]
-pub fn unary(x: &[f32], out: &mut [f32], i: usize, ix: usize, #[comptime] op: u32) {
-    out[i] = apply_unary(x[ix], op);
+pub fn unary(x: &[Stored], out: &mut [Stored], i: usize, ix: usize, #[comptime] op: u32) {
+    out[i] = Stored::cast_from(apply_unary(f32::cast_from(x[ix]), op));
 }
 
 #[cube]
@@ -117,8 +122,8 @@ pub fn apply_unary(v: f32, #[comptime] op: u32) -> f32 {
 }
 
 #[cube]
-pub fn select(c: &[f32], a: &[f32], b: &[f32], out: &mut [f32], i: usize, ic: usize, ia: usize, ib: usize) {
-    out[i] = apply_select(c[ic], a[ia], b[ib]);
+pub fn select(c: &[Stored], a: &[Stored], b: &[Stored], out: &mut [Stored], i: usize, ic: usize, ia: usize, ib: usize) {
+    out[i] = Stored::cast_from(apply_select(f32::cast_from(c[ic]), f32::cast_from(a[ia]), f32::cast_from(b[ib])));
 }
 
 #[cube]
@@ -132,8 +137,8 @@ pub fn apply_select(c: f32, a: f32, b: f32) -> f32 {
 
 /// `out[i] = 1[x[i / (L−1)] >= i % (L−1) + 2]`.
 #[cube]
-pub fn thresholds(x: &[f32], out: &mut [f32], i: usize, #[comptime] levels: usize) {
-    out[i] = apply_threshold(x[i / comptime![levels - 1]], i, levels);
+pub fn thresholds(x: &[Stored], out: &mut [Stored], i: usize, #[comptime] levels: usize) {
+    out[i] = Stored::cast_from(apply_threshold(f32::cast_from(x[i / comptime![levels - 1]]), i, levels));
 }
 
 /// `1[v >= i % (L−1) + 2]`: level `i % (L−1)` of rating `v`.
@@ -150,9 +155,9 @@ pub fn apply_threshold(v: f32, i: usize, #[comptime] levels: usize) -> f32 {
 /// `out[b,h,j,s,e] = Σ_m alpha[m,h,j] · x[b,m,s,e]`.
 #[cube]
 pub fn mix_heads(
-    x: &[f32],
-    alpha: &[f32],
-    out: &mut [f32],
+    x: &[Stored],
+    alpha: &[Stored],
+    out: &mut [Stored],
     i: usize,
     x0: usize,
     #[comptime] m: usize,
@@ -166,9 +171,9 @@ pub fn mix_heads(
     let hi = (i / (d * s * p)) % h;
     let mut acc = f32::new(0.0);
     for mi in 0..m {
-        acc += alpha[(mi * h + hi) * p + j] * x[x0 + mi * x_m];
+        acc += f32::cast_from(alpha[(mi * h + hi) * p + j]) * f32::cast_from(x[x0 + mi * x_m]);
     }
-    out[i] = acc;
+    out[i] = Stored::cast_from(acc);
 }
 
 /// The index of `x[b, 0, s, e]` in a row-major `[B, in_heads, s, d]` operand
@@ -192,9 +197,9 @@ pub fn head_source(
 /// `out[r, (h·P+j)·d+e] = Σ_m alpha[m,h,j] · y[r, m·d+e]`.
 #[cube]
 pub fn mix_cols(
-    y: &[f32],
-    alpha: &[f32],
-    out: &mut [f32],
+    y: &[Stored],
+    alpha: &[Stored],
+    out: &mut [Stored],
     i: usize,
     y0: usize,
     #[comptime] m: usize,
@@ -207,17 +212,17 @@ pub fn mix_cols(
     let hi = (i / (d * p)) % h;
     let mut acc = f32::new(0.0);
     for mi in 0..m {
-        acc += alpha[(mi * h + hi) * p + j] * y[y0 + mi * y_m];
+        acc += f32::cast_from(alpha[(mi * h + hi) * p + j]) * f32::cast_from(y[y0 + mi * y_m]);
     }
-    out[i] = acc;
+    out[i] = Stored::cast_from(acc);
 }
 
 /// `out[b,h,s,e] = Σ_c r[h,c] · x[b,c,s,e]`.
 #[cube]
 pub fn collapse(
-    x: &[f32],
-    r: &[f32],
-    out: &mut [f32],
+    x: &[Stored],
+    r: &[Stored],
+    out: &mut [Stored],
     i: usize,
     x0: usize,
     #[comptime] h: usize,
@@ -229,17 +234,17 @@ pub fn collapse(
     let hi = (i / (d * s)) % h;
     let mut acc = f32::new(0.0);
     for ci in 0..c {
-        acc += r[hi * c + ci] * x[x0 + ci * x_c];
+        acc += f32::cast_from(r[hi * c + ci]) * f32::cast_from(x[x0 + ci * x_c]);
     }
-    out[i] = acc;
+    out[i] = Stored::cast_from(acc);
 }
 
 /// `out[r, h·d+e] = Σ_c r[h,c] · y[r, c·d+e]`.
 #[cube]
 pub fn collapse_cols(
-    y: &[f32],
-    r: &[f32],
-    out: &mut [f32],
+    y: &[Stored],
+    r: &[Stored],
+    out: &mut [Stored],
     i: usize,
     y0: usize,
     #[comptime] h: usize,
@@ -250,17 +255,17 @@ pub fn collapse_cols(
     let hi = (i / d) % h;
     let mut acc = f32::new(0.0);
     for ci in 0..c {
-        acc += r[hi * c + ci] * y[y0 + ci * y_c];
+        acc += f32::cast_from(r[hi * c + ci]) * f32::cast_from(y[y0 + ci * y_c]);
     }
-    out[i] = acc;
+    out[i] = Stored::cast_from(acc);
 }
 
 /// `out[c·d+e, f] = Σ_h r[h,c] · w[h·d+e, f]`.
 #[cube]
 pub fn collapse_rows(
-    w: &[f32],
-    r: &[f32],
-    out: &mut [f32],
+    w: &[Stored],
+    r: &[Stored],
+    out: &mut [Stored],
     i: usize,
     #[comptime] h: usize,
     #[comptime] c: usize,
@@ -272,22 +277,22 @@ pub fn collapse_rows(
     let ci = i / (f * d);
     let mut acc = f32::new(0.0);
     for hi in 0..h {
-        acc += r[hi * c + ci] * w[(hi * d + e) * f + col];
+        acc += f32::cast_from(r[hi * c + ci]) * f32::cast_from(w[(hi * d + e) * f + col]);
     }
-    out[i] = acc;
+    out[i] = Stored::cast_from(acc);
 }
 
 #[cube]
-pub fn block_diag(r: &[f32], out: &mut [f32], i: usize, #[comptime] cols: usize, #[comptime] block: usize) {
+pub fn block_diag(r: &[Stored], out: &mut [Stored], i: usize, #[comptime] cols: usize, #[comptime] block: usize) {
     let mut v = f32::new(0.0);
     if (i % cols) / block == i / cols {
-        v = r[i];
+        v = f32::cast_from(r[i]);
     }
-    out[i] = v;
+    out[i] = Stored::cast_from(v);
 }
 
 #[cube]
-pub fn concat(a: &[f32], b: &[f32], out: &mut [f32], i: usize, #[comptime] f1: usize, #[comptime] f2: usize) {
+pub fn concat(a: &[Stored], b: &[Stored], out: &mut [Stored], i: usize, #[comptime] f1: usize, #[comptime] f2: usize) {
     let c = i % comptime![f1 + f2];
     let row = i / comptime![f1 + f2];
     if c < f1 {
@@ -308,9 +313,9 @@ pub fn rope_source(i: usize, #[comptime] d: usize) -> usize {
 /// (computed on the host in float64). One unit per rotated pair.
 #[cube]
 pub fn rope(
-    x: &[f32],
-    table: &[f32],
-    out: &mut [f32],
+    x: &[Stored],
+    table: &[Stored],
+    out: &mut [Stored],
     i: usize,
     ia: usize,
     ib: usize,
@@ -321,12 +326,12 @@ pub fn rope(
     let k = i % half;
     let row = i / half;
     let pos = row % s;
-    let c = table[(pos * half + k) * 2];
-    let sn = table[(pos * half + k) * 2 + 1];
-    let a = x[ia];
-    let b = x[ib];
-    out[row * d + k] = a * c - b * sn;
-    out[row * d + k + half] = a * sn + b * c;
+    let c = f32::cast_from(table[(pos * half + k) * 2]);
+    let sn = f32::cast_from(table[(pos * half + k) * 2 + 1]);
+    let a = f32::cast_from(x[ia]);
+    let b = f32::cast_from(x[ib]);
+    out[row * d + k] = Stored::cast_from(a * c - b * sn);
+    out[row * d + k + half] = Stored::cast_from(a * sn + b * c);
 }
 
 pub const RED_SUM: u32 = 0;
@@ -339,9 +344,9 @@ pub const RED_VAR_BESSEL: u32 = 6;
 
 /// `out[o] = reduce_{r < count} x[base + r·stride]`; variance in two passes.
 #[cube]
-pub fn reduce(
-    x: &[f32],
-    out: &mut [f32],
+pub fn reduce<X: Float, O: Float>(
+    x: &[X],
+    out: &mut [O],
     o: usize,
     base: usize,
     #[comptime] count: usize,
@@ -350,13 +355,13 @@ pub fn reduce(
 ) {
     let mut acc = f32::new(0.0);
     if comptime![op == RED_MAX] {
-        acc = x[base];
+        acc = f32::cast_from(x[base]);
     }
     if comptime![op == RED_MIN] {
-        acc = x[base];
+        acc = f32::cast_from(x[base]);
     }
     for r in 0..count {
-        let v = x[base + r * stride];
+        let v = f32::cast_from(x[base + r * stride]);
         if comptime![op == RED_MAX] {
             acc = max(acc, v);
         } else if comptime![op == RED_MIN] {
@@ -376,7 +381,7 @@ pub fn reduce(
         let mean = acc;
         let mut ss = f32::new(0.0);
         for r in 0..count {
-            let dv = x[base + r * stride] - mean;
+            let dv = f32::cast_from(x[base + r * stride]) - mean;
             ss += dv * dv;
         }
         if comptime![op == RED_VAR] {
@@ -385,15 +390,15 @@ pub fn reduce(
             acc = ss / (f32::cast_from(count) - f32::new(1.0));
         }
     }
-    out[o] = acc;
+    out[o] = O::cast_from(acc);
 }
 
 /// `out[o + i] = (Σ_r x[x0 + base + r·stride] − x[x0 + i]) / (n − 1)`, `base` = `i`
 /// with its axis coordinate zeroed.
 #[cube]
-pub fn loo_mean(
-    x: &[f32],
-    out: &mut [f32],
+pub fn loo_mean<X: Float, O: Float>(
+    x: &[X],
+    out: &mut [O],
     i: usize,
     #[comptime] x0: usize,
     #[comptime] o: usize,
@@ -403,9 +408,9 @@ pub fn loo_mean(
     let base = x0 + i - (i / stride) % n * stride;
     let mut sum = f32::new(0.0);
     for r in 0..n {
-        sum += x[base + r * stride];
+        sum += f32::cast_from(x[base + r * stride]);
     }
-    out[o + i] = (sum - x[x0 + i]) / f32::cast_from(n - 1);
+    out[o + i] = O::cast_from((sum - f32::cast_from(x[x0 + i])) / f32::cast_from(n - 1));
 }
 
 pub const MASK_NONE: u32 = 0;
@@ -511,13 +516,13 @@ pub fn barrier() {
 }
 
 #[cube]
-pub fn read(x: &[f32], i: usize) -> f32 {
-    x[i]
+pub fn read<T: Float>(x: &[T], i: usize) -> f32 {
+    f32::cast_from(x[i])
 }
 
 #[cube]
-pub fn write(out: &mut [f32], i: usize, v: f32) {
-    out[i] = v;
+pub fn write<T: Float>(out: &mut [T], i: usize, v: f32) {
+    out[i] = T::cast_from(v);
 }
 
 #[cube]
@@ -727,7 +732,7 @@ pub fn densify(
 /// this lane's share `r` of a row spread over a plane.
 #[cube]
 pub fn vload_share<N: Size>(
-    x: &[Vector<f32, N>],
+    x: &[Vector<Stored, N>],
     row: usize,
     lane: usize,
     #[comptime] per: usize,
@@ -736,9 +741,9 @@ pub fn vload_share<N: Size>(
 ) -> Vector<f32, N> {
     if comptime![n == per] {
         // The whole row per unit: no share to clamp.
-        x[row + r]
+        Vector::<f32, N>::cast_from(x[row + r])
     } else {
-        x[row + min(lane * per + r, comptime![n - 1])]
+        Vector::<f32, N>::cast_from(x[row + min(lane * per + r, comptime![n - 1])])
     }
 }
 
@@ -854,6 +859,6 @@ pub fn mul_const(a: usize, #[comptime] c: usize) -> usize {
 
 /// As [`has_elements`], for a buffer of vectors.
 #[cube]
-pub fn has_vectors<N: Size>(out: &[Vector<f32, N>]) -> bool {
+pub fn has_vectors<N: Size>(out: &[Vector<Stored, N>]) -> bool {
     out.len() > 0
 }

@@ -4,6 +4,7 @@
 //! The plan it runs (`attnc_compiler::plan`) is plain data made without it.
 //! - `kernels.rs` — the `#[cube]` kernel bodies and helpers;
 //! - `attention.rs`, `gemm.rs` — the tiled kernels, assembled from helpers;
+//! - `mma.rs` — the same on matrix fragments (tensor cores) for half precision;
 //! - `define.rs` — a plan launch → a cubecl kernel definition.
 
 pub mod attention;
@@ -14,3 +15,4 @@ pub mod emit;
 pub mod exec;
 pub mod gemm;
 pub mod kernels;
+pub mod mma;

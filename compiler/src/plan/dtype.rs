@@ -1,0 +1,59 @@
+//! The storage type of a plan's buffers. Kernels load elements of this type,
+//! compute in f32 (products accumulate in f32, softmax statistics are f32)
+//! and store their results in it; the host converts to and from float64 at
+//! upload and read-back.
+
+use serde::Serialize;
+use std::fmt;
+use std::str::FromStr;
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Dtype {
+    #[default]
+    F32,
+    F16,
+    Bf16,
+}
+
+impl Dtype {
+    pub const ALL: [Dtype; 3] = [Dtype::F32, Dtype::F16, Dtype::Bf16];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Dtype::F32 => "f32",
+            Dtype::F16 => "f16",
+            Dtype::Bf16 => "bf16",
+        }
+    }
+
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            Dtype::F32 => 4,
+            Dtype::F16 | Dtype::Bf16 => 2,
+        }
+    }
+
+    /// Whether this is a 16-bit type.
+    pub fn is_half(self) -> bool {
+        self != Dtype::F32
+    }
+}
+
+impl fmt::Display for Dtype {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Dtype {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Dtype, String> {
+        Dtype::ALL
+            .into_iter()
+            .find(|d| d.name() == s)
+            .ok_or_else(|| format!("unknown dtype `{s}`; expected one of f32, f16, bf16"))
+    }
+}

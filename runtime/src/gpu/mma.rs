@@ -1,0 +1,672 @@
+//! Matrix-instruction kernels: the GEMM and attention for half precision on
+//! devices with cooperative matrices (CUDA tensor cores through cubecl's
+//! `cmma`, which cubecl-cpp emits as `nvcuda::wmma` fragments).
+//!
+//! Both kernels stage their operands in one shared array of the storage
+//! type and multiply 16×16×16 fragments, one plane (warp) of 32 units per
+//! 16-row strip; accumulators are f32. The fragment operations come in two
+//! implementations with the same meaning ([`Frags`]): `Hardware` emits
+//! `cmma` (whose register layout is the device's), `Software` computes each
+//! unit's share of the product from shared memory with plain loads. The
+//! software form runs anywhere, so lavapipe tests every index, copy, mask and
+//! epilogue of these kernels; only the three `cmma` calls are the device's.
+//!
+//! Since a hardware fragment's layout is opaque, every result leaves through
+//! shared memory: a plane stores its accumulator to an f32 scratch tile of
+//! 16×16 and each unit reads back row `lane / 2`, columns `8·(lane % 2)..+8`.
+
+use super::attention::{self as att, ROW_I, ROW_OUT, ROW_Q, SET_FULL0, SET_FULL1, SET_K, SET_MASKED, SET_V};
+use super::gemm;
+use super::kernels::{self as k, Stored, MASK_NONE};
+use attnc_compiler::plan::{gemm_cols, RowView, ATTN_ROWS, GEMM_ROWS, GEMM_UNITS};
+use cubecl::cmma::{self, MatrixIdent, MatrixLayout};
+use cubecl::prelude::*;
+
+/// Fragment side.
+pub const F: usize = 16;
+/// Units of a plane (a CUDA warp).
+pub const WARP: usize = 32;
+
+type HwAcc = <cmma::Matrix<f32> as CubeType>::ExpandType;
+
+/// An f32 accumulator fragment.
+pub enum Acc {
+    Hw(HwAcc),
+    /// The unit's 8 values: row `lane / 2`, columns `8·(lane % 2)..+8`.
+    Sw(NativeExpand<Array<f32>>),
+}
+
+/// The fragment operations of one kernel.
+pub struct Frags {
+    pub hardware: bool,
+    lane: NativeExpand<usize>,
+}
+
+#[cube]
+fn hw_zero() -> cmma::Matrix<f32> {
+    cmma::Matrix::<f32>::from_value(
+        MatrixIdent::Accumulator,
+        16usize,
+        16usize,
+        16usize,
+        MatrixLayout::Undefined,
+        f32::new(0.0),
+    )
+}
+
+/// `acc += A · B`, A row-major at vector `a_at` (row stride `a_stride`
+/// elements), B at vector `b_at` (row-major with row stride `b_stride`, or
+/// column-major: B's column `c` at `b_at + c · b_stride`).
+#[cube]
+fn hw_mma<N: Size>(
+    acc: &cmma::Matrix<f32>,
+    x: &[Vector<Stored, N>],
+    a_at: usize,
+    b_at: usize,
+    #[comptime] a_stride: u32,
+    #[comptime] b_stride: u32,
+    #[comptime] b_col_major: bool,
+) {
+    let b_layout = comptime![if b_col_major { MatrixLayout::ColMajor } else { MatrixLayout::RowMajor }];
+    let mut a = unsafe {
+        cmma::Matrix::<Stored>::uninitialized(MatrixIdent::A, 16usize, 16usize, 16usize, MatrixLayout::RowMajor)
+    };
+    let mut b = unsafe { cmma::Matrix::<Stored>::uninitialized(MatrixIdent::B, 16usize, 16usize, 16usize, b_layout) };
+    cmma::load(&mut a, &x[a_at..], a_stride);
+    cmma::load(&mut b, &x[b_at..], b_stride);
+    cmma::execute(&a, &b, acc, acc);
+}
+
+#[cube]
+fn hw_store(acc: &cmma::Matrix<f32>, out: &mut [f32], at: usize, #[comptime] stride: u32) {
+    cmma::store(&mut out[at..], acc, stride, MatrixLayout::RowMajor);
+}
+
+#[cube]
+fn sw_zero() -> Array<f32> {
+    let mut a = Array::<f32>::new(8usize);
+    #[unroll]
+    for c in 0..8usize {
+        a[c] = f32::new(0.0);
+    }
+    a
+}
+
+/// Element `i` of a shared array of vectors, in f32.
+#[cube]
+fn element<N: Size>(x: &[Vector<Stored, N>], i: usize) -> f32 {
+    if comptime![N::value() == 1] {
+        f32::cast_from(x[i].extract(0usize))
+    } else {
+        f32::cast_from(x[i / N::value()].extract_dynamic(i % N::value()))
+    }
+}
+
+/// As [`hw_mma`], the unit's 8 accumulators.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn sw_mma<N: Size>(
+    acc: &mut Array<f32>,
+    x: &[Vector<Stored, N>],
+    a_at: usize,
+    b_at: usize,
+    lane: usize,
+    #[comptime] a_stride: usize,
+    #[comptime] b_stride: usize,
+    #[comptime] b_col_major: bool,
+) {
+    let r = lane / 2;
+    let c0 = lane % 2 * 8;
+    let a0 = a_at * N::value() + r * a_stride;
+    let b0 = b_at * N::value();
+    for kk in 0..16usize {
+        let a = element::<N>(x, a0 + kk);
+        #[unroll]
+        for c in 0..8usize {
+            let mut bi = b0 + kk * b_stride + c0 + c;
+            if comptime![b_col_major] {
+                bi = b0 + (c0 + c) * b_stride + kk;
+            }
+            acc[c] += a * element::<N>(x, bi);
+        }
+    }
+}
+
+#[cube]
+fn sw_store(acc: &Array<f32>, out: &mut [f32], at: usize, lane: usize, #[comptime] stride: usize) {
+    let base = at + lane / 2 * stride + lane % 2 * 8;
+    #[unroll]
+    for c in 0..8usize {
+        out[base + c] = acc[c];
+    }
+}
+
+/// This unit's plane and lane.
+#[cube]
+fn warp_of() -> usize {
+    UNIT_POS as usize / 32
+}
+
+#[cube]
+fn lane_of() -> usize {
+    UNIT_POS as usize % 32
+}
+
+impl Frags {
+    pub fn new(scope: &Scope, hardware: bool) -> Frags {
+        Frags { hardware, lane: lane_of::expand(scope) }
+    }
+
+    pub fn zero(&self, scope: &Scope) -> Acc {
+        if self.hardware {
+            Acc::Hw(hw_zero::expand(scope))
+        } else {
+            Acc::Sw(sw_zero::expand(scope))
+        }
+    }
+
+    /// `acc += A · B` from the shared array `x` (see [`hw_mma`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn mma<N: Size>(
+        &self,
+        scope: &Scope,
+        acc: &mut Acc,
+        x: &NativeExpand<[Vector<Stored, N>]>,
+        a_at: NativeExpand<usize>,
+        a_stride: usize,
+        b_at: NativeExpand<usize>,
+        b_stride: usize,
+        b_col_major: bool,
+    ) {
+        match acc {
+            Acc::Hw(m) => hw_mma::expand::<N>(scope, m, x, a_at, b_at, a_stride as u32, b_stride as u32, b_col_major),
+            Acc::Sw(a) => {
+                sw_mma::expand::<N>(scope, a, x, a_at, b_at, self.lane.clone(), a_stride, b_stride, b_col_major)
+            }
+        }
+    }
+
+    /// Store `acc` as a row-major 16×16 tile at `at` of `out`, rows `stride` apart.
+    pub fn store(
+        &self,
+        scope: &Scope,
+        acc: &Acc,
+        out: &mut NativeExpand<[f32]>,
+        at: NativeExpand<usize>,
+        stride: usize,
+    ) {
+        match acc {
+            Acc::Hw(m) => hw_store::expand(scope, m, out, at, stride as u32),
+            Acc::Sw(a) => sw_store::expand(scope, a, out, at, self.lane.clone(), stride),
+        }
+    }
+}
+
+/// Shared memory of `n` vectors, aligned for fragment loads.
+#[cube]
+fn shared_vectors<N: Size>(#[comptime] n: usize) -> Shared<[Vector<Stored, N>]> {
+    Shared::<[Vector<Stored, N>]>::new_aligned_slice(n, 32usize)
+}
+
+#[cube]
+fn shared_floats(#[comptime] n: usize) -> Shared<[f32]> {
+    Shared::<[f32]>::new_aligned_slice(n, 32usize)
+}
+
+/// `x[at]` if `inside`, else zeros, in the storage type.
+#[cube]
+fn load_or_zero<N: Size>(x: &[Vector<Stored, N>], at: usize, inside: bool) -> Vector<Stored, N> {
+    let mut v = Vector::<Stored, N>::cast_from(f32::new(0.0));
+    if inside {
+        v = x[at];
+    }
+    v
+}
+
+#[cube]
+fn put<N: Size>(x: &mut [Vector<Stored, N>], at: usize, v: Vector<Stored, N>) {
+    x[at] = v;
+}
+
+/// `w · stride + c`: the start of plane `w`'s share, or a fragment's offset.
+#[cube]
+fn scaled_add(w: usize, #[comptime] stride: usize, #[comptime] c: usize) -> usize {
+    w * stride + c
+}
+
+/// The vector of scratch row `lane / 2`, columns `8·(lane % 2) + v·N ..`, in the storage type, scaled.
+#[cube]
+fn scratch_vector<N: Size>(s: &[f32], at: usize, lane: usize, #[comptime] v: usize, scale: f32) -> Vector<Stored, N> {
+    let base = at + lane / 2 * 16 + lane % 2 * 8 + comptime![v * N::value()];
+    let mut out = Vector::<f32, N>::empty();
+    #[unroll]
+    for c in 0..N::value() {
+        out.insert(c, s[base + c] * scale);
+    }
+    Vector::<Stored, N>::cast_from(out)
+}
+
+/// Store `v` at output row `row` (of `rows`), tile column `tc` (floats, of
+/// the cube's `cw`), if both exist.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn store_out<N: Size>(
+    out: &mut [Vector<Stored, N>],
+    v: Vector<Stored, N>,
+    row: usize,
+    lane: usize,
+    #[comptime] tc: usize,
+    #[comptime] rows: usize,
+    #[comptime] cw: usize,
+    #[comptime] f: usize,
+    #[comptime] fold: usize,
+) {
+    let t = tc + lane % 2 * 8;
+    let col = k::cube_x(fold) * cw + t;
+    if row < rows && t < cw && col < f {
+        out[(row * f + col) / N::value()] = v;
+    }
+}
+
+/// Output row of the unit's fragment row: `cube_y · 256 + warp · 128 + r · 16 + lane / 2`.
+#[cube]
+fn gemm_row(warp: usize, lane: usize, #[comptime] r: usize, #[comptime] fold: usize) -> usize {
+    k::cube_y(fold) * comptime![GEMM_UNITS * GEMM_ROWS] + warp * comptime![8 * F] + comptime![r * F] + lane / 2
+}
+
+/// The GEMM on matrix fragments, for a cube of `plan::GEMM_UNITS` (two
+/// planes) over `GEMM_UNITS · GEMM_ROWS` = 256 rows and the scalar GEMM's
+/// columns (so the plan's grid serves both): per stage of 16 of `k`, the
+/// cube copies its `a` rows and `b` columns into shared memory (zero past
+/// `k`; `b`'s columns padded to a multiple of 16), then each plane
+/// multiplies its 128 rows. No mixing epilogue (`plan` keeps those scalar).
+pub fn build_gemm<N: Size>(
+    scope: &Scope,
+    a: &NativeExpand<[Vector<Stored, N>]>,
+    b: &NativeExpand<[Vector<Stored, N>]>,
+    out: &mut NativeExpand<[Vector<Stored, N>]>,
+    shape: &gemm::Shape,
+    lanes: usize,
+    hardware: bool,
+) {
+    assert!(shape.mix.is_none(), "the fragment GEMM has no mixing epilogue");
+    let (rows, kdim, f) = (shape.rows, shape.kdim, shape.f);
+    let (fl, kl) = (f / lanes, kdim / lanes);
+    let cols = gemm_cols(f, lanes); // vectors of the cube's columns
+    let cw = cols * lanes;
+    let bw = cw.next_multiple_of(F);
+    let cube_rows = GEMM_UNITS * GEMM_ROWS;
+    let kv = F / lanes; // vectors of a stage's `k` per row of `a`
+    let (a_len, b_len) = (cube_rows * kv, F * bw / lanes);
+    let stages = kl.div_ceil(kv);
+    let x: NativeExpand<[Vector<Stored, N>]> = (*shared_vectors::expand::<N>(scope, a_len + b_len)).clone_unchecked();
+    let mut scratch: NativeExpand<[f32]> = (*shared_floats::expand(scope, GEMM_UNITS / WARP * F * F)).clone_unchecked();
+    let frags = Frags::new(scope, hardware);
+    let (warp, lane) = (warp_of::expand(scope), lane_of::expand(scope));
+    // Fixed parts of the cooperative copies: rows of `a`, columns of `b`.
+    let a_copy: Vec<_> = (0..a_len / GEMM_UNITS)
+        .map(|i| {
+            let idx = gemm::coop::expand(scope, i);
+            let local = k::idx_div::expand(scope, idx.clone(), kv);
+            let row = gemm::cube_row::expand(scope, local, rows, shape.fold);
+            (idx.clone(), super::define::view(scope, row, &shape.a_rows, rows), k::idx_mod::expand(scope, idx, kv))
+        })
+        .collect();
+    let bwl = bw / lanes;
+    let b_copy: Vec<_> = (0..b_len.div_ceil(GEMM_UNITS))
+        .map(|i| {
+            let idx = gemm::coop::expand(scope, i);
+            let c = k::idx_mod::expand(scope, idx.clone(), bwl);
+            let kr = k::idx_div::expand(scope, idx.clone(), bwl);
+            (idx, kr, gemm::tile_col::expand(scope, c, cols, fl, 0, 0, shape.fold))
+        })
+        .collect();
+    let mut accs: Vec<Acc> = (0..8 * bw / F).map(|_| frags.zero(scope)).collect();
+    let range = RangeExpand::new(NativeExpand::from_lit(scope, 0usize), NativeExpand::from_lit(scope, stages));
+    for_expand(scope, range, false, |scope, s| {
+        let mut stage = x.clone_unchecked();
+        for (idx, row_start, kq) in &a_copy {
+            let kvec = k::add_index::expand(scope, k::idx_mul::expand(scope, s.clone(), kv), kq.clone());
+            let inside = k::below::expand(scope, kvec.clone(), kl);
+            let col = super::define::view(scope, kvec, &shape.a_cols, kl);
+            let v = load_or_zero::expand::<N>(scope, a, k::add_index::expand(scope, row_start.clone(), col), inside);
+            put::expand::<N>(scope, &mut stage, idx.clone(), v);
+        }
+        for (idx, kr, col) in &b_copy {
+            let krow = k::add_index::expand(scope, k::idx_mul::expand(scope, s.clone(), F), kr.clone());
+            let inside = k::below::expand(scope, krow.clone(), kdim);
+            let start = gemm::b_row_start::expand(scope, krow, shape.b_row, shape.b_offset);
+            let v = load_or_zero::expand::<N>(scope, b, k::add_index::expand(scope, start, col.clone()), inside);
+            let exists = k::below::expand(scope, idx.clone(), b_len);
+            let at = k::add_index::expand(scope, k::const_index::expand(scope, a_len), idx.clone());
+            if_expand(scope, exists, |scope| put::expand::<N>(scope, &mut stage, at, v));
+        }
+        k::barrier::expand(scope);
+        for (i, acc) in accs.iter_mut().enumerate() {
+            let (r, c) = (i / (bw / F), i % (bw / F));
+            // Plane `warp`'s rows start at `warp · 128 · kv` vectors of `a`; B's fragment `c` after `a`.
+            let a_at = scaled_add::expand(scope, warp.clone(), 8 * F * kv, r * F * kv);
+            let b_at = k::const_index::expand(scope, a_len + c * F / lanes);
+            frags.mma::<N>(scope, acc, &x, a_at, F, b_at, bw, false);
+        }
+        k::barrier::expand(scope);
+    });
+    let scale = NativeExpand::from_lit(scope, shape.scale.unwrap_or(1.0));
+    let at = scaled_add::expand(scope, warp.clone(), F * F, 0);
+    for (i, acc) in accs.iter().enumerate() {
+        let (r, c) = (i / (bw / F), i % (bw / F));
+        frags.store(scope, acc, &mut scratch, at.clone(), F);
+        k::barrier::expand(scope);
+        let row = gemm_row::expand(scope, warp.clone(), lane.clone(), r, shape.fold);
+        for v in 0..8 / lanes {
+            let val = scratch_vector::expand::<N>(scope, &scratch, at.clone(), lane.clone(), v, scale.clone());
+            store_out::expand::<N>(
+                scope,
+                out,
+                val,
+                row.clone(),
+                lane.clone(),
+                c * F + v * lanes,
+                rows,
+                cw,
+                f,
+                shape.fold,
+            );
+        }
+        k::barrier::expand(scope);
+    }
+}
+
+/// Vector offset of key row `min(k0 + j, sk − 1)` in view `v` from `base`, row 0 of the head.
+#[cube]
+fn key_row(k0: usize, j: usize, base: usize, #[comptime] sk: usize, #[comptime] v: RowView) -> usize {
+    let r = min(k0 + j, comptime![sk - 1]);
+    let mut at = base;
+    if comptime![v.block == 1] {
+        at += r * comptime![v.outer];
+    } else {
+        at += r / comptime![v.block] * comptime![v.outer] + r % comptime![v.block] * comptime![v.inner];
+    }
+    at
+}
+
+/// Copy `rows` rows of `width` vectors (`used` of them real, the rest zero)
+/// into the shared array at `dst`, row `j` read from `x` at
+/// `key_row(k0, j, base)`; the cube's units share the copy.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn copy_rows<N: Size>(
+    x: &[Vector<Stored, N>],
+    sh: &mut [Vector<Stored, N>],
+    k0: usize,
+    base: usize,
+    #[comptime] dst: usize,
+    #[comptime] rows: usize,
+    #[comptime] width: usize,
+    #[comptime] used: usize,
+    #[comptime] sk: usize,
+    #[comptime] v: RowView,
+) {
+    #[unroll]
+    for i in 0..comptime![(rows * width).div_ceil(ATTN_ROWS)] {
+        let idx = UNIT_POS as usize + comptime![i * ATTN_ROWS];
+        if idx < comptime![rows * width] {
+            let j = idx / width;
+            let c = idx % width;
+            let mut val = Vector::<Stored, N>::cast_from(f32::new(0.0));
+            if c < used {
+                val = x[key_row(k0, j, base, sk, v) + c];
+            }
+            sh[comptime![dst] + idx] = val;
+        }
+    }
+}
+
+/// This unit's query row (`width` vectors, `used` real) into the shared array at `dst + UNIT_POS · width`.
+#[cube]
+fn copy_query<N: Size>(
+    q: &[Vector<Stored, N>],
+    sh: &mut [Vector<Stored, N>],
+    at: usize,
+    #[comptime] dst: usize,
+    #[comptime] width: usize,
+    #[comptime] used: usize,
+) {
+    let row = comptime![dst] + UNIT_POS as usize * width;
+    #[unroll]
+    for c in 0..width {
+        let mut val = Vector::<Stored, N>::cast_from(f32::new(0.0));
+        if comptime![c < used] {
+            val = q[at + c];
+        }
+        sh[row + c] = val;
+    }
+}
+
+/// The online softmax of this unit's row over one key tile of scores at
+/// `scores[UNIT_POS · bk ..]` (scaled, masked when `masked`): updates the
+/// state `[max, sum]`, rescales the accumulator `o` (`e` values) and writes
+/// the probabilities, in the storage type, at `dst + UNIT_POS · bk / N` of
+/// the shared array.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn softmax_tile<N: Size>(
+    scores: &[f32],
+    sh: &mut [Vector<Stored, N>],
+    state: &mut Array<f32>,
+    o: &mut Array<f32>,
+    i: usize,
+    k0: usize,
+    scale: f32,
+    #[comptime] dst: usize,
+    #[comptime] bk: usize,
+    #[comptime] e: usize,
+    #[comptime] masked: bool,
+    #[comptime] s: usize,
+    #[comptime] sk: usize,
+    #[comptime] kind: u32,
+    #[comptime] window: usize,
+    #[comptime] block: usize,
+) {
+    let row = UNIT_POS as usize * bk;
+    let mut t = Array::<f32>::new(bk);
+    let mut m = state[0];
+    #[unroll]
+    for jj in 0..bk {
+        let mut sc = scores[row + jj] * scale;
+        if comptime![masked] {
+            sc = att::mask_score(sc, i, k0, jj, s, sk, kind, window, block);
+        }
+        t[jj] = sc;
+        m = max(m, sc);
+    }
+    let alpha = (state[0] - m).exp();
+    let mut sum = f32::new(0.0);
+    #[unroll]
+    for v in 0..comptime![bk / N::value()] {
+        let mut p = Vector::<f32, N>::empty();
+        #[unroll]
+        for c in 0..N::value() {
+            let x = (t[comptime![v * N::value() + c]] - m).exp();
+            sum += x;
+            p.insert(c, x);
+        }
+        sh[comptime![dst] + row / N::value() + v] = Vector::<Stored, N>::cast_from(p);
+    }
+    state[0] = m;
+    state[1] = state[1] * alpha + sum;
+    #[unroll]
+    for c in 0..e {
+        o[c] = o[c] * alpha;
+    }
+}
+
+/// `o[c0 + c] += scratch[at + c]` for the 16 columns of a fragment.
+#[cube]
+fn add_fragment_row(o: &mut Array<f32>, scratch: &[f32], at: usize, #[comptime] c0: usize) {
+    #[unroll]
+    for c in 0..16usize {
+        o[comptime![c0] + c] += scratch[at + c];
+    }
+}
+
+/// Where this unit's row sits in its plane's 32×16 scratch tile: `warp · 512 + lane · 16`.
+#[cube]
+fn scratch_row() -> usize {
+    UNIT_POS as usize / 32 * 512 + UNIT_POS as usize % 32 * 16
+}
+
+/// `out = o / l` for this unit's row, if it exists (a row that saw no key is 0).
+#[cube]
+fn store_row<N: Size>(
+    out: &mut [Vector<Stored, N>],
+    o: &Array<f32>,
+    state: &Array<f32>,
+    slots: &Array<usize>,
+    #[comptime] s: usize,
+    #[comptime] el: usize,
+) {
+    if slots[ROW_I] < s {
+        let l = state[1];
+        let mut inv = f32::new(0.0);
+        if l != f32::new(0.0) {
+            inv = f32::new(1.0) / l;
+        }
+        #[unroll]
+        for c in 0..el {
+            let mut v = Vector::<f32, N>::empty();
+            #[unroll]
+            for x in 0..N::value() {
+                v.insert(x, o[comptime![c * N::value() + x]] * inv);
+            }
+            out[slots[ROW_OUT] + c] = Vector::<Stored, N>::cast_from(v);
+        }
+    }
+}
+
+#[cube]
+fn zeros(#[comptime] n: usize) -> Array<f32> {
+    let mut a = Array::<f32>::new(n);
+    #[unroll]
+    for c in 0..n {
+        a[c] = f32::new(0.0);
+    }
+    a
+}
+
+/// Attention on matrix fragments for a cube of `ATTN_ROWS` units (two
+/// planes) and as many query rows, one per unit, over key tiles of
+/// `plan::frag_key_tile`: the queries, each key and value tile and the tile's
+/// probabilities sit in one shared array of the storage type (head widths
+/// padded with zeros to multiples of 16); `S = Q·Kᵀ` goes through shared f32
+/// scores, each unit runs the online softmax of its row and keeps its output
+/// row in f32 registers, and `P·V` comes back through the same f32 scratch.
+#[allow(clippy::too_many_arguments)]
+pub fn build_attention<N: Size>(
+    scope: &Scope,
+    q: &NativeExpand<[Vector<Stored, N>]>,
+    kb: &NativeExpand<[Vector<Stored, N>]>,
+    v: &NativeExpand<[Vector<Stored, N>]>,
+    out: &mut NativeExpand<[Vector<Stored, N>]>,
+    scale: NativeExpand<f32>,
+    a: &att::Shape,
+    lanes: usize,
+    hardware: bool,
+) {
+    let (bq, bk) = (ATTN_ROWS, a.tiles.key_tile);
+    assert_eq!(a.tiles.unit_rows, 1, "fragment attention owns one row per unit");
+    assert!(bk % F == 0, "key tiles of whole fragments");
+    let (dp, ep) = (a.d.next_multiple_of(F), a.e.next_multiple_of(F));
+    let (dpl, epl, dl, el) = (dp / lanes, ep / lanes, a.d / lanes, a.e / lanes);
+    let q_off = 0;
+    let k_off = q_off + bq * dpl;
+    let v_off = k_off + bk * dpl;
+    let p_off = v_off + bk * epl;
+    let len = p_off + bq * bk / lanes;
+    let mut x: NativeExpand<[Vector<Stored, N>]> = (*shared_vectors::expand::<N>(scope, len)).clone_unchecked();
+    let sf: NativeExpand<[f32]> = (*shared_floats::expand(scope, (bq * bk).max(bq * F))).clone_unchecked();
+    let frags = Frags::new(scope, hardware);
+    let warp = warp_of::expand(scope);
+    let set = att::setup::expand(scope, a.h, a.hk, a.s, a.sk, bq, bk, a.kind, a.window, a.block, a.views, a.fold);
+    let slots = att::row_slots::expand(scope, a.h, a.s, bq, a.kind, 0, a.views, a.fold);
+    let i = k::uget::expand(scope, &slots, ROW_I);
+    copy_query::expand::<N>(scope, q, &mut x, k::uget::expand(scope, &slots, ROW_Q), q_off, dpl, dl);
+    let o = zeros::expand(scope, ep);
+    let state = att::softmax_state::expand(scope);
+    let (k_base, v_base) = (k::uget::expand(scope, &set, SET_K), k::uget::expand(scope, &set, SET_V));
+    let tile = |scope: &Scope, kt: NativeExpand<usize>, masked: bool| {
+        let k0 = k::mul_const::expand(scope, kt, bk);
+        let mut xs = x.clone_unchecked();
+        copy_rows::expand::<N>(scope, kb, &mut xs, k0.clone(), k_base.clone(), k_off, bk, dpl, dl, a.sk, a.views[1]);
+        copy_rows::expand::<N>(scope, v, &mut xs, k0.clone(), v_base.clone(), v_off, bk, epl, el, a.sk, a.views[2]);
+        k::barrier::expand(scope);
+        // Scores: plane `warp`'s 32 rows (2 fragments) by the tile's keys.
+        let mut sc = sf.clone_unchecked();
+        for rf in 0..2 {
+            for cf in 0..bk / F {
+                let mut acc = frags.zero(scope);
+                for ks in 0..dp / F {
+                    let a_at = scaled_add::expand(scope, warp.clone(), 32 * dpl, q_off + rf * F * dpl + ks * F / lanes);
+                    let b_at = k::const_index::expand(scope, k_off + cf * F * dpl + ks * F / lanes);
+                    frags.mma::<N>(scope, &mut acc, &x, a_at, dp, b_at, dp, true);
+                }
+                let at = scaled_add::expand(scope, warp.clone(), 32 * bk, rf * F * bk + cf * F);
+                frags.store(scope, &acc, &mut sc, at, bk);
+            }
+        }
+        k::barrier::expand(scope);
+        let (mut st, mut ov) = (state.clone(), o.clone());
+        softmax_tile::expand::<N>(
+            scope,
+            &sf,
+            &mut xs,
+            &mut st,
+            &mut ov,
+            i.clone(),
+            k0,
+            scale.clone(),
+            p_off,
+            bk,
+            ep,
+            masked,
+            a.s,
+            a.sk,
+            a.kind,
+            a.window,
+            a.block,
+        );
+        k::barrier::expand(scope);
+        // P·V, 16 output columns at a time through the scratch.
+        let row = scratch_row::expand(scope);
+        for cf in 0..ep / F {
+            for rf in 0..2 {
+                let mut acc = frags.zero(scope);
+                for ks in 0..bk / F {
+                    let a_at = scaled_add::expand(
+                        scope,
+                        warp.clone(),
+                        32 * bk / lanes,
+                        p_off + (rf * F * bk + ks * F) / lanes,
+                    );
+                    let b_at = k::const_index::expand(scope, v_off + ks * F * epl + cf * F / lanes);
+                    frags.mma::<N>(scope, &mut acc, &x, a_at, bk, b_at, ep, false);
+                }
+                let at = scaled_add::expand(scope, warp.clone(), 32 * F, rf * F * F);
+                frags.store(scope, &acc, &mut sc, at, F);
+            }
+            k::barrier::expand(scope);
+            add_fragment_row::expand(scope, &mut ov, &sf, row.clone(), cf * F);
+            k::barrier::expand(scope);
+        }
+    };
+    let full = RangeExpand::new(k::uget::expand(scope, &set, SET_FULL0), k::uget::expand(scope, &set, SET_FULL1));
+    for_expand(scope, full, false, |scope, kt| tile(scope, kt, false));
+    if !(a.kind == MASK_NONE && a.window == 0 && a.sk % bk == 0) {
+        let masked = RangeExpand::new(NativeExpand::from_lit(scope, 0usize), k::uget::expand(scope, &set, SET_MASKED));
+        for_expand(scope, masked, false, |scope, t| {
+            let kt = att::masked_tile::expand(scope, &set, t);
+            tile(scope, kt, true)
+        });
+    }
+    store_row::expand::<N>(scope, out, &o, &state, &slots, a.s, el);
+}
