@@ -44,7 +44,14 @@ pub const ROW_I: usize = 2;
 /// Vector offset of row `r` of head `(b, h)` in a view (strides in vectors).
 #[cube]
 pub(super) fn view_row(b: usize, h: usize, r: usize, #[comptime] v: RowView) -> usize {
-    let mut at = b * comptime![v.batch] + h * comptime![v.head] + comptime![v.offset];
+    let at = b * comptime![v.batch] + h * comptime![v.head] + comptime![v.offset];
+    row_at(at, r, v)
+}
+
+/// `base` plus row `r`'s offset in view `v` (rows in blocks of `v.block`).
+#[cube]
+pub(super) fn row_at(base: usize, r: usize, #[comptime] v: RowView) -> usize {
+    let mut at = base;
     if comptime![v.block == 1] {
         at += r * comptime![v.outer];
     } else {
@@ -220,13 +227,7 @@ fn key_row(
     if comptime![clamp] {
         j = min(j, comptime![sk - 1]);
     }
-    let mut at = base;
-    if comptime![v.block == 1] {
-        at += j * comptime![v.outer];
-    } else {
-        at += j / comptime![v.block] * comptime![v.outer] + j % comptime![v.block] * comptime![v.inner];
-    }
-    at
+    row_at(base, j, v)
 }
 
 /// `score` if query row `i` sees key row `k0 + jj`, else [`MASKED`].

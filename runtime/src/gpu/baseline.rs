@@ -69,8 +69,11 @@ pub fn time_cubek_matmul(
     })
 }
 
-/// Seconds per call of cubek's attention on random `[b, h, s, d]` tensors,
-/// after `warmup` calls (the first compiles), synchronising around each call.
+/// Seconds per call of cubek's attention on random `[b, h, s, d]` tensors
+/// in `dtype`, after `warmup` calls (the first compiles), synchronising
+/// around each call, and the strategy timed: in half precision the
+/// tensor-core `BlackboxAccelerated` one where the device runs it, else
+/// `Unit` (as in f32).
 pub fn time_cubek_attention(
     gpu: &Gpu,
     shape: [usize; 4],
@@ -78,7 +81,7 @@ pub fn time_cubek_attention(
     dtype: Dtype,
     warmup: usize,
     iters: usize,
-) -> Result<Vec<f64>, GpuError> {
+) -> Result<(Vec<f64>, &'static str), GpuError> {
     let client = gpu.client();
     let ty = elem_type(dtype);
     let mut rng = Rng::for_input(0, "cubek");
@@ -87,26 +90,32 @@ pub fn time_cubek_attention(
     let n: usize = shape.iter().product();
     let out = TensorHandle::new_contiguous(Shape::new(shape), client.empty(dtype.size() * n), ty);
     let dtypes = AttentionGlobalTypes::from_single_float_dtype(ty, AttentionGlobalTypes::mask_dtype(client));
-    let strategy = || match dtype {
-        Dtype::F32 => Strategy::Unit(BlueprintStrategy::Inferred(())),
-        _ => Strategy::BlackboxAccelerated(BlueprintStrategy::Inferred(BlackboxAcceleratedStrategy {
+    let strategy = |accelerated: bool| match accelerated {
+        false => Strategy::Unit(BlueprintStrategy::Inferred(())),
+        true => Strategy::BlackboxAccelerated(BlueprintStrategy::Inferred(BlackboxAcceleratedStrategy {
             num_planes: 1,
             seq_q: 1,
             seq_kv: 1,
         })),
     };
-    time_calls(gpu, warmup, iters, || {
-        launch_ref(
-            strategy(),
-            client,
-            q.clone().binding(),
-            k.clone().binding(),
-            v.clone().binding(),
-            None,
-            out.clone().binding(),
-            &dtypes,
-            AttentionOptions { causal, accumulator_precision: AccumulatorPrecision::default() },
-        )
-        .map_err(|e| GpuError::Launch("cubek-attention".into(), format!("{e}")))
-    })
+    let run = |accelerated: bool| {
+        time_calls(gpu, warmup, iters, || {
+            launch_ref(
+                strategy(accelerated),
+                client,
+                q.clone().binding(),
+                k.clone().binding(),
+                v.clone().binding(),
+                None,
+                out.clone().binding(),
+                &dtypes,
+                AttentionOptions { causal, accumulator_precision: AccumulatorPrecision::default() },
+            )
+            .map_err(|e| GpuError::Launch("cubek-attention".into(), format!("{e}")))
+        })
+    };
+    match dtype {
+        Dtype::F32 => run(false).map(|t| (t, "Unit")),
+        _ => run(true).map(|t| (t, "BlackboxAccelerated")).or_else(|_| run(false).map(|t| (t, "Unit"))),
+    }
 }

@@ -26,6 +26,8 @@ pub struct KernelTiming {
 pub struct Baseline {
     pub shape: [usize; 4],
     pub causal: bool,
+    /// cubek's strategy timed (`Unit`, or `BlackboxAccelerated` on tensor cores).
+    pub strategy: &'static str,
     pub ours: f64,
     pub cubek: f64,
     pub work: OpCost,
@@ -122,7 +124,14 @@ pub fn bench(
             let causal = *mask == MaskKind::Causal;
             Some(
                 time_cubek_attention(gpu, shape, causal, plan.dtype, warmup.max(1), iters)
-                    .map(|t| Baseline { shape, causal, ours: k.median, cubek: median(t), work: k.work })
+                    .map(|(t, strategy)| Baseline {
+                        shape,
+                        causal,
+                        strategy,
+                        ours: k.median,
+                        cubek: median(t),
+                        work: k.work,
+                    })
                     .map_err(|e| e.to_string()),
             )
         }
@@ -218,7 +227,8 @@ impl BenchReport {
             Some(Ok(b)) => {
                 let _ = writeln!(
                     out,
-                    "\ncubek-attention 0.3.1 (Unit) on [B, H, S, d] = {:?}, causal = {}: attnc {} ({:.3} GFLOP/s), cubek {} ({:.3} GFLOP/s)",
+                    "\ncubek-attention 0.3.1 ({}) on [B, H, S, d] = {:?}, causal = {}: attnc {} ({:.3} GFLOP/s), cubek {} ({:.3} GFLOP/s)",
+                    b.strategy,
                     b.shape,
                     b.causal,
                     format_seconds(b.ours),

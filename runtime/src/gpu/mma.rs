@@ -380,14 +380,7 @@ pub fn build_gemm<N: Size>(
 /// Vector offset of key row `min(k0 + j, sk − 1)` in view `v` from `base`, row 0 of the head.
 #[cube]
 fn key_row(k0: usize, j: usize, base: usize, #[comptime] sk: usize, #[comptime] v: RowView) -> usize {
-    let r = min(k0 + j, comptime![sk - 1]);
-    let mut at = base;
-    if comptime![v.block == 1] {
-        at += r * comptime![v.outer];
-    } else {
-        at += r / comptime![v.block] * comptime![v.outer] + r % comptime![v.block] * comptime![v.inner];
-    }
-    at
+    att::row_at(base, min(k0 + j, comptime![sk - 1]), v)
 }
 
 /// Copy `rows` rows of `width` vectors (`used` of them real, the rest zero)
