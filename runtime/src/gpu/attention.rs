@@ -279,6 +279,17 @@ pub(super) fn softmax_state() -> Array<f32> {
     a
 }
 
+/// `1 / l` of a softmax state `[max, l]`, or 0 for a row that saw no key (`l = 0`).
+#[cube]
+pub(super) fn inverse_sum(state: &Array<f32>) -> f32 {
+    let l = state[1];
+    let mut inv = f32::new(0.0);
+    if l != f32::new(0.0) {
+        inv = f32::new(1.0) / l;
+    }
+    inv
+}
+
 /// `out = acc / l`; a row that saw no key (`l = 0`) is 0, and NaN stays NaN.
 #[cube]
 fn store_row<N: Size>(
@@ -290,11 +301,7 @@ fn store_row<N: Size>(
     #[comptime] el: usize,
 ) {
     if rows[ROW_I] < s {
-        let l = state[1];
-        let mut inv = f32::new(0.0);
-        if l != f32::new(0.0) {
-            inv = f32::new(1.0) / l;
-        }
+        let inv = inverse_sum(state);
         let base = rows[ROW_OUT];
         #[unroll]
         for c in 0..el {

@@ -520,11 +520,7 @@ fn store_row<N: Size>(
     #[comptime] el: usize,
 ) {
     if slots[ROW_I] < s {
-        let l = state[1];
-        let mut inv = f32::new(0.0);
-        if l != f32::new(0.0) {
-            inv = f32::new(1.0) / l;
-        }
+        let inv = att::inverse_sum(state);
         #[unroll]
         for c in 0..el {
             let mut v = Vector::<f32, N>::empty();
