@@ -475,8 +475,8 @@ fn gemms_stage_in_shared_memory_on_gpus_only() {
 
 /// Half precision: with `--dtype bf16` the CUDA GEMMs and attention multiply
 /// on tensor cores (`nvcuda::wmma` fragments of `__nv_bfloat16` into f32),
-/// deterministically and within 48 KiB of shared memory; a GEMM that mixes
-/// heads in its epilogue, attention over heads wider than
+/// deterministically and within 48 KiB of shared memory, GEMMs that mix
+/// heads in their epilogue (IHA's projections) included; attention over heads wider than
 /// `plan::FRAG_MAX_HEAD`, f32 kernels and WGSL keep the scalar kernels
 /// (WGSL f16 declares the `f16` extension; WGSL has no bf16).
 #[test]
@@ -499,7 +499,7 @@ fn bf16_cuda_kernels_multiply_on_tensor_cores() {
             assert!(info.bindings.iter().all(|b| b.dtype == "bf16"), "{name}");
             assert!(info.shared_memory_bytes <= 48 * 1024, "{name}: {} B", info.shared_memory_bytes);
             match l.spec.kind() {
-                "matmul" | "attention" => {
+                "matmul" | "matmul_mix" | "attention" => {
                     assert!(
                         source.contains(wmma)
                             && source.contains("wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, __nv_bfloat16"),

@@ -347,6 +347,13 @@ fn gemms(make: Make, dtype: Dtype) {
                 check_spec(&gpu, &c, &seeded(&c, 6), optimize, &what);
             }
         }
+        // IHA mixes heads in its projections' epilogues, on fragments too.
+        let c = compile_stdlib("iha", &sets(&[("H", "4"), ("P", "3"), ("d", "16"), ("N", "70"), ("B", "2")]));
+        let dims = bind::default_dims(&c.program).unwrap();
+        let p = gpu.plan(&c.program, &dims);
+        let mixing = |l: &&plan::Launch| matches!(l.spec, plan::KernelSpec::MatMul { mix: Some(_), .. });
+        assert!(p.launches.iter().filter(mixing).count() >= 3, "iha: projections not mixed in GEMM epilogues");
+        assert!(p.launches.iter().filter(mixing).all(|l| l.spec.fragments()), "a mixing GEMM not on fragments");
     }
 }
 

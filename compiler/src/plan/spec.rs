@@ -183,18 +183,18 @@ impl KernelSpec {
         matches!(self, KernelSpec::MatMul { .. } | KernelSpec::Attention { .. })
     }
 
-    /// The tiling of an attention launch (any other launch: a single unit row
-    /// and key tile, unused).
     /// Whether a kernel on matrix fragments may compute this launch on the
-    /// plan's grid: a GEMM without a mixing epilogue, attention tiled for it.
+    /// plan's grid: any GEMM (its mixing epilogue included), attention tiled for it.
     pub fn fragments(&self) -> bool {
         match self {
-            KernelSpec::MatMul { mix, .. } => mix.is_none(),
+            KernelSpec::MatMul { .. } => true,
             KernelSpec::Attention { fragments, .. } => *fragments,
             _ => false,
         }
     }
 
+    /// The tiling of an attention launch (any other launch: a single unit row
+    /// and key tile, unused).
     pub fn attention_tiles(&self) -> AttnTiles {
         match *self {
             KernelSpec::Attention { fragments: true, d, e, .. } => AttnTiles {

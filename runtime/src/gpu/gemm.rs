@@ -48,15 +48,15 @@ pub struct Shape {
 /// A cube's column tile in vectors: `cols` of them; with a mixing epilogue,
 /// `ce` channels of each head of `dl` vectors (`ce` = 0 without); `fl` vectors a row of `b`.
 #[derive(Clone, Copy)]
-struct Tile {
-    cols: usize,
-    ce: usize,
-    dl: usize,
-    fl: usize,
+pub(super) struct Tile {
+    pub cols: usize,
+    pub ce: usize,
+    pub dl: usize,
+    pub fl: usize,
 }
 
 impl Tile {
-    fn new(shape: &Shape, lanes: usize) -> Tile {
+    pub(super) fn new(shape: &Shape, lanes: usize) -> Tile {
         let fl = shape.f / lanes;
         match &shape.mix {
             Some((m, _)) => {
@@ -165,14 +165,14 @@ fn store<N: Size>(
 /// Where row `row`'s first output vector goes in the mixing epilogue's
 /// `[B, targets, s, dl]` output (vectors).
 #[cube]
-fn mixed_row(row: usize, #[comptime] s: usize, #[comptime] dl: usize, #[comptime] targets: usize) -> usize {
+pub(super) fn mixed_row(row: usize, #[comptime] s: usize, #[comptime] dl: usize, #[comptime] targets: usize) -> usize {
     row / s * comptime![targets * s * dl] + row % s * dl
 }
 
 /// Store mixed channel `ch` of target `t` for the row starting at `at`, if row and channel exist.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn store_mixed<N: Size>(
+pub(super) fn store_mixed<N: Size>(
     out: &mut [Vector<Stored, N>],
     row: usize,
     at: usize,

@@ -18,7 +18,7 @@
 use super::attention::{self as att, ROW_I, ROW_OUT, ROW_Q, SET_FULL0, SET_FULL1, SET_K, SET_MASKED, SET_V};
 use super::gemm;
 use super::kernels::{self as k, Stored, MASK_NONE};
-use attnc_compiler::plan::{gemm_cols, RowView, ATTN_ROWS, GEMM_ROWS, GEMM_UNITS};
+use attnc_compiler::plan::{RowView, ATTN_ROWS, GEMM_ROWS, GEMM_UNITS};
 use cubecl::cmma::{self, MatrixIdent, MatrixLayout};
 use cubecl::prelude::*;
 
@@ -268,10 +268,61 @@ fn store_out<N: Size>(
     }
 }
 
-/// Output row of the unit's fragment row: `cube_y · 256 + warp · 128 + r · 16 + lane / 2`.
+/// Output row `cube_y · 256 + warp · 128 + r · 16 + i` (`i` of the fragment's 16 rows).
 #[cube]
-fn gemm_row(warp: usize, lane: usize, #[comptime] r: usize, #[comptime] fold: usize) -> usize {
-    k::cube_y(fold) * comptime![GEMM_UNITS * GEMM_ROWS] + warp * comptime![8 * F] + comptime![r * F] + lane / 2
+fn gemm_row(warp: usize, i: usize, #[comptime] r: usize, #[comptime] fold: usize) -> usize {
+    k::cube_y(fold) * comptime![GEMM_UNITS * GEMM_ROWS] + warp * comptime![8 * F] + comptime![r * F] + i
+}
+
+/// The f32 vector at `at` of a shared array of floats.
+#[cube]
+fn scratch_f32<N: Size>(s: &[f32], at: usize) -> Vector<f32, N> {
+    let mut out = Vector::<f32, N>::empty();
+    #[unroll]
+    for c in 0..N::value() {
+        out.insert(c, s[at + c]);
+    }
+    out
+}
+
+/// The mixing epilogue for one output row whose `m` heads' channels lie at
+/// `at` of the scratch (`ce` channel vectors of each head, head after
+/// head): for every target `t ≡ half (mod 2)` of the `targets` = h·p, store
+/// `scale · Σ_m alpha[m, t] · y_m` (see `gemm::epilogue`, the same sums).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn mix_row<N: Size>(
+    out: &mut [Vector<Stored, N>],
+    scratch: &[f32],
+    alpha: &[Stored],
+    row: usize,
+    at: usize,
+    half: usize,
+    scale: f32,
+    #[comptime] m: usize,
+    #[comptime] ce: usize,
+    #[comptime] targets: usize,
+    #[comptime] s: usize,
+    #[comptime] dl: usize,
+    #[comptime] rows: usize,
+    #[comptime] fold: usize,
+) {
+    let start = gemm::mixed_row(row, s, dl, targets);
+    for t2 in 0..comptime![targets.div_ceil(2)] {
+        let t = t2 * 2 + half;
+        if t < targets {
+            #[unroll]
+            for ch in 0..ce {
+                let mut v = k::vzero::<N>();
+                #[unroll]
+                for h in 0..m {
+                    let y = scratch_f32::<N>(scratch, at + comptime![(h * ce + ch) * N::value()]);
+                    v = k::axpy::<N>(v, k::read::<Stored>(alpha, h * targets + t), y);
+                }
+                gemm::store_mixed::<N>(out, row, start, t, k::vscale::<N>(v, scale), ch, ce, rows, dl, s * dl, fold);
+            }
+        }
+    }
 }
 
 /// The GEMM on matrix fragments, for a cube of `plan::GEMM_UNITS` (two
@@ -279,7 +330,10 @@ fn gemm_row(warp: usize, lane: usize, #[comptime] r: usize, #[comptime] fold: us
 /// columns (so the plan's grid serves both): per stage of 16 of `k`, the
 /// cube copies its `a` rows and `b` columns into shared memory (zero past
 /// `k`; `b`'s columns padded to a multiple of 16), then each plane
-/// multiplies its 128 rows. No mixing epilogue (`plan` keeps those scalar).
+/// multiplies its 128 rows. With a mixing epilogue the cube's columns are
+/// `ce` channels of each of the `m` heads, as in the scalar GEMM; a plane
+/// stores a strip of 16 rows by all of them to its scratch, and each unit
+/// mixes one row for half of the targets.
 pub fn build_gemm<N: Size>(
     scope: &Scope,
     a: &NativeExpand<[Vector<Stored, N>]>,
@@ -289,10 +343,9 @@ pub fn build_gemm<N: Size>(
     lanes: usize,
     hardware: bool,
 ) {
-    assert!(shape.mix.is_none(), "the fragment GEMM has no mixing epilogue");
-    let (rows, kdim, f) = (shape.rows, shape.kdim, shape.f);
-    let (fl, kl) = (f / lanes, kdim / lanes);
-    let cols = gemm_cols(f, lanes); // vectors of the cube's columns
+    let (rows, kdim) = (shape.rows, shape.kdim);
+    let gemm::Tile { cols, ce, dl, fl } = gemm::Tile::new(shape, lanes);
+    let (f, kl) = (shape.f, kdim / lanes);
     let cw = cols * lanes;
     let bw = cw.next_multiple_of(F);
     let cube_rows = GEMM_UNITS * GEMM_ROWS;
@@ -300,7 +353,10 @@ pub fn build_gemm<N: Size>(
     let (a_len, b_len) = (cube_rows * kv, F * bw / lanes);
     let stages = kl.div_ceil(kv);
     let x: NativeExpand<[Vector<Stored, N>]> = (*shared_vectors::expand::<N>(scope, a_len + b_len)).clone_unchecked();
-    let mut scratch: NativeExpand<[f32]> = (*shared_floats::expand(scope, GEMM_UNITS / WARP * F * F)).clone_unchecked();
+    // A plane's strip of 16 rows: one fragment, or every column with a mixing epilogue.
+    let strip = if shape.mix.is_some() { bw } else { F };
+    let mut scratch: NativeExpand<[f32]> =
+        (*shared_floats::expand(scope, GEMM_UNITS / WARP * F * strip)).clone_unchecked();
     let frags = Frags::new(scope, hardware);
     let (warp, lane) = (warp_of::expand(scope), lane_of::expand(scope));
     // Fixed parts of the cooperative copies: rows of `a`, columns of `b`.
@@ -318,7 +374,7 @@ pub fn build_gemm<N: Size>(
             let idx = gemm::coop::expand(scope, i);
             let c = k::idx_mod::expand(scope, idx.clone(), bwl);
             let kr = k::idx_div::expand(scope, idx.clone(), bwl);
-            (idx, kr, gemm::tile_col::expand(scope, c, cols, fl, 0, 0, shape.fold))
+            (idx, kr, gemm::tile_col::expand(scope, c, cols, fl, ce, dl, shape.fold))
         })
         .collect();
     let mut accs: Vec<Acc> = (0..8 * bw / F).map(|_| frags.zero(scope)).collect();
@@ -352,12 +408,31 @@ pub fn build_gemm<N: Size>(
         k::barrier::expand(scope);
     });
     let scale = NativeExpand::from_lit(scope, shape.scale.unwrap_or(1.0));
-    let at = scaled_add::expand(scope, warp.clone(), F * F, 0);
-    for (i, acc) in accs.iter().enumerate() {
-        let (r, c) = (i / (bw / F), i % (bw / F));
+    let at = scaled_add::expand(scope, warp.clone(), F * strip, 0);
+    if let Some((mix, alpha)) = &shape.mix {
+        // Row `lane % 16` of the strip, targets of parity `lane / 16`.
+        let (i, half) = (k::idx_mod::expand(scope, lane.clone(), F), k::idx_div::expand(scope, lane.clone(), F));
+        let row_at = k::add_index::expand(scope, at.clone(), k::idx_mul::expand(scope, i.clone(), bw));
+        for r in 0..8 {
+            for c in 0..bw / F {
+                let tile_at = k::add_index::expand(scope, at.clone(), k::const_index::expand(scope, c * F));
+                frags.store(scope, &accs[r * (bw / F) + c], &mut scratch, tile_at, bw);
+            }
+            k::barrier::expand(scope);
+            let row = gemm_row::expand(scope, warp.clone(), i.clone(), r, shape.fold);
+            let (ra, h) = (row_at.clone(), half.clone());
+            let (m, targets, s) = (mix.m, mix.h * mix.p, mix.s);
+            mix_row::expand::<N>(scope, out, &scratch, alpha, row, ra, h, scale.clone(), m, ce, targets, s, dl, rows, shape.fold);
+            k::barrier::expand(scope);
+        }
+        return;
+    }
+    let i = k::idx_div::expand(scope, lane.clone(), 2);
+    for (n, acc) in accs.iter().enumerate() {
+        let (r, c) = (n / (bw / F), n % (bw / F));
         frags.store(scope, acc, &mut scratch, at.clone(), F);
         k::barrier::expand(scope);
-        let row = gemm_row::expand(scope, warp.clone(), lane.clone(), r, shape.fold);
+        let row = gemm_row::expand(scope, warp.clone(), i.clone(), r, shape.fold);
         for v in 0..8 / lanes {
             let val = scratch_vector::expand::<N>(scope, &scratch, at.clone(), lane.clone(), v, scale.clone());
             store_out::expand::<N>(
