@@ -52,7 +52,8 @@ enum Command {
         #[arg(long, value_enum, default_value_t = Backend::Interp)]
         backend: Backend,
         /// Element type: f32 or f64 files; f16 or bf16 kernels (wgpu, cuda) store
-        /// every tensor in that type and compute in f32, and the file holds f32
+        /// every tensor in that type and compute in f32, and the file holds f32;
+        /// tf32 stores f32 and multiplies GEMMs on TF32 tensor cores (cuda)
         #[arg(long, value_enum, default_value_t = Dtype::F32)]
         dtype: Dtype,
         /// Run the program the optimizer chooses (see `attnc explain`)
@@ -89,7 +90,8 @@ enum Command {
         /// Compile the program the optimizer chooses for the h200 profile
         #[arg(long)]
         optimize: bool,
-        /// Element type the kernels store tensors in (they compute in f32); bf16 is CUDA only
+        /// Element type the kernels store tensors in (they compute in f32); bf16 is CUDA only;
+        /// tf32 stores f32 and multiplies GEMMs on TF32 tensor cores (CUDA only)
         #[arg(long, value_enum, default_value_t = KernelDtype::F32)]
         dtype: KernelDtype,
     },
@@ -120,7 +122,8 @@ enum Command {
         /// Where a sweep writes its plot of GFLOP/s against the swept value
         #[arg(long, value_name = "FILE.svg", default_value = "sweep.svg")]
         plot: PathBuf,
-        /// Element type the kernels store tensors in (they compute in f32)
+        /// Element type the kernels store tensors in (they compute in f32); tf32: f32
+        /// tensors, GEMMs on TF32 tensor cores
         #[arg(long, value_enum, default_value_t = KernelDtype::F32)]
         dtype: KernelDtype,
     },
@@ -221,6 +224,7 @@ enum Dtype {
     F64,
     F16,
     Bf16,
+    Tf32,
 }
 
 impl Dtype {
@@ -231,6 +235,7 @@ impl Dtype {
             Dtype::F64 => (plan::Dtype::F32, FileDtype::F64),
             Dtype::F16 => (plan::Dtype::F16, FileDtype::F32),
             Dtype::Bf16 => (plan::Dtype::Bf16, FileDtype::F32),
+            Dtype::Tf32 => (plan::Dtype::Tf32, FileDtype::F32),
         }
     }
 }
@@ -240,6 +245,7 @@ enum KernelDtype {
     F32,
     F16,
     Bf16,
+    Tf32,
 }
 
 impl KernelDtype {
@@ -248,6 +254,7 @@ impl KernelDtype {
             KernelDtype::F32 => plan::Dtype::F32,
             KernelDtype::F16 => plan::Dtype::F16,
             KernelDtype::Bf16 => plan::Dtype::Bf16,
+            KernelDtype::Tf32 => plan::Dtype::Tf32,
         }
     }
 }

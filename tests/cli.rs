@@ -342,8 +342,10 @@ fn half_precision_dtypes_run_compile_or_refuse_clearly() {
     let e = attnc_runtime::relative_error(&y16.data, &y.data);
     assert!(e > 1e-5 && e < 5e-3, "f16 relative error {e:e}: not half precision, or not close");
     for (extra, needle) in [
-        (&["--backend", "wgpu", "--dtype", "bf16"][..], "cannot store bf16"),
+        (&["--backend", "wgpu", "--dtype", "bf16"][..], "cannot run bf16 kernels (WebGPU and wgpu have no bf16 type)"),
+        (&["--backend", "wgpu", "--dtype", "tf32"][..], "cannot run tf32 kernels (WebGPU and wgpu have no TF32"),
         (&["--dtype", "f16"][..], "interpreter computes in float64"),
+        (&["--dtype", "tf32"][..], "interpreter computes in float64"),
     ] {
         let out = dir.join("refused.safetensors");
         let o = attnc(&[&base[..], &["--out", s(&out)], extra].concat());
@@ -353,11 +355,20 @@ fn half_precision_dtypes_run_compile_or_refuse_clearly() {
     let k = dir.join("k");
     let o = attnc(&["compile", "stdlib/mha.attn", "--target", "wgsl", "--dtype", "bf16", "--out", s(&k)]);
     assert!(!o.status.success() && !k.exists() && stderr(&o).contains("WGSL has no bf16"), "{}", stderr(&o));
+    let o = attnc(&["compile", "stdlib/mha.attn", "--target", "wgsl", "--dtype", "tf32", "--out", s(&k)]);
+    assert!(!o.status.success() && !k.exists() && stderr(&o).contains("WGSL has no TF32"), "{}", stderr(&o));
     let o =
         attnc(&["compile", "stdlib/mha.attn", "--set", "N=8", "--target", "cuda", "--dtype", "bf16", "--out", s(&k)]);
     assert!(o.status.success(), "{}", stderr(&o));
     let manifest: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(k.join("manifest.json")).unwrap()).unwrap();
     assert_eq!(manifest["dtype"], "bf16");
+    let t = dir.join("t");
+    let o =
+        attnc(&["compile", "stdlib/mha.attn", "--set", "N=8", "--target", "cuda", "--dtype", "tf32", "--out", s(&t)]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(t.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(manifest["dtype"], "tf32");
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -535,3 +535,30 @@ fn bf16_cuda_kernels_multiply_on_tensor_cores() {
     let err = emit::emit(&p, emit::Target::Wgsl).err().expect("bf16 WGSL is refused");
     assert!(err.contains("bf16"), "{err}");
 }
+
+/// TF32 (`--dtype tf32`): f32 buffers, and the CUDA GEMMs (mixing ones
+/// included) multiply `precision::tf32` 16×16×8 fragments, with operands
+/// rounded by `__float_to_tf32` on their way to shared memory; attention
+/// and the other kernels are the f32 ones; WGSL refuses it.
+#[test]
+fn tf32_cuda_gemms_multiply_on_tensor_cores() {
+    let c = compile_stdlib("iha", &[("H", "2"), ("P", "2"), ("d", "16"), ("N", "10")].map(|(k, v)| (k, v.to_string())));
+    let dims = bind::default_dims(&c.program).unwrap();
+    let p = plan::plan(&c.program, &dims).in_dtype(plan::Dtype::Tf32);
+    let (files, manifest) = emit::emit(&p, emit::Target::Cuda).unwrap();
+    let (f32_files, _) = emit::emit(&plan::plan(&c.program, &dims), emit::Target::Cuda).unwrap();
+    assert_eq!(manifest.dtype, "tf32");
+    let fragment = "wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 8, nvcuda::wmma::precision::tf32";
+    for ((l, (name, source)), (_, f32_source)) in p.launches.iter().zip(&files).zip(&f32_files) {
+        assert!(manifest.launches.iter().all(|i| i.bindings.iter().all(|b| b.dtype == "f32")), "{name}");
+        match l.spec.kind() {
+            "matmul" | "matmul_mix" => {
+                assert!(source.contains(fragment) && source.contains("wmma::mma_sync"), "{name}: no TF32 product");
+                assert!(source.contains("__float_to_tf32("), "{name}: operands not rounded to TF32");
+            }
+            _ => assert_eq!(source, f32_source, "{name}: not the f32 kernel"),
+        }
+    }
+    let err = emit::emit(&p, emit::Target::Wgsl).err().expect("tf32 WGSL is refused");
+    assert!(err.contains("TF32"), "{err}");
+}

@@ -48,9 +48,9 @@ impl Dev {
         Dev { gpu: f(self.gpu), dtype: self.dtype }
     }
 
-    /// The same-dtype reference, for half precision.
+    /// The same-dtype reference, for half precision and TF32.
     fn same(&self, program: &Program, tensors: &[Tensor], dims: &DimValues) -> Option<Vec<Tensor>> {
-        self.dtype.is_half().then(|| interp::evaluate_rounded(program, tensors, dims, self.dtype))
+        (self.dtype != Dtype::F32).then(|| interp::evaluate_rounded(program, tensors, dims, self.dtype))
     }
 }
 
@@ -699,6 +699,46 @@ backend_tests!(wgpu_f16, Gpu::wgpu, Dtype::F16);
 backend_tests!(cuda, Gpu::cuda, Dtype::F32);
 #[cfg(feature = "cuda")]
 backend_tests!(cuda_bf16, Gpu::cuda, Dtype::Bf16);
+#[cfg(feature = "cuda")]
+backend_tests!(cuda_tf32, Gpu::cuda, Dtype::Tf32);
+
+/// TF32 (`--dtype tf32`): f32 tensors whose GEMMs multiply 16×16×8
+/// fragments, two per 16 of `k`. wgpu refuses it; with the fragments in
+/// software (f32 products) lavapipe checks every copy, fragment step and
+/// epilogue, mixing ones included, against the interpreter at f32's
+/// tolerance, and within FlashAttention's rule against the reference whose
+/// GEMM operands are rounded to TF32. Attention stays the scalar f32 kernel.
+#[test]
+fn tf32_gemms_on_fragments_match_the_interpreter() {
+    let gpu = Gpu::wgpu().unwrap_or_else(|e| panic!("this test needs a device and found none: {e}"));
+    let refused = gpu.supports(Dtype::Tf32).expect_err("wgpu has no TF32 matrix products").to_string();
+    assert!(refused.contains("cannot run tf32 kernels") && refused.contains("--dtype f32"), "{refused}");
+    let dev = Dev { gpu: gpu.with_software_fragments(), dtype: Dtype::Tf32 };
+    let mut cases: Vec<attnc_compiler::Compiled> = [("[700, 37]", "[37, 45]"), ("[1030, 64]", "[64, 264]"), ("[3, 5]", "[5, 7]")]
+        .iter()
+        .map(|(a, b)| attnc_compiler::compile(&format!("spec g\ninput a: {a}\ninput b: {b}\noutput y = a @ b\n"), &[]).unwrap())
+        .collect();
+    cases.push(compile_stdlib("iha", &sets(&[("H", "4"), ("P", "3"), ("d", "16"), ("N", "70"), ("B", "2")])));
+    cases.push(compile_stdlib("mha", &sets(&[("H", "3"), ("d", "40"), ("N", "150")])));
+    for c in &cases {
+        let name = &c.program.name;
+        let inputs = seeded(c, 8);
+        let (tensors, dims) = bind::bind_inputs(&c.program, inputs.clone(), &Default::default()).unwrap();
+        let want = interp::evaluate(&c.program, &tensors, &dims);
+        let same = dev.same(&c.program, &tensors, &dims).unwrap();
+        let p = dev.plan(&c.program, &dims);
+        let gemms = p.launches.iter().filter(|l| matches!(l.spec, plan::KernelSpec::MatMul { .. }));
+        assert!(gemms.clone().count() > 0 && gemms.clone().all(|l| l.spec.fragments()), "{name}: GEMMs not on fragments");
+        let (got, _) = dev.run(&p, &inputs).unwrap_or_else(|e| panic!("{name}: {e}"));
+        for ((g, w), r) in got.iter().zip(&want).zip(&same) {
+            check_close(Dtype::F32, &g.data, &w.data, None, &format!("{name} (tf32 in software)"));
+            check_close(Dtype::Tf32, &g.data, &w.data, Some(&r.data), &format!("{name} (tf32)"));
+        }
+        // The reference's TF32 operands make a difference, so it is not the f32 one.
+        let e = attnc_runtime::relative_error(&same[0].data, &want[0].data);
+        assert!(e > 1e-5 && e < 5e-3, "{name}: TF32 reference's relative error {e:e}");
+    }
+}
 
 /// Attention on matrix fragments (`mma.rs`; half precision, heads up to
 /// 128 wide), with the fragments computed in software: the size tier's

@@ -89,4 +89,16 @@ timeout 200 "$BIN" bench stdlib/mha.attn --set B=16 --set H=4 --set d=128 --set 
 "$BIN" run stdlib/iha.attn --seed 0 $iha --backend cuda --dtype bf16 --out "$OUT/bf16-in.safetensors" 2>>"$log" || status=1
 python3 bench/device/torch_ref.py iha "$OUT/bf16-in.safetensors" "$OUT/bf16-in.safetensors" "$OUT/bf16-bench.txt" \
   4 flat_causal global bfloat16 2>&1 | tee -a "$log" || status=1
+# TF32 (f32 tensors, GEMMs on TF32 tensor cores): checked against the
+# interpreter (TF32 operands: relative errors of a few 1e-4) and the GEMMs
+# timed next to cubek-matmul in f32.
+"$BIN" run stdlib/iha.attn --seed 0 --set B=2 --set H=4 --set P=4 --set d=128 --set N=256 --dtype f64 \
+  --out "$OUT/iha-tf32-ref.safetensors" 2>>"$log" || status=1
+"$BIN" run stdlib/iha.attn --seed 0 --set B=2 --set H=4 --set P=4 --set d=128 --set N=256 --backend cuda --dtype tf32 \
+  --out "$OUT/iha-tf32.safetensors" 2>>"$log" || status=1
+err=$(compare "$OUT/iha-tf32.safetensors" "$OUT/iha-tf32-ref.safetensors" y 2>&1)
+echo "cuda tf32 vs interpreter: iha: relative error $err" | tee -a "$log"
+echo "== bench tf32 stdlib/mha.attn" | tee -a "$log"
+timeout 120 "$BIN" bench stdlib/mha.attn --set B=16 --set H=4 --set d=128 --set N=4096 --backend cuda --dtype tf32 \
+  --iters 5 --warmup 1 2>&1 | tee -a "$log" || status=1
 exit $status

@@ -10,7 +10,7 @@ use attnc_compiler::plan::Dtype;
 /// Evaluate `program` on `inputs` (in declaration order); returns the outputs
 /// in declaration order.
 pub fn evaluate(program: &Program, inputs: &[Tensor], dims: &DimValues) -> Vec<Tensor> {
-    evaluate_with(program, inputs, dims, &|x| x)
+    evaluate_with(program, inputs, dims, &Rounding { store: &|x| x, operand: None })
 }
 
 /// The same-dtype reference for kernels that store tensors in `dtype`
@@ -20,11 +20,29 @@ pub fn evaluate(program: &Program, inputs: &[Tensor], dims: &DimValues) -> Vec<T
 /// precision kernels are held to twice this reference's error against
 /// [`evaluate`] (see the README's "Half precision"). It knows nothing of
 /// the kernels: it rounds wherever a tensor could be stored.
+/// For `tf32` (f32 storage), GEMM operands are rounded to TF32 as the
+/// tensor cores read them.
 pub fn evaluate_rounded(program: &Program, inputs: &[Tensor], dims: &DimValues, dtype: Dtype) -> Vec<Tensor> {
-    evaluate_with(program, inputs, dims, &|x| crate::dtype::round(dtype, x))
+    let tf32 = |x| crate::dtype::round_operand(dtype, x);
+    let rounding = Rounding { store: &|x| crate::dtype::round(dtype, x), operand: (dtype == Dtype::Tf32).then_some(&tf32) };
+    evaluate_with(program, inputs, dims, &rounding)
 }
 
-fn evaluate_with(program: &Program, inputs: &[Tensor], dims: &DimValues, round: &dyn Fn(f64) -> f64) -> Vec<Tensor> {
+/// Where a rounded evaluation rounds: every stored value, and GEMM operands
+/// where they are read in a narrower type than they are stored.
+struct Rounding<'a> {
+    store: &'a dyn Fn(f64) -> f64,
+    operand: Option<&'a dyn Fn(f64) -> f64>,
+}
+
+fn evaluate_with(program: &Program, inputs: &[Tensor], dims: &DimValues, rounding: &Rounding) -> Vec<Tensor> {
+    let round = rounding.store;
+    fn operand<'t>(t: &'t Tensor, rounding: &Rounding) -> std::borrow::Cow<'t, Tensor> {
+        match rounding.operand {
+            Some(r) => std::borrow::Cow::Owned(Tensor::new(t.shape.clone(), t.data.iter().map(|x| r(*x)).collect())),
+            None => std::borrow::Cow::Borrowed(t),
+        }
+    }
     let mut values: Vec<Tensor> = Vec::with_capacity(program.nodes.len());
     for node in &program.nodes {
         let shape = concrete(&node.shape, dims);
@@ -32,7 +50,7 @@ fn evaluate_with(program: &Program, inputs: &[Tensor], dims: &DimValues, round: 
         let out = match &node.op {
             Op::Input { index } => inputs[*index].clone(),
             Op::Scalar { value } => Tensor::new(vec![], vec![*value]),
-            Op::MatMul { a, b } => matmul(v(*a), v(*b), shape),
+            Op::MatMul { a, b } => matmul(&operand(v(*a), rounding), &operand(v(*b), rounding), shape),
             Op::SplitHeads { x, heads } => split_heads(v(*x), *heads as usize, shape),
             Op::MergeHeads { x } => merge_heads(v(*x), shape),
             Op::MixHeads { x, alpha } => mix_heads(v(*x), v(*alpha), shape),

@@ -256,11 +256,20 @@ impl Bound {
 
     /// Kernel source for every launch (file name, text) and the manifest.
     pub fn emit(&self, target: emit::Target) -> Result<(Vec<(String, String)>, emit::Manifest), Error> {
-        if target == emit::Target::Wgsl && self.dtype == Dtype::Bf16 {
-            return Err(Error::Setting(
-                "--dtype bf16: WGSL has no bf16 type; emit bf16 kernels with `--target cuda`, or use `--dtype f16`"
-                    .into(),
-            ));
+        match (target, self.dtype) {
+            (emit::Target::Wgsl, Dtype::Bf16) => {
+                return Err(Error::Setting(
+                    "--dtype bf16: WGSL has no bf16 type; emit bf16 kernels with `--target cuda`, or use `--dtype f16`"
+                        .into(),
+                ))
+            }
+            (emit::Target::Wgsl, Dtype::Tf32) => {
+                return Err(Error::Setting(
+                    "--dtype tf32: WGSL has no TF32 matrix products; emit tf32 kernels with `--target cuda`, or use `--dtype f32`"
+                        .into(),
+                ))
+            }
+            _ => {}
         }
         emit::emit(&self.plan(), target).map_err(Error::Emit)
     }

@@ -59,7 +59,7 @@ pub fn assert_close(a: &Tensor, b: &Tensor, tol: f64, what: &str) {
 /// Half the distance from 1 to the next value of `dtype`.
 pub fn unit_roundoff(dtype: attnc_compiler::plan::Dtype) -> f64 {
     match dtype {
-        attnc_compiler::plan::Dtype::F16 => 2f64.powi(-11),
+        attnc_compiler::plan::Dtype::F16 | attnc_compiler::plan::Dtype::Tf32 => 2f64.powi(-11),
         attnc_compiler::plan::Dtype::Bf16 => 2f64.powi(-8),
         attnc_compiler::plan::Dtype::F32 => 2f64.powi(-24),
     }

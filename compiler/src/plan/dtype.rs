@@ -1,7 +1,8 @@
 //! The storage type of a plan's buffers. Kernels load elements of this type,
 //! compute in f32 (products accumulate in f32, softmax statistics are f32)
 //! and store their results in it; the host converts to and from float64 at
-//! upload and read-back.
+//! upload and read-back. `tf32` is f32 storage whose GEMMs multiply on
+//! TF32 tensor cores (operands with f16's 10-bit mantissa, f32's range).
 
 use serde::Serialize;
 use std::fmt;
@@ -14,30 +15,41 @@ pub enum Dtype {
     F32,
     F16,
     Bf16,
+    /// f32 tensors; GEMM operands multiplied as TF32 on tensor cores.
+    Tf32,
 }
 
 impl Dtype {
-    pub const ALL: [Dtype; 3] = [Dtype::F32, Dtype::F16, Dtype::Bf16];
+    pub const ALL: [Dtype; 4] = [Dtype::F32, Dtype::F16, Dtype::Bf16, Dtype::Tf32];
 
     pub fn name(self) -> &'static str {
         match self {
             Dtype::F32 => "f32",
             Dtype::F16 => "f16",
             Dtype::Bf16 => "bf16",
+            Dtype::Tf32 => "tf32",
         }
     }
 
     /// Bytes per element.
     pub fn size(self) -> usize {
         match self {
-            Dtype::F32 => 4,
+            Dtype::F32 | Dtype::Tf32 => 4,
             Dtype::F16 | Dtype::Bf16 => 2,
         }
     }
 
     /// Whether this is a 16-bit type.
     pub fn is_half(self) -> bool {
-        self != Dtype::F32
+        matches!(self, Dtype::F16 | Dtype::Bf16)
+    }
+
+    /// The type the buffers hold (`tf32` is stored as f32).
+    pub fn storage(self) -> Dtype {
+        match self {
+            Dtype::Tf32 => Dtype::F32,
+            d => d,
+        }
     }
 }
 
@@ -54,6 +66,6 @@ impl FromStr for Dtype {
         Dtype::ALL
             .into_iter()
             .find(|d| d.name() == s)
-            .ok_or_else(|| format!("unknown dtype `{s}`; expected one of f32, f16, bf16"))
+            .ok_or_else(|| format!("unknown dtype `{s}`; expected one of f32, f16, bf16, tf32"))
     }
 }

@@ -115,7 +115,7 @@ pub fn time_cubek_attention(
         })
     };
     match dtype {
-        Dtype::F32 => run(false).map(|t| (t, "Unit")),
+        Dtype::F32 | Dtype::Tf32 => run(false).map(|t| (t, "Unit")),
         _ => run(true).map(|t| (t, "BlackboxAccelerated")).or_else(|_| run(false).map(|t| (t, "Unit"))),
     }
 }

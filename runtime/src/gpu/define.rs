@@ -174,27 +174,37 @@ pub enum Mma {
     Hardware,
 }
 
-/// The fragment shape the kernels use, for `dtype` operands and f32 accumulators.
+/// The fragment shape the kernels use, for `dtype` operands and f32
+/// accumulators: 16×16×16, or 16×16×8 for TF32.
 pub fn fragment_config(dtype: Dtype) -> cubecl::ir::features::MmaConfig {
     let f = mma::F as u32;
-    let cd_type = elem_type(Dtype::F32);
-    cubecl::ir::features::MmaConfig { a_type: elem_type(dtype), b_type: elem_type(dtype), cd_type, m: f, n: f, k: f }
+    let (operand, cd_type) = (fragment_type(dtype), elem_type(Dtype::F32));
+    let k = mma::fragment_depth(dtype) as u32;
+    cubecl::ir::features::MmaConfig { a_type: operand, b_type: operand, cd_type, m: f, n: f, k }
 }
 
-/// Whether the device multiplies 16×16×16 fragments of `dtype` into f32
-/// (CUDA tensor cores for f16 and bf16); f32 kernels stay scalar.
+/// Whether the device multiplies fragments of `dtype` into f32 (CUDA tensor
+/// cores for f16, bf16 and tf32); f32 kernels stay scalar.
 pub fn matrix_units(props: &DeviceProperties, dtype: Dtype) -> bool {
-    dtype.is_half() && props.features.matmul.cmma.contains(&fragment_config(dtype))
+    dtype != Dtype::F32 && props.features.matmul.cmma.contains(&fragment_config(dtype))
 }
 
-/// The cubecl element type of `dtype`.
+/// The cubecl element type of `dtype`'s buffers.
 pub fn elem_type(dtype: Dtype) -> ElemType {
     use cubecl::ir::FloatKind;
-    ElemType::Float(match dtype {
-        Dtype::F32 => FloatKind::F32,
+    ElemType::Float(match dtype.storage() {
+        Dtype::F32 | Dtype::Tf32 => FloatKind::F32,
         Dtype::F16 => FloatKind::F16,
         Dtype::Bf16 => FloatKind::BF16,
     })
+}
+
+/// The cubecl element type of `dtype`'s fragment operands (`tf32` for TF32).
+pub fn fragment_type(dtype: Dtype) -> ElemType {
+    match dtype {
+        Dtype::Tf32 => ElemType::Float(cubecl::ir::FloatKind::TF32),
+        d => elem_type(d),
+    }
 }
 
 pub fn mask_code(mask: MaskKind) -> u32 {
@@ -241,6 +251,7 @@ impl CubeKernel for IrKernel {
         builder.runtime_properties(self.target.as_ref().clone());
         builder.device_properties(&self.props);
         builder.scope.register_type::<Stored>(elem_type(self.dtype));
+        builder.scope.register_type::<k::Operand>(fragment_type(self.dtype));
         if self.spec.vectorised() {
             match self.spec.line_size() {
                 4 => self.define_vectorized::<Const<4>>(&mut builder),
@@ -298,7 +309,7 @@ impl IrKernel {
                     };
                     if self.mma != Mma::Off {
                         let hardware = self.mma == Mma::Hardware;
-                        mma::build_gemm::<N>(scope, &bufs[0], &bufs[1], &mut out, &shape, lanes, hardware)
+                        mma::build_gemm::<N>(scope, &bufs[0], &bufs[1], &mut out, &shape, lanes, hardware, self.dtype)
                     } else if self.staged {
                         gemm::build_staged::<N>(scope, &bufs[0], &bufs[1], &mut out, &shape, lanes)
                     } else {
@@ -323,7 +334,7 @@ impl IrKernel {
                     let scale = scale.expect("attention takes a scale");
                     if self.mma != Mma::Off {
                         let (q, kb, v, hardware) = (&bufs[0], &bufs[1], &bufs[2], self.mma == Mma::Hardware);
-                        return mma::build_attention::<N>(scope, q, kb, v, &mut out, scale, &shape, lanes, hardware);
+                        return mma::build_attention::<N>(scope, q, kb, v, &mut out, scale, &shape, lanes, hardware, self.dtype);
                     }
                     attention::build::<N>(
                         scope, &bufs[0], &bufs[1], &bufs[2], &mut out, scale, &shape, lanes, self.plane,

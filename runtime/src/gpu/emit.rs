@@ -28,14 +28,14 @@ impl Target {
 
 /// A generic device description for offline compilation (1024 units and
 /// 48 KiB of shared memory per cube). CUDA has 32-wide warps and tensor
-/// cores for f16 and bf16 (sm_80 and later); WGSL kernels use no plane
+/// cores for f16, bf16 and tf32 (sm_80 and later); WGSL kernels use no plane
 /// operations, so they run on any WebGPU device.
 pub fn offline_properties(target: Target) -> Arc<DeviceProperties> {
     let mut features = Features::default();
     if target == Target::Cuda {
         features.plane.insert(cubecl::ir::features::Plane::Ops);
-        // Tensor cores as from sm_80: 16×16×16 f16 and bf16 fragments into f32.
-        for dtype in [Dtype::F16, Dtype::Bf16] {
+        // Tensor cores as from sm_80: 16×16×16 f16 and bf16, 16×16×8 tf32 fragments into f32.
+        for dtype in [Dtype::F16, Dtype::Bf16, Dtype::Tf32] {
             features.matmul.cmma.insert(super::define::fragment_config(dtype));
         }
     }
@@ -73,8 +73,10 @@ pub fn kernel_source(
     dtype: Dtype,
     target: Target,
 ) -> Result<(String, usize, u32), String> {
-    if target == Target::Wgsl && dtype == Dtype::Bf16 {
-        return Err("WGSL has no bf16 type".into());
+    match (target, dtype) {
+        (Target::Wgsl, Dtype::Bf16) => return Err("WGSL has no bf16 type".into()),
+        (Target::Wgsl, Dtype::Tf32) => return Err("WGSL has no TF32 matrix products".into()),
+        _ => {}
     }
     let kernel = IrKernel::new(name, spec, dtype, offline_properties(target), Arc::new(TargetProperties::default()));
     let plane = kernel.plane;
@@ -205,7 +207,7 @@ pub struct Manifest {
 }
 
 const CONVENTION: &str = "Each launch binds its buffers in the listed order (operands, then the output), \
-all row-major in the manifest's `dtype` (kernels compute in f32), followed by one read-only `info` buffer (declared as `info_struct`): the listed scalars \
+all row-major in the bindings' `dtype` (the manifest's `dtype`, except that tf32 kernels store f32; kernels compute in f32), followed by one read-only `info` buffer (declared as `info_struct`): the listed scalars \
 as f32, padded to a multiple of two, then each bound buffer's length in elements as a u32 in binding \
 order, padded to a multiple of two. Kernels are specialised to the listed shapes and do not check indices \
 against these lengths: each guards its writes by its own sizes and reads only inside the shapes (the GEMM and \
@@ -254,7 +256,7 @@ pub fn emit(plan: &Plan, target: Target) -> Result<(Vec<(String, String)>, Manif
                 buffer: *id,
                 tensor: buffer_name(plan, *id),
                 shape: plan.buffers[*id].shape.clone(),
-                dtype: plan.dtype.name(),
+                dtype: plan.dtype.storage().name(),
                 access: if slot + 1 == l.bindings.len() { "read_write" } else { "read" },
                 line_size: l.spec.binding_line_size(slot),
             })

@@ -28,7 +28,7 @@ pub enum GpuError {
          run these sizes on a GPU or on `--backend interp`"
     )]
     LoopLimit { kernel: String, trips: usize, limit: usize },
-    #[error("the {backend} device `{adapter}` cannot store {dtype} tensors ({why}); use {hint}")]
+    #[error("the {backend} device `{adapter}` cannot run {dtype} kernels ({why}); use {hint}")]
     Dtype { backend: &'static str, adapter: String, dtype: Dtype, why: &'static str, hint: &'static str },
 }
 
@@ -188,13 +188,17 @@ impl Gpu {
         super::define::mesa_cpu(&self.adapter)
     }
 
-    /// Whether kernels can store `dtype` here, and if not why.
+    /// Whether kernels can store `dtype` here (and for `tf32`, multiply on
+    /// TF32 fragments, or emulate them in software), and if not why.
     pub fn supports(&self, dtype: Dtype) -> Result<(), GpuError> {
         let props = self.client.properties();
-        if props.supports_type(super::define::elem_type(dtype)) {
+        let multiplies = dtype != Dtype::Tf32 || self.software_fragments || super::define::matrix_units(props, dtype);
+        if props.supports_type(super::define::elem_type(dtype)) && multiplies {
             return Ok(());
         }
         let (why, hint) = match (self.backend, dtype) {
+            ("wgpu", Dtype::Tf32) => ("WebGPU and wgpu have no TF32 matrix products", "`--dtype f32`"),
+            (_, Dtype::Tf32) => ("it has no TF32 tensor cores (CUDA sm_80 and later)", "`--dtype f32`"),
             ("wgpu", Dtype::Bf16) => ("WebGPU and wgpu have no bf16 type", "`--dtype f16` or `--backend cuda`"),
             ("wgpu", _) => ("the adapter lacks the shader-f16 feature", "`--dtype f32`"),
             _ => ("the device lacks the type", "`--dtype f32`"),

@@ -9,6 +9,8 @@ use cubecl::prelude::*;
 // each kernel's scope by `define.rs`. Kernels load it into f32, compute in
 // f32 and store results back in it; for f32 the casts vanish from the source.
 cubecl::define_scalar!(pub Stored);
+// The element type of matrix-fragment operands: `Stored`, or TF32 for f32 storage.
+cubecl::define_scalar!(pub Operand);
 
 // The parts of a term `((i / div) % modulo) · stride` of a
 // [`attnc_compiler::plan::View`]; `define::view` leaves out the parts that

@@ -17,8 +17,8 @@
 
 use super::attention::{self as att, ROW_I, ROW_OUT, ROW_Q, SET_FULL0, SET_FULL1, SET_K, SET_MASKED, SET_V};
 use super::gemm;
-use super::kernels::{self as k, Stored, MASK_NONE};
-use attnc_compiler::plan::{RowView, ATTN_ROWS, GEMM_ROWS, GEMM_UNITS};
+use super::kernels::{self as k, Operand, Stored, MASK_NONE};
+use attnc_compiler::plan::{Dtype, RowView, ATTN_ROWS, GEMM_ROWS, GEMM_UNITS};
 use cubecl::cmma::{self, MatrixIdent, MatrixLayout};
 use cubecl::prelude::*;
 
@@ -40,24 +40,37 @@ pub enum Acc {
 pub struct Frags {
     pub hardware: bool,
     lane: NativeExpand<usize>,
+    /// Fragment depth: 16, or 8 for TF32.
+    k: usize,
+}
+
+/// The depth of `dtype`'s fragments: 16×16×16 for 16-bit operands, 16×16×8 for TF32.
+pub fn fragment_depth(dtype: Dtype) -> usize {
+    if dtype == Dtype::Tf32 {
+        8
+    } else {
+        F
+    }
 }
 
 #[cube]
-fn hw_zero() -> cmma::Matrix<f32> {
+fn hw_zero(#[comptime] k: usize) -> cmma::Matrix<f32> {
     cmma::Matrix::<f32>::from_value(
         MatrixIdent::Accumulator,
         16usize,
         16usize,
-        16usize,
+        k,
         MatrixLayout::Undefined,
         f32::new(0.0),
     )
 }
 
-/// `acc += A · B`, A row-major at vector `a_at` (row stride `a_stride`
-/// elements), B at vector `b_at` (row-major with row stride `b_stride`, or
-/// column-major: B's column `c` at `b_at + c · b_stride`).
+/// `acc += A · B` for one fragment of depth `k`: A row-major at vector
+/// `a_at` (row stride `a_stride` elements), B at vector `b_at` (row-major
+/// with row stride `b_stride`, or column-major: B's column `c` at `b_at + c
+/// · b_stride`), both read as `Operand`s.
 #[cube]
+#[allow(clippy::too_many_arguments)]
 fn hw_mma<N: Size>(
     acc: &cmma::Matrix<f32>,
     x: &[Vector<Stored, N>],
@@ -66,12 +79,11 @@ fn hw_mma<N: Size>(
     #[comptime] a_stride: u32,
     #[comptime] b_stride: u32,
     #[comptime] b_col_major: bool,
+    #[comptime] k: usize,
 ) {
     let b_layout = comptime![if b_col_major { MatrixLayout::ColMajor } else { MatrixLayout::RowMajor }];
-    let mut a = unsafe {
-        cmma::Matrix::<Stored>::uninitialized(MatrixIdent::A, 16usize, 16usize, 16usize, MatrixLayout::RowMajor)
-    };
-    let mut b = unsafe { cmma::Matrix::<Stored>::uninitialized(MatrixIdent::B, 16usize, 16usize, 16usize, b_layout) };
+    let mut a = unsafe { cmma::Matrix::<Operand>::uninitialized(MatrixIdent::A, 16usize, 16usize, k, MatrixLayout::RowMajor) };
+    let mut b = unsafe { cmma::Matrix::<Operand>::uninitialized(MatrixIdent::B, 16usize, 16usize, k, b_layout) };
     cmma::load(&mut a, &x[a_at..], a_stride);
     cmma::load(&mut b, &x[b_at..], b_stride);
     cmma::execute(&a, &b, acc, acc);
@@ -102,7 +114,8 @@ fn element<N: Size>(x: &[Vector<Stored, N>], i: usize) -> f32 {
     }
 }
 
-/// As [`hw_mma`], the unit's 8 accumulators.
+/// As [`hw_mma`], the unit's 8 accumulators (products in f32: the operand
+/// type's rounding, TF32's, is the device's).
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn sw_mma<N: Size>(
@@ -114,12 +127,13 @@ fn sw_mma<N: Size>(
     #[comptime] a_stride: usize,
     #[comptime] b_stride: usize,
     #[comptime] b_col_major: bool,
+    #[comptime] k: usize,
 ) {
     let r = lane / 2;
     let c0 = lane % 2 * 8;
     let a0 = a_at * N::value() + r * a_stride;
     let b0 = b_at * N::value();
-    for kk in 0..16usize {
+    for kk in 0..k {
         let a = element::<N>(x, a0 + kk);
         #[unroll]
         for c in 0..8usize {
@@ -153,19 +167,20 @@ fn lane_of() -> usize {
 }
 
 impl Frags {
-    pub fn new(scope: &Scope, hardware: bool) -> Frags {
-        Frags { hardware, lane: lane_of::expand(scope) }
+    pub fn new(scope: &Scope, hardware: bool, dtype: Dtype) -> Frags {
+        Frags { hardware, lane: lane_of::expand(scope), k: fragment_depth(dtype) }
     }
 
     pub fn zero(&self, scope: &Scope) -> Acc {
         if self.hardware {
-            Acc::Hw(hw_zero::expand(scope))
+            Acc::Hw(hw_zero::expand(scope, self.k))
         } else {
             Acc::Sw(sw_zero::expand(scope))
         }
     }
 
-    /// `acc += A · B` from the shared array `x` (see [`hw_mma`]).
+    /// `acc += A · B` for 16 of the inner dimension from the shared array
+    /// `x` (see [`hw_mma`]), in fragments of depth `k`.
     #[allow(clippy::too_many_arguments)]
     pub fn mma<N: Size>(
         &self,
@@ -178,10 +193,20 @@ impl Frags {
         b_stride: usize,
         b_col_major: bool,
     ) {
-        match acc {
-            Acc::Hw(m) => hw_mma::expand::<N>(scope, m, x, a_at, b_at, a_stride as u32, b_stride as u32, b_col_major),
-            Acc::Sw(a) => {
-                sw_mma::expand::<N>(scope, a, x, a_at, b_at, self.lane.clone(), a_stride, b_stride, b_col_major)
+        let (k, lanes) = (self.k, N::value());
+        for step in 0..F / k {
+            // Vectors from the first fragment's start to this one's along the inner dimension.
+            let (a_step, b_step) = (step * k / lanes, if b_col_major { step * k / lanes } else { step * k * b_stride / lanes });
+            let a_at = k::add_index::expand(scope, a_at.clone(), k::const_index::expand(scope, a_step));
+            let b_at = k::add_index::expand(scope, b_at.clone(), k::const_index::expand(scope, b_step));
+            match acc {
+                Acc::Hw(m) => {
+                    hw_mma::expand::<N>(scope, m, x, a_at, b_at, a_stride as u32, b_stride as u32, b_col_major, k)
+                }
+                Acc::Sw(a) => {
+                    let lane = self.lane.clone();
+                    sw_mma::expand::<N>(scope, a, x, a_at, b_at, lane, a_stride, b_stride, b_col_major, k)
+                }
             }
         }
     }
@@ -226,6 +251,18 @@ fn load_or_zero<N: Size>(x: &[Vector<Stored, N>], at: usize, inside: bool) -> Ve
 #[cube]
 fn put<N: Size>(x: &mut [Vector<Stored, N>], at: usize, v: Vector<Stored, N>) {
     x[at] = v;
+}
+
+/// `v` rounded to the fragments' operand type (TF32: to nearest, as
+/// `__float_to_tf32` rounds; tensor cores would otherwise drop the low bits).
+#[cube]
+fn to_operand<N: Size>(v: Vector<Stored, N>) -> Vector<Stored, N> {
+    let mut out = v;
+    #[unroll]
+    for c in 0..N::value() {
+        out.insert(c, Stored::cast_from(Operand::cast_from(v.extract(c))));
+    }
+    out
 }
 
 /// `w · stride + c`: the start of plane `w`'s share, or a fragment's offset.
@@ -342,6 +379,7 @@ pub fn build_gemm<N: Size>(
     shape: &gemm::Shape,
     lanes: usize,
     hardware: bool,
+    dtype: Dtype,
 ) {
     let (rows, kdim) = (shape.rows, shape.kdim);
     let gemm::Tile { cols, ce, dl, fl } = gemm::Tile::new(shape, lanes);
@@ -357,7 +395,7 @@ pub fn build_gemm<N: Size>(
     let strip = if shape.mix.is_some() { bw } else { F };
     let mut scratch: NativeExpand<[f32]> =
         (*shared_floats::expand(scope, GEMM_UNITS / WARP * F * strip)).clone_unchecked();
-    let frags = Frags::new(scope, hardware);
+    let frags = Frags::new(scope, hardware, dtype);
     let (warp, lane) = (warp_of::expand(scope), lane_of::expand(scope));
     // Fixed parts of the cooperative copies: rows of `a`, columns of `b`.
     let a_copy: Vec<_> = (0..a_len / GEMM_UNITS)
@@ -377,6 +415,8 @@ pub fn build_gemm<N: Size>(
             (idx, kr, gemm::tile_col::expand(scope, c, cols, fl, ce, dl, shape.fold))
         })
         .collect();
+    // TF32 operands are rounded on their way to shared memory (on the device; software fragments multiply in f32).
+    let rounded = |scope: &Scope, v| if hardware && dtype == Dtype::Tf32 { to_operand::expand::<N>(scope, v) } else { v };
     let mut accs: Vec<Acc> = (0..8 * bw / F).map(|_| frags.zero(scope)).collect();
     let range = RangeExpand::new(NativeExpand::from_lit(scope, 0usize), NativeExpand::from_lit(scope, stages));
     for_expand(scope, range, false, |scope, s| {
@@ -386,13 +426,13 @@ pub fn build_gemm<N: Size>(
             let inside = k::below::expand(scope, kvec.clone(), kl);
             let col = super::define::view(scope, kvec, &shape.a_cols, kl);
             let v = load_or_zero::expand::<N>(scope, a, k::add_index::expand(scope, row_start.clone(), col), inside);
-            put::expand::<N>(scope, &mut stage, idx.clone(), v);
+            put::expand::<N>(scope, &mut stage, idx.clone(), rounded(scope, v));
         }
         for (idx, kr, col) in &b_copy {
             let krow = k::add_index::expand(scope, k::idx_mul::expand(scope, s.clone(), F), kr.clone());
             let inside = k::below::expand(scope, krow.clone(), kdim);
             let start = gemm::b_row_start::expand(scope, krow, shape.b_row, shape.b_offset);
-            let v = load_or_zero::expand::<N>(scope, b, k::add_index::expand(scope, start, col.clone()), inside);
+            let v = rounded(scope, load_or_zero::expand::<N>(scope, b, k::add_index::expand(scope, start, col.clone()), inside));
             let exists = k::below::expand(scope, idx.clone(), b_len);
             let at = k::add_index::expand(scope, k::const_index::expand(scope, a_len), idx.clone());
             if_expand(scope, exists, |scope| put::expand::<N>(scope, &mut stage, at, v));
@@ -636,6 +676,7 @@ pub fn build_attention<N: Size>(
     a: &att::Shape,
     lanes: usize,
     hardware: bool,
+    dtype: Dtype,
 ) {
     let (bq, bk) = (ATTN_ROWS, a.tiles.key_tile);
     assert_eq!(a.tiles.unit_rows, 1, "fragment attention owns one row per unit");
@@ -649,7 +690,7 @@ pub fn build_attention<N: Size>(
     let len = p_off + bq * bk / lanes;
     let mut x: NativeExpand<[Vector<Stored, N>]> = (*shared_vectors::expand::<N>(scope, len)).clone_unchecked();
     let sf: NativeExpand<[f32]> = (*shared_floats::expand(scope, (bq * bk).max(bq * F))).clone_unchecked();
-    let frags = Frags::new(scope, hardware);
+    let frags = Frags::new(scope, hardware, dtype);
     let warp = warp_of::expand(scope);
     let set = att::setup::expand(scope, a.h, a.hk, a.s, a.sk, bq, bk, a.kind, a.window, a.block, a.views, a.fold);
     let slots = att::row_slots::expand(scope, a.h, a.s, bq, a.kind, 0, a.views, a.fold);
