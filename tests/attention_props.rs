@@ -1,5 +1,5 @@
 //! Properties of the attention specs under the float64 interpreter, from the
-//! identities of shared/papers.md §1–2, on fresh random inputs and sizes.
+//! identities of docs/semantics.md §1–2, on fresh random inputs and sizes.
 
 mod common;
 
@@ -91,7 +91,7 @@ const TOL: f64 = 1e-10;
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
 
-    /// Inclusion (papers.md §2): identity mixing with R picking one pseudo-output per
+    /// Inclusion (docs/semantics.md §2): identity mixing with R picking one pseudo-output per
     /// head is MHA — any j or the average under `none`/`token_causal`, j = P−1 under
     /// `flat_causal`; windows carry over. P = 1 is included.
     #[test]
@@ -218,7 +218,7 @@ proptest! {
     }
 }
 
-/// The counter-example of papers.md: under `flat_causal`, selecting j = 0 is not MHA
+/// The counter-example of docs/semantics.md: under `flat_causal`, selecting j = 0 is not MHA
 /// (it sees one copy of its own token but P copies of each earlier one).
 #[test]
 fn flat_causal_selecting_first_pseudo_head_is_not_mha() {

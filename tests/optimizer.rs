@@ -258,7 +258,7 @@ proptest! {
 
 // ---- the cost model ------------------------------------------------------------
 
-/// The roofline of papers.md's arithmetic, written out by hand for IHA with
+/// The roofline of docs/semantics.md's arithmetic, written out by hand for IHA with
 /// H = 8, P = 8, d = 64, D = 512, B = 1 on the h200 profile (60 TFLOP/s f32,
 /// 4.3 TB/s, 3 µs per launch), inference (weight-only work is free).
 fn roofline(flops: f64, bytes: f64) -> f64 {

@@ -1,4 +1,4 @@
-//! An independent float64 implementation of shared/papers.md §1–2, written
+//! An independent float64 implementation of docs/semantics.md §1–2, written
 //! directly from the equations with nested vectors (not through the IR or the
 //! interpreter), checked against the interpreter and against `attnc run`.
 
@@ -34,7 +34,7 @@ enum Vis {
     TokenCausal,
 }
 
-/// papers.md §2 step 4 (and §1 with P = 1): can virtual query `i` see virtual key `j`?
+/// docs/semantics.md §2 step 4 (and §1 with P = 1): can virtual query `i` see virtual key `j`?
 fn sees(vis: Vis, p: usize, window: Option<usize>, i: usize, j: usize) -> bool {
     let (n, m) = (i / p, j / p);
     match vis {
@@ -89,7 +89,7 @@ struct Layer {
     d: usize,
 }
 
-/// papers.md §2 for one batch row `x` ([N][D]); with P = 1, identity α and R = I it is §1.
+/// docs/semantics.md §2 for one batch row `x` ([N][D]); with P = 1, identity α and R = I it is §1.
 #[allow(clippy::too_many_arguments)]
 fn iha_ref(
     l: &Layer,

@@ -1,4 +1,4 @@
-//! The group advantage estimators of shared/papers.md §3–4: each stdlib spec
+//! The group advantage estimators of docs/semantics.md §3–4: each stdlib spec
 //! against a float64 implementation written directly from the formulas (not
 //! through the IR), and the identities the paper states, on random groups.
 
@@ -82,7 +82,7 @@ struct Odrpo {
     batch_norm: bool,
 }
 
-/// papers.md §4 through the counts form: per group, a cumulative histogram of
+/// docs/semantics.md §4 through the counts form: per group, a cumulative histogram of
 /// ratings gives, for each threshold, how many samples pass it.
 fn odrpo(ratings: &Groups, o: &Odrpo) -> Groups {
     let mut out: Groups = ratings
@@ -295,7 +295,7 @@ proptest! {
     }
 }
 
-/// The worked example of papers.md §4 (G = 8, K = 10, `grpo` base, ε = 1e-6).
+/// The worked example of docs/semantics.md §4 (G = 8, K = 10, `grpo` base, ε = 1e-6).
 #[test]
 fn worked_example_reproduces() {
     let r: Groups = vec![vec![8.0, 6.0, 7.0, 9.0, 5.0, 7.0, 8.0, 6.0]];

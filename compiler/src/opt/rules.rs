@@ -17,7 +17,7 @@ fn var(s: &str) -> Var {
 #[rustfmt::skip]
 pub fn rules() -> Vec<Rule> {
     let mut rules: Vec<Rule> = vec![
-        // Head mixing after a head split is a column map before it (papers.md §2).
+        // Head mixing after a head split is a column map before it (docs/semantics.md §2).
         Rewrite::new("mix-heads-to-cols", pattern("(mix_heads (split_heads ?y ?h) ?a)"), MixToCols).unwrap(),
         Rewrite::new("cols-to-mix-heads", pattern("(unflatten_heads (split_heads (mix_cols ?y ?a) ?hp) ?p)"), ColsToMix).unwrap(),
         // Collapse before a head merge is a column map after it.

@@ -14,7 +14,7 @@
 //! it over the group needs only the count `c_t` of samples passing level `t`
 //! (a histogram of the levels each rating passes, then a suffix sum); reducing
 //! it over the levels needs, per sample, one prefix and one suffix of a scan.
-//! That is the cumulative-count form of ODRPO (`shared/papers.md` §4):
+//! That is the cumulative-count form of ODRPO (`docs/semantics.md` §4):
 //! O(G + K) per group instead of O(G·K). Any other use densifies it.
 
 use super::{reduce_views, row_major_strides, KernelSpec, View};
