@@ -146,6 +146,41 @@ enum Command {
         /// Bind a parameter or dim: NAME=VALUE (repeatable)
         #[arg(long = "set", value_name = "NAME=VALUE")]
         set: Vec<String>,
+        /// Print the gradient program instead (see `attnc grad`)
+        #[arg(long)]
+        grad: bool,
+        /// With --grad: the inputs to differentiate by, comma-separated (default: every continuous input)
+        #[arg(long, value_delimiter = ',', value_name = "NAME,...")]
+        wrt: Vec<String>,
+    },
+    /// Gradients of a spec's outputs with respect to its inputs (reverse mode)
+    Grad {
+        /// The .attn file to differentiate
+        file: PathBuf,
+        /// Read the forward inputs by name from this safetensors file
+        #[arg(long, value_name = "IN.safetensors", conflicts_with = "seed", required_unless_present = "seed")]
+        inputs: Option<PathBuf>,
+        /// Draw deterministic random inputs and cotangents instead, and write them to --out too
+        #[arg(long, value_name = "S")]
+        seed: Option<u64>,
+        /// Cotangents of the outputs, named like them (default: drawn standard normal with --seed, or seed 0)
+        #[arg(long, value_name = "DY.safetensors")]
+        cotangents: Option<PathBuf>,
+        /// Where to write the outputs and `grad_NAME` for each input differentiated (safetensors)
+        #[arg(long, value_name = "OUT.safetensors")]
+        out: PathBuf,
+        /// The inputs to differentiate by, comma-separated (default: every continuous input)
+        #[arg(long, value_delimiter = ',', value_name = "NAME,...")]
+        wrt: Vec<String>,
+        /// Bind a parameter or dim: NAME=VALUE (repeatable)
+        #[arg(long = "set", value_name = "NAME=VALUE")]
+        set: Vec<String>,
+        /// Where to execute (gradient programs run on the interpreter for now)
+        #[arg(long, value_enum, default_value_t = Backend::Interp)]
+        backend: Backend,
+        /// f32 or f64 output file
+        #[arg(long, value_enum, default_value_t = FileArg::F32)]
+        dtype: FileArg,
     },
     /// Format specs: canonical text with comments and paragraph breaks kept
     Fmt {
@@ -241,6 +276,21 @@ impl Dtype {
 }
 
 #[derive(Clone, Copy, ValueEnum)]
+enum FileArg {
+    F32,
+    F64,
+}
+
+impl FileArg {
+    fn file(self) -> FileDtype {
+        match self {
+            FileArg::F32 => FileDtype::F32,
+            FileArg::F64 => FileDtype::F64,
+        }
+    }
+}
+
+#[derive(Clone, Copy, ValueEnum)]
 enum KernelDtype {
     F32,
     F16,
@@ -294,7 +344,14 @@ fn main() -> ExitCode {
             }
         }
         Command::Explain { file, set, target, mode } => explain(&file, &set, target.target(), mode.mode()),
-        Command::Ir { file, set } => load(&file, &set).map(|c| print!("{}", c.program.pretty())),
+        Command::Ir { file, set, grad: false, .. } => load(&file, &set).map(|c| print!("{}", c.program.pretty())),
+        Command::Ir { file, set, grad: true, wrt } => program(&file, &set)
+            .and_then(|p| p.gradient(&wrt).map_err(|e| report(e.code(), e)))
+            .map(|g| print!("{}", g.program().ir().pretty())),
+        Command::Grad { file, inputs, seed, cotangents, out, wrt, set, backend, dtype } => {
+            let files = GradFiles { inputs: inputs.as_deref(), cotangents: cotangents.as_deref(), out: &out };
+            grad(&file, &set, files, seed, &wrt, backend, dtype.file())
+        }
         Command::Fmt { files, write, check } => fmt_files(&files, write, check),
         Command::ExplainError { code } => explain_error(&code),
     };
@@ -498,11 +555,65 @@ fn bench_sweep(file: &Path, set: &[String], o: &BenchOpts, sweep: &str, plot: &P
 }
 
 fn explain(file: &Path, set: &[String], target: Target, mode: Mode) -> Result<(), Failed> {
-    let compiled = load(file, set)?;
-    let dims = bind::default_dims(&compiled.program).map_err(|e| report(e.code(), e))?;
-    let cfg = opt::Config { target, mode, explain: true, ..Default::default() };
-    let optimized = opt::optimize(&compiled.program, &dims, &cfg);
-    print!("{}", optimized.report(&target, mode, &dims));
+    let text = program(file, set)?.explain(target, mode).map_err(|e| report(e.code(), e))?;
+    print!("{text}");
+    Ok(())
+}
+
+/// The files `grad` reads and writes.
+struct GradFiles<'a> {
+    inputs: Option<&'a Path>,
+    cotangents: Option<&'a Path>,
+    out: &'a Path,
+}
+
+fn grad(
+    file: &Path,
+    set: &[String],
+    files: GradFiles,
+    seed: Option<u64>,
+    wrt: &[String],
+    backend: Backend,
+    file_dtype: FileDtype,
+) -> Result<(), Failed> {
+    let pfail = |e: PipelineError| report(e.code(), e);
+    let fail = |e: RunError| report(e.code(), e);
+    let gradient = program(file, set)?.gradient(wrt).map_err(pfail)?;
+    for path in [files.inputs, files.cotangents].into_iter().flatten() {
+        if same_file(path, files.out) {
+            let message = format_args!("--out `{}` is an input file; refusing to overwrite it", files.out.display());
+            return Err(report(Code::TensorFile, message));
+        }
+    }
+    let cotangents = files.cotangents.map(io::read_tensors).transpose().map_err(fail)?;
+    let bound = match (files.inputs, seed) {
+        (Some(path), _) => gradient.bind(io::read_tensors(path).map_err(fail)?, cotangents, 0).map_err(pfail)?,
+        (None, Some(s)) => {
+            let drawn = gradient.forward().seeded(s).map_err(pfail)?;
+            gradient.bind(drawn.inputs().clone(), cotangents, s).map_err(pfail)?
+        }
+        (None, None) => unreachable!("clap requires --inputs or --seed"),
+    };
+    let backend = match backend {
+        Backend::Interp => PipelineBackend::Interp,
+        Backend::Wgpu => PipelineBackend::Wgpu,
+        Backend::Cuda => PipelineBackend::Cuda,
+    };
+    let results = bound.run(backend).map_err(pfail)?;
+    let ir = gradient.program().ir();
+    let mut named: Vec<(String, &Tensor)> = ir.outputs.iter().map(|(n, _)| (n.clone(), &results[n])).collect();
+    // What was drawn, so that the run can be reproduced: inputs with --seed, cotangents unless given.
+    let forward_inputs = gradient.forward().ir().inputs.len();
+    for (index, input) in ir.inputs.iter().enumerate() {
+        let drawn = if index < forward_inputs { seed.is_some() } else { files.cotangents.is_none() };
+        if drawn {
+            named.push((input.name.clone(), &bound.inputs()[&input.name]));
+        }
+    }
+    io::write_tensors(files.out, &named, file_dtype).map_err(fail)?;
+    for (name, t) in &named {
+        eprintln!("wrote {name} {:?} to {}", t.shape, files.out.display());
+    }
     Ok(())
 }
 

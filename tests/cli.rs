@@ -372,3 +372,54 @@ fn half_precision_dtypes_run_compile_or_refuse_clearly() {
     assert_eq!(manifest["dtype"], "tf32");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// `attnc grad`: seeded inputs and cotangents, or files; `--wrt`; the
+/// forward outputs are `run`'s; discrete inputs and kernel backends are
+/// refused with nothing written; `ir --grad` prints the gradient program.
+#[test]
+fn grad_writes_gradients_or_refuses_clearly() {
+    let dir = scratch("grad");
+    let sets = ["--set", "H=2", "--set", "P=2", "--set", "d=4", "--set", "N=6"];
+    let read = |p: &Path| decode(&std::fs::read(p).unwrap()).unwrap();
+    let (g, y) = (dir.join("g.safetensors"), dir.join("y.safetensors"));
+    let o = attnc(&[&["grad", "stdlib/iha.attn", "--seed", "4", "--dtype", "f64", "--out", s(&g)][..], &sets].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = attnc(&[&["run", "stdlib/iha.attn", "--seed", "4", "--dtype", "f64", "--out", s(&y)][..], &sets].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let (gf, yf) = (read(&g), read(&y));
+    assert_eq!(gf["y"].data, yf["y"].data, "the gradient run's forward output is run's");
+    for name in ["x", "w_q", "w_k", "w_v", "w_o", "alpha_q", "alpha_k", "alpha_v", "r"] {
+        let grad = &gf[&format!("grad_{name}")];
+        assert_eq!(grad.shape, gf[name].shape, "grad_{name}");
+        assert!(grad.data.iter().any(|v| *v != 0.0) && grad.data.iter().all(|v| v.is_finite()), "grad_{name}");
+        assert_eq!(gf[name].data, yf[name].data, "input {name} drawn as run draws it");
+    }
+    assert_eq!(gf["cot_y"].shape, gf["y"].shape);
+    // The same inputs and cotangents from files give the same gradients.
+    let (inputs, cots, again) = (dir.join("in.safetensors"), dir.join("dy.safetensors"), dir.join("again.safetensors"));
+    std::fs::copy(&y, &inputs).unwrap();
+    let dy = Tensor::new(gf["cot_y"].shape.clone(), gf["cot_y"].data.clone());
+    std::fs::write(&cots, encode(&[("y".to_string(), &dy)], FileDtype::F64).unwrap()).unwrap();
+    let args = ["grad", "stdlib/iha.attn", "--inputs", s(&inputs), "--cotangents", s(&cots), "--wrt", "alpha_q,r"];
+    let o = attnc(&[&args[..], &["--dtype", "f64", "--out", s(&again)], &sets].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let af = read(&again);
+    assert_eq!(af.keys().collect::<Vec<_>>(), ["grad_alpha_q", "grad_r", "y"]);
+    assert_eq!(af["grad_alpha_q"].data, gf["grad_alpha_q"].data);
+    assert_eq!(af["grad_r"].data, gf["grad_r"].data);
+    for (extra, needle) in [
+        (&["stdlib/odrpo.attn", "--wrt", "rewards"][..], "error[E0801]: input `rewards` takes discrete values"),
+        (&["stdlib/mha.attn", "--wrt", "nope"][..], "`nope` is not an input"),
+        (&["stdlib/mha.attn", "--backend", "wgpu"][..], "gradient programs run on the interpreter"),
+    ] {
+        let out = dir.join("refused.safetensors");
+        let o = attnc(&[&["grad"][..], extra, &["--seed", "1", "--out", s(&out)]].concat());
+        let err = stderr(&o);
+        assert!(!o.status.success() && !out.exists() && err.contains(needle) && !err.contains("panicked"), "{err}");
+    }
+    let o = attnc(&["ir", "stdlib/mha.attn", "--grad", "--wrt", "w_q"]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success() && text.contains("attention_grad_q") && text.contains("output grad_w_q"), "{text}");
+    assert!(!text.contains("output grad_w_k"), "{text}");
+    std::fs::remove_dir_all(&dir).ok();
+}

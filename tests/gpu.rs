@@ -504,9 +504,17 @@ fn random_config(gpu: &Dev, c: &Cfg) {
     let compiled = compile_stdlib(spec, &s);
     let mut rng = Rng::for_input(c.seed, "gpu");
     let mut inputs = seeded(&compiled, rng.next_u64());
-    // Fresh activations with large entries, so the online softmax sees big logits.
-    let x = inputs.get_mut("x").unwrap();
-    x.data.iter_mut().for_each(|v| *v = 8.0 * (2.0 * rng.unit() - 1.0));
+    // Fresh activations with large entries, so the online softmax sees big
+    // logits. Not in half precision: there logits in the hundreds make the
+    // output ill-conditioned (a change of one unit in the last place of a
+    // query moves whole rows of probabilities), and every 16-bit
+    // computation, the same-dtype reference included, lands far from the
+    // float64 result; half precision is held to FlashAttention's rule on the
+    // spec's own N(0, 1) activations, as FlashAttention's tests do.
+    if gpu.dtype == Dtype::F32 {
+        let x = inputs.get_mut("x").unwrap();
+        x.data.iter_mut().for_each(|v| *v = 8.0 * (2.0 * rng.unit() - 1.0));
+    }
     check_spec(gpu, &compiled, &inputs, c.optimize, &format!("{spec} {s:?}"));
 }
 
@@ -714,10 +722,14 @@ fn tf32_gemms_on_fragments_match_the_interpreter() {
     let refused = gpu.supports(Dtype::Tf32).expect_err("wgpu has no TF32 matrix products").to_string();
     assert!(refused.contains("cannot run tf32 kernels") && refused.contains("--dtype f32"), "{refused}");
     let dev = Dev { gpu: gpu.with_software_fragments(), dtype: Dtype::Tf32 };
-    let mut cases: Vec<attnc_compiler::Compiled> = [("[700, 37]", "[37, 45]"), ("[1030, 64]", "[64, 264]"), ("[3, 5]", "[5, 7]")]
-        .iter()
-        .map(|(a, b)| attnc_compiler::compile(&format!("spec g\ninput a: {a}\ninput b: {b}\noutput y = a @ b\n"), &[]).unwrap())
-        .collect();
+    let mut cases: Vec<attnc_compiler::Compiled> =
+        [("[700, 37]", "[37, 45]"), ("[1030, 64]", "[64, 264]"), ("[3, 5]", "[5, 7]")]
+            .iter()
+            .map(|(a, b)| {
+                attnc_compiler::compile(&format!("spec g\ninput a: {a}\ninput b: {b}\noutput y = a @ b\n"), &[])
+                    .unwrap()
+            })
+            .collect();
     cases.push(compile_stdlib("iha", &sets(&[("H", "4"), ("P", "3"), ("d", "16"), ("N", "70"), ("B", "2")])));
     cases.push(compile_stdlib("mha", &sets(&[("H", "3"), ("d", "40"), ("N", "150")])));
     for c in &cases {
@@ -728,7 +740,10 @@ fn tf32_gemms_on_fragments_match_the_interpreter() {
         let same = dev.same(&c.program, &tensors, &dims).unwrap();
         let p = dev.plan(&c.program, &dims);
         let gemms = p.launches.iter().filter(|l| matches!(l.spec, plan::KernelSpec::MatMul { .. }));
-        assert!(gemms.clone().count() > 0 && gemms.clone().all(|l| l.spec.fragments()), "{name}: GEMMs not on fragments");
+        assert!(
+            gemms.clone().count() > 0 && gemms.clone().all(|l| l.spec.fragments()),
+            "{name}: GEMMs not on fragments"
+        );
         let (got, _) = dev.run(&p, &inputs).unwrap_or_else(|e| panic!("{name}: {e}"));
         for ((g, w), r) in got.iter().zip(&want).zip(&same) {
             check_close(Dtype::F32, &g.data, &w.data, None, &format!("{name} (tf32 in software)"));

@@ -75,6 +75,8 @@ codes! {
         "An input tensor file is missing a tensor, has an extra one, or a tensor with the wrong shape or dtype, or the file is not valid safetensors.";
     BadInputValue = "E0602", "invalid input value",
         "An input holds a value the spec's semantics reject, e.g. a rating outside 1..K or a NaN reward. The message names the group and sample.";
+    NoGradient = "E0801", "no gradient",
+        "A gradient was asked of an input that has none: its values are discrete (`integers`, `binary`), or it is not an input of the spec. Gradients flow through every continuous operation; comparisons, `thresholds` and `count` pass none. `attnc grad --wrt` takes the continuous inputs.";
     Internal = "E0901", "internal compiler error",
         "The compiler produced an invalid program. This is a bug in attnc; please report it with the spec.";
     Backend = "E0701", "backend unavailable",

@@ -342,7 +342,7 @@ pub enum Op {
     Thresholds { x: NodeId, levels: u64 },
     /// Head mixing as a linear map on the last axis (columns), with `d = cols / M`:
     /// `out[.., (h·P + j)·d + e] = Σ_m alpha[m,h,j] · y[.., m·d + e]`. Applied to a
-    /// weight matrix it gives the folded projection W̃ of papers.md §2.
+    /// weight matrix it gives the folded projection W̃ of docs/semantics.md §2.
     /// ## Shape rules
     /// `y: [..., M·d]`, `alpha: [M, H, P]` → `[..., H·P·d]`.
     MixCols { y: NodeId, alpha: NodeId },
@@ -352,7 +352,7 @@ pub enum Op {
     /// `y: [..., C·d]`, `r: [H, C]` → `[..., H·d]`.
     CollapseCols { y: NodeId, r: NodeId },
     /// Collapse folded into the rows of an output projection, with `d = rows / H`:
-    /// `out[c·d + e, f] = Σ_h r[h, c] · w[h·d + e, f]` (W̃_O of papers.md §2).
+    /// `out[c·d + e, f] = Σ_h r[h, c] · w[h·d + e, f]` (W̃_O of docs/semantics.md §2).
     /// ## Shape rules
     /// `w: [H·d, F]`, `r: [H, C]` → `[C·d, F]`.
     CollapseRows { w: NodeId, r: NodeId },
@@ -372,6 +372,66 @@ pub enum Op {
     /// ## Shape rules
     /// `x: [..., F]` with `start + len ≤ F` (known) → `[..., len]`.
     SliceCols { x: NodeId, start: u64, len: u64 },
+
+    // The operations below appear in gradient programs (`grad.rs`) only.
+    /// The transpose of a matrix.
+    /// ## Shape rules
+    /// `x: [K, F]` → `[F, K]`.
+    Transpose { x: NodeId },
+    /// `aᵀ · b` over all leading axes: `out[k, f] = Σ_r a[r, k] · b[r, f]` with `r`
+    /// running over every leading index (a weight's gradient).
+    /// ## Shape rules
+    /// `a: [..., K]`, `b: [..., F]` with equal leading axes → `[K, F]`.
+    MatMulAt { a: NodeId, b: NodeId },
+    /// Size-1 axes inserted so that they stand at `axes` (sorted) of the result.
+    /// ## Shape rules
+    /// `x` of rank `r` → rank `r + len(axes)`.
+    Unsqueeze { x: NodeId, axes: Vec<usize> },
+    /// The transpose of `MixHeads` in `x`: `out[b,m,s,e] = Σ_{h,j} alpha[m,h,j] · y[b,h,j,s,e]`.
+    /// ## Shape rules
+    /// `y: [B, H, P, S, d]`, `alpha: [M, H, P]` → `[B, M, S, d]`.
+    MixHeadsT { y: NodeId, alpha: NodeId },
+    /// The gradient of `MixHeads` in `alpha`: `out[m,h,j] = Σ_{b,s,e} x[b,m,s,e] · dy[b,h,j,s,e]`.
+    /// ## Shape rules
+    /// `x: [B, M, S, d]`, `dy: [B, H, P, S, d]` → `[M, H, P]`.
+    MixHeadsGrad { x: NodeId, dy: NodeId },
+    /// The transpose of `Collapse` in `x`: `out[b,h',j,s,e] = Σ_h r[h, h'·P + j] · dy[b,h,s,e]`.
+    /// ## Shape rules
+    /// `dy: [B, H, S, d]`, `r: [H, H'·P]` → `[B, H', P, S, d]` with `P = pseudo`.
+    CollapseT { dy: NodeId, r: NodeId, pseudo: u64 },
+    /// The gradient of `Collapse` in `r`: `out[h, h'·P + j] = Σ_{b,s,e} dy[b,h,s,e] · x[b,h',j,s,e]`.
+    /// ## Shape rules
+    /// `x: [B, H', P, S, d]`, `dy: [B, H, S, d]` → `[H, H'·P]`.
+    CollapseGrad { x: NodeId, dy: NodeId },
+    /// Per query row of `Attention`, the log-sum-exp of its scaled visible
+    /// scores (−∞ for a row that sees no key): what the backward saves.
+    /// ## Shape rules
+    /// `q: [B, H, S, d]`, `k: [B, H_kv, S_k, d]` → `[B, H, S]`.
+    AttentionLse { q: NodeId, k: NodeId, mask: Mask, scale: f64 },
+    /// FlashAttention's backward: the gradient of `Attention` in its `wrt`
+    /// operand, from the forward output `o`, its cotangent `dout` and the rows'
+    /// `lse`; probabilities are recomputed, never stored.
+    /// ## Shape rules
+    /// As `Attention`'s operands; the result has the shape of `q`, `k` or `v`.
+    AttentionGrad {
+        q: NodeId,
+        k: NodeId,
+        v: NodeId,
+        o: NodeId,
+        dout: NodeId,
+        lse: NodeId,
+        mask: Mask,
+        scale: f64,
+        wrt: AttnArg,
+    },
+}
+
+/// An operand of attention (what `AttentionGrad` differentiates by).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AttnArg {
+    Q,
+    K,
+    V,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -429,6 +489,13 @@ impl Op {
             Op::BlockDiag { r, .. } => vec![r],
             Op::Collapse { x, r } => vec![x, r],
             Op::Attention { q, k, v, .. } => vec![q, k, v],
+            Op::Transpose { x } | Op::Unsqueeze { x, .. } => vec![x],
+            Op::MatMulAt { a, b } => vec![a, b],
+            Op::MixHeadsT { y, alpha } => vec![y, alpha],
+            Op::MixHeadsGrad { x, dy } | Op::CollapseGrad { x, dy } => vec![x, dy],
+            Op::CollapseT { dy, r, .. } => vec![dy, r],
+            Op::AttentionLse { q, k, .. } => vec![q, k],
+            Op::AttentionGrad { q, k, v, o, dout, lse, .. } => vec![q, k, v, o, dout, lse],
         }
     }
 
@@ -463,6 +530,21 @@ impl Op {
                 *a = f(*a);
                 *b = f(*b);
                 *c = f(*c);
+            }
+            Op::Transpose { x } | Op::Unsqueeze { x, .. } => *x = f(*x),
+            Op::MatMulAt { a: x, b: y }
+            | Op::MixHeadsT { y: x, alpha: y }
+            | Op::MixHeadsGrad { x, dy: y }
+            | Op::CollapseGrad { x, dy: y }
+            | Op::CollapseT { dy: x, r: y, .. }
+            | Op::AttentionLse { q: x, k: y, .. } => {
+                *x = f(*x);
+                *y = f(*y);
+            }
+            Op::AttentionGrad { q, k, v, o, dout, lse, .. } => {
+                for id in [q, k, v, o, dout, lse] {
+                    *id = f(*id);
+                }
             }
         }
     }
@@ -616,6 +698,89 @@ impl Op {
                     return err(BadSize, "the window must be at least 1 token".into());
                 }
                 Shape(vec![sq.0[0].clone(), sq.0[1].clone(), sq.0[2].clone(), sv.0[3].clone()])
+            }
+            Op::Transpose { x } => {
+                let s = shape(x);
+                want_rank("the operand of a transpose", &s, 2)?;
+                Shape(vec![s.0[1].clone(), s.0[0].clone()])
+            }
+            Op::MatMulAt { a, b } => {
+                let (sa, sb) = (shape(a), shape(b));
+                want_min_rank("the left operand of `aᵀ·b`", &sa, 1)?;
+                if sa.rank() != sb.rank() || sa.0[..sa.rank() - 1] != sb.0[..sb.rank() - 1] {
+                    return err(Mismatch, format!("`aᵀ·b` needs equal leading axes, but has {sa} and {sb}"));
+                }
+                Shape(vec![sa.back(1).clone(), sb.back(1).clone()])
+            }
+            Op::Unsqueeze { x, ref axes } => {
+                let s = shape(x);
+                let rank = s.rank() + axes.len();
+                if axes.windows(2).any(|w| w[0] >= w[1]) || axes.iter().any(|a| *a >= rank) {
+                    return err(BadSize, format!("cannot insert axes {axes:?} into {s}"));
+                }
+                let mut rest = s.0.into_iter();
+                Shape((0..rank).map(|i| if axes.contains(&i) { Dim::known(1) } else { rest.next().unwrap() }).collect())
+            }
+            Op::MixHeadsT { y, alpha } => {
+                let (sy, sa) = (shape(y), shape(alpha));
+                want_rank("the operand of a transposed head mixing", &sy, 5)?;
+                want_rank("the mixing coefficients", &sa, 3)?;
+                if sa.0[1..] != sy.0[1..3] {
+                    return err(Mismatch, format!("mixing coefficients {sa} do not match the mixed heads {sy}"));
+                }
+                Shape(vec![sy.0[0].clone(), sa.0[0].clone(), sy.0[3].clone(), sy.0[4].clone()])
+            }
+            Op::MixHeadsGrad { x, dy } => {
+                let (sx, sy) = (shape(x), shape(dy));
+                want_rank("the mixed operand", &sx, 4)?;
+                want_rank("the mixing's cotangent", &sy, 5)?;
+                if sx.0[0] != sy.0[0] || sx.0[2..] != sy.0[3..] {
+                    return err(Mismatch, format!("head mixing's operand {sx} and cotangent {sy} differ"));
+                }
+                Shape(vec![sx.0[1].clone(), sy.0[1].clone(), sy.0[2].clone()])
+            }
+            Op::CollapseT { dy, r, pseudo } => {
+                let (sy, sr) = (shape(dy), shape(r));
+                want_rank("the collapse's cotangent", &sy, 4)?;
+                want_rank("the collapse matrix", &sr, 2)?;
+                let Some(heads) = sr.0[1].div_exact(pseudo).filter(|_| sr.0[0] == sy.0[1]) else {
+                    return err(
+                        Mismatch,
+                        format!("collapse matrix {sr} does not match cotangent {sy} and P = {pseudo}"),
+                    );
+                };
+                Shape(vec![sy.0[0].clone(), heads, Dim::known(pseudo), sy.0[2].clone(), sy.0[3].clone()])
+            }
+            Op::CollapseGrad { x, dy } => {
+                let (sx, sy) = (shape(x), shape(dy));
+                want_rank("the collapsed operand", &sx, 5)?;
+                want_rank("the collapse's cotangent", &sy, 4)?;
+                if sx.0[0] != sy.0[0] || sx.0[3..] != sy.0[2..] {
+                    return err(Mismatch, format!("collapse's operand {sx} and cotangent {sy} differ"));
+                }
+                let cols =
+                    sx.0[1].mul(&sx.0[2]).ok_or(ShapeError { kind: BadSize, message: "size overflow".into() })?;
+                Shape(vec![sy.0[1].clone(), cols])
+            }
+            Op::AttentionLse { q, k, .. } => {
+                let (sq, sk) = (shape(q), shape(k));
+                want_rank("the queries", &sq, 4)?;
+                want_rank("the keys", &sk, 4)?;
+                Shape(sq.0[..3].to_vec())
+            }
+            Op::AttentionGrad { q, k, v, o, dout, lse, wrt, .. } => {
+                let (sq, so, sd, sl) = (shape(q), shape(o), shape(dout), shape(lse));
+                if so != sd || sl.0[..] != sq.0[..3] {
+                    return err(
+                        Mismatch,
+                        format!("attention's output {so}, cotangent {sd} and row statistics {sl} differ"),
+                    );
+                }
+                match wrt {
+                    AttnArg::Q => sq,
+                    AttnArg::K => shape(k),
+                    AttnArg::V => shape(v),
+                }
             }
             Op::Binary { a, b, op } => broadcast(&shape(a), &shape(b))
                 .map_err(|m| ShapeError { kind: Mismatch, message: format!("`{op:?}`: {m}") })?,
@@ -865,6 +1030,10 @@ impl Program {
 
     /// A readable listing, one node per line; stable text for snapshots.
     pub fn pretty(&self) -> String {
+        let mask_text = |mask: &Mask| {
+            let window = mask.window.map_or("none".into(), |w| w.to_string());
+            format!("mask={}, window={window}, block={}", mask.kind.name(), mask.block)
+        };
         let mut out = format!("program {}\n", self.name);
         for d in &self.dims {
             let _ = writeln!(out, "  dim {}{}", d.name, d.default.map_or(String::new(), |v| format!(" = {v}")));
@@ -891,12 +1060,9 @@ impl Program {
                 Op::BlockDiag { r, block } => format!("block_diag {r}, block={block}"),
                 Op::Collapse { x, r } => format!("collapse {x}, {r}"),
                 Op::Rope { x, base } => format!("rope {x}, base={base:?}"),
-                Op::Attention { q, k, v, mask, scale } => format!(
-                    "attention {q}, {k}, {v}, mask={}, window={}, block={}, scale={scale:?}",
-                    mask.kind.name(),
-                    mask.window.map_or("none".into(), |w| w.to_string()),
-                    mask.block
-                ),
+                Op::Attention { q, k, v, mask, scale } => {
+                    format!("attention {q}, {k}, {v}, {}, scale={scale:?}", mask_text(mask))
+                }
                 Op::Binary { op, a, b } => format!("{} {a}, {b}", op.name()),
                 Op::Unary { op, x } => format!("{} {x}", op.name()),
                 Op::Constant { values } => format!("constant {values:?}"),
@@ -913,6 +1079,21 @@ impl Program {
                 Op::FlattenHeads { x } => format!("flatten_heads {x}"),
                 Op::ConcatCols { a, b } => format!("concat_cols {a}, {b}"),
                 Op::SliceCols { x, start, len } => format!("slice_cols {x}, start={start}, len={len}"),
+                Op::Transpose { x } => format!("transpose {x}"),
+                Op::MatMulAt { a, b } => format!("matmul_at {a}, {b}"),
+                Op::Unsqueeze { x, axes } => format!("unsqueeze {x}, axes={axes:?}"),
+                Op::MixHeadsT { y, alpha } => format!("mix_heads_t {y}, {alpha}"),
+                Op::MixHeadsGrad { x, dy } => format!("mix_heads_grad {x}, {dy}"),
+                Op::CollapseT { dy, r, pseudo } => format!("collapse_t {dy}, {r}, pseudo={pseudo}"),
+                Op::CollapseGrad { x, dy } => format!("collapse_grad {x}, {dy}"),
+                Op::AttentionLse { q, k, mask, scale } => {
+                    format!("attention_lse {q}, {k}, {}, scale={scale:?}", mask_text(mask))
+                }
+                Op::AttentionGrad { q, k, v, o, dout, lse, mask, scale, wrt } => format!(
+                    "attention_grad_{} {q}, {k}, {v}, {o}, {dout}, {lse}, {}, scale={scale:?}",
+                    format!("{wrt:?}").to_lowercase(),
+                    mask_text(mask)
+                ),
             };
             let _ = writeln!(out, "  %{i} = {desc} : {}", n.shape);
         }

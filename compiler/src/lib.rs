@@ -7,6 +7,7 @@
 pub mod builtins;
 pub mod codes;
 pub mod diag;
+pub mod grad;
 pub mod ir;
 mod lower;
 pub mod opt;

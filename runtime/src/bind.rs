@@ -256,16 +256,16 @@ pub fn default_dims(program: &Program) -> Result<DimValues, RunError> {
 pub fn generate_inputs(program: &Program, seed: u64) -> Result<(Vec<Tensor>, DimValues), RunError> {
     let dims = default_dims(program)?;
     check_sizes(program, &dims)?;
-    let inputs = program
-        .inputs
-        .iter()
-        .enumerate()
-        .map(|(i, input)| {
-            let shape = concrete(program.input_shape(i), &dims);
-            let mut rng = Rng::for_input(seed, &input.name);
-            let n = shape.iter().product();
-            Tensor::new(shape, (0..n).map(|_| rng.draw(&input.init)).collect())
-        })
-        .collect();
+    let inputs = (0..program.inputs.len()).map(|i| draw_input(program, i, &dims, seed)).collect();
     Ok((inputs, dims))
+}
+
+/// Input `index` drawn for `--seed` at `dims`: a pure function of the seed,
+/// the input's name, its distribution and its size.
+pub fn draw_input(program: &Program, index: usize, dims: &DimValues, seed: u64) -> Tensor {
+    let input = &program.inputs[index];
+    let shape = concrete(program.input_shape(index), dims);
+    let mut rng = Rng::for_input(seed, &input.name);
+    let n = shape.iter().product();
+    Tensor::new(shape, (0..n).map(|_| rng.draw(&input.init)).collect())
 }

@@ -31,7 +31,9 @@ pub fn encode(dtype: Dtype, values: &[f64]) -> Vec<u8> {
 /// The values of a device buffer of `dtype`.
 pub fn decode(dtype: Dtype, bytes: &[u8]) -> Vec<f64> {
     match dtype.storage() {
-        Dtype::F32 | Dtype::Tf32 => bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap()) as f64).collect(),
+        Dtype::F32 | Dtype::Tf32 => {
+            bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap()) as f64).collect()
+        }
         Dtype::F16 => bytes.chunks_exact(2).map(|b| f16::from_le_bytes([b[0], b[1]]).to_f64()).collect(),
         Dtype::Bf16 => bytes.chunks_exact(2).map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f64()).collect(),
     }

@@ -44,6 +44,9 @@ pub enum Error {
     /// The spec file could not be read.
     #[error("cannot read `{}`: {source}", path.display())]
     Read { path: PathBuf, source: std::io::Error },
+    /// A gradient that does not exist (an input with discrete values, or no input).
+    #[error("{}", .0.message)]
+    Gradient(attnc_compiler::grad::GradError),
 }
 
 impl Error {
@@ -58,6 +61,7 @@ impl Error {
             Error::Device(_) => Code::Backend,
             Error::Emit(_) => Code::Internal,
             Error::Read { .. } => Code::Syntax,
+            Error::Gradient(e) => e.code,
         }
     }
 }
@@ -163,6 +167,22 @@ impl Program {
         })
     }
 
+    /// The optimizer's report at the default dims for `target` in `mode`
+    /// (`attnc explain`): the candidates, their costs and the choice.
+    pub fn explain(&self, target: cost::Target, mode: cost::Mode) -> Result<String, Error> {
+        let dims = self.default_dims()?;
+        let cfg = opt::Config { target, mode, explain: true, ..Default::default() };
+        Ok(opt::optimize(self.ir(), &dims, &cfg).report(&target, mode, &dims))
+    }
+
+    /// The gradient program with respect to the inputs `wrt` (every input
+    /// with continuous values when empty): see `compiler::grad`.
+    pub fn gradient(&self, wrt: &[String]) -> Result<Gradient, Error> {
+        let program = attnc_compiler::grad::differentiate(self.ir(), wrt).map_err(Error::Gradient)?;
+        let compiled = Compiled { program, params: self.compiled.params.clone(), warnings: vec![] };
+        Ok(Gradient { forward: self.clone(), program: Program { compiler: self.compiler.clone(), compiled } })
+    }
+
     /// Warnings found while compiling, rendered (empty when none).
     pub fn warnings(&self) -> String {
         match self.compiled.warnings.is_empty() {
@@ -198,6 +218,66 @@ impl Program {
     fn bound(&self, tensors: Vec<Tensor>, dims: DimValues) -> Bound {
         let inputs = self.ir().inputs.iter().map(|i| i.name.clone()).zip(tensors).collect();
         Bound { original: self.ir().clone(), chosen: self.ir().clone(), dims, inputs, dtype: Dtype::F32 }
+    }
+}
+
+/// A spec's gradient program (`attnc grad`): the forward outputs and, from
+/// a cotangent `cot_<output>` for each output, `grad_<input>` for each
+/// differentiated input.
+#[derive(Clone, Debug)]
+pub struct Gradient {
+    forward: Program,
+    program: Program,
+}
+
+impl Gradient {
+    /// The gradient program, to print, optimize, plan or run like any other.
+    pub fn program(&self) -> &Program {
+        &self.program
+    }
+
+    /// The forward program it differentiates.
+    pub fn forward(&self) -> &Program {
+        &self.forward
+    }
+
+    /// Bind the forward inputs (dims from their shapes) and the cotangents,
+    /// named like the outputs; without `cotangents`, they are drawn with
+    /// `seed` (standard normal, as `--seed` draws `cot_<output>`).
+    pub fn bind(
+        &self,
+        inputs: BTreeMap<String, Tensor>,
+        cotangents: Option<BTreeMap<String, Tensor>>,
+        seed: u64,
+    ) -> Result<Bound, Error> {
+        let forward = self.forward.bind(inputs)?;
+        let mut all = forward.inputs.clone();
+        let outputs = &self.forward.ir().outputs;
+        match cotangents {
+            Some(mut given) => {
+                for (name, _) in outputs {
+                    let t = given.remove(name).ok_or_else(|| {
+                        RunError::TensorFile(format!(
+                            "missing cotangent `{name}` (one tensor per output, named like it)"
+                        ))
+                    })?;
+                    all.insert(attnc_compiler::grad::cotangent_name(name), t);
+                }
+                if let Some(extra) = given.keys().next() {
+                    let names: Vec<&str> = outputs.iter().map(|(n, _)| n.as_str()).collect();
+                    let message =
+                        format!("unexpected cotangent `{extra}`: the spec's outputs are {}", names.join(", "));
+                    return Err(RunError::TensorFile(message).into());
+                }
+            }
+            None => {
+                let ir = self.program.ir();
+                for (index, input) in ir.inputs.iter().enumerate().skip(self.forward.ir().inputs.len()) {
+                    all.insert(input.name.clone(), bind::draw_input(ir, index, &forward.dims, seed));
+                }
+            }
+        }
+        self.program.bind(all)
     }
 }
 
@@ -256,6 +336,7 @@ impl Bound {
 
     /// Kernel source for every launch (file name, text) and the manifest.
     pub fn emit(&self, target: emit::Target) -> Result<(Vec<(String, String)>, emit::Manifest), Error> {
+        self.kernels_exist()?;
         match (target, self.dtype) {
             (emit::Target::Wgsl, Dtype::Bf16) => {
                 return Err(Error::Setting(
@@ -286,6 +367,9 @@ impl Bound {
 
     /// Run on `backend`; the outputs by name.
     pub fn run(&self, backend: Backend) -> Result<BTreeMap<String, Tensor>, Error> {
+        if backend != Backend::Interp {
+            self.kernels_exist()?;
+        }
         match backend.device()? {
             None if self.dtype != Dtype::F32 => Err(Error::Setting(format!(
                 "--dtype {} applies to the kernel backends (wgpu, cuda); the interpreter computes in float64",
@@ -298,9 +382,20 @@ impl Bound {
 
     /// Run the kernels on a device one already has.
     pub fn run_on(&self, gpu: &Gpu) -> Result<BTreeMap<String, Tensor>, Error> {
+        self.kernels_exist()?;
         self.tensors()?;
         let (outputs, _) = gpu.run(&self.plan(), &self.inputs)?;
         Ok(self.name_outputs(outputs))
+    }
+
+    /// Refuse programs with operations no kernel computes yet (gradients).
+    fn kernels_exist(&self) -> Result<(), Error> {
+        match plan::unsupported(&self.chosen) {
+            None => Ok(()),
+            Some(op) => Err(Error::Setting(format!(
+                "no kernel computes `{op}` yet: gradient programs run on the interpreter for now (`--backend interp`)"
+            ))),
+        }
     }
 
     /// The float64 interpreter's outputs (the program's meaning).

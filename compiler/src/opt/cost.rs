@@ -120,6 +120,21 @@ pub fn op_cost(op: &Op, out: &[usize], operands: &[Vec<usize>]) -> OpCost {
             let pairs = (b * h) as f64 * visible_pairs(mask, s, v[2]);
             kernel(pairs * (2.0 * d as f64 + 2.0 * e as f64 + 5.0))
         }
+        Op::AttentionLse { mask, .. } | Op::AttentionGrad { mask, .. } => {
+            let (q, k) = (&operands[0], &operands[1]);
+            let (b, h, s, d) = (q[0], q[1], q[2], q[3]);
+            let pairs = (b * h) as f64 * visible_pairs(mask, s, k[2]);
+            // The backward recomputes the scores and multiplies twice more per operand.
+            let per_pair =
+                if matches!(op, Op::AttentionLse { .. }) { 2.0 * d as f64 + 3.0 } else { 6.0 * d as f64 + 5.0 };
+            kernel(pairs * per_pair)
+        }
+        Op::MatMulAt { .. } => kernel(2.0 * numel(&operands[0]) * out[1] as f64),
+        Op::MixHeadsT { .. } => kernel(2.0 * numel(&operands[0]) * operands[1][0] as f64),
+        Op::MixHeadsGrad { .. } => kernel(2.0 * numel(&operands[1]) * operands[0][1] as f64),
+        Op::CollapseT { .. } => kernel(2.0 * numel(out) * operands[1][0] as f64),
+        Op::CollapseGrad { .. } => kernel(2.0 * numel(&operands[0]) * out[0] as f64),
+        Op::Transpose { .. } | Op::Unsqueeze { .. } => kernel(0.0),
         Op::LooMean { .. } => kernel(2.0 * numel(out)),
         Op::Reduce { .. } => kernel(numel(&operands[0])),
         Op::Binary { .. }

@@ -56,7 +56,7 @@ pub fn opaque_index(sym: Symbol) -> usize {
     s[s.rfind('#').expect("opaque symbols end in #index") + 1..].parse().expect("opaque index")
 }
 
-fn op_name(op: &Op) -> String {
+pub(crate) fn op_name(op: &Op) -> String {
     let debug = format!("{op:?}");
     let head = debug.split([' ', '{', '(']).next().unwrap_or("op");
     // CamelCase → snake_case, for readable explanations.

@@ -280,6 +280,24 @@ fn scale_of(p: &Program, n: usize) -> Option<(usize, f64)> {
 }
 
 /// Plan `p` at the concrete `dims`.
+/// The first operation of `p` that no kernel computes yet, if any: the
+/// gradient operations (`compiler::grad`) run on the interpreter only.
+/// [`plan`] takes programs without them.
+pub fn unsupported(p: &Program) -> Option<String> {
+    p.nodes.iter().find_map(|n| match n.op {
+        Op::Transpose { .. }
+        | Op::MatMulAt { .. }
+        | Op::Unsqueeze { .. }
+        | Op::MixHeadsT { .. }
+        | Op::MixHeadsGrad { .. }
+        | Op::CollapseT { .. }
+        | Op::CollapseGrad { .. }
+        | Op::AttentionLse { .. }
+        | Op::AttentionGrad { .. } => Some(crate::opt::lang::op_name(&n.op)),
+        _ => None,
+    })
+}
+
 pub fn plan(p: &Program, dims: &DimValues) -> Plan {
     let shapes: Vec<Vec<usize>> = p.nodes.iter().map(|n| concrete(&n.shape, dims)).collect();
     // Group-local work: one group kernel per root; nodes only those kernels
@@ -554,6 +572,15 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
             | Op::UnflattenHeads { .. }
             | Op::FlattenHeads { .. }
             | Op::SliceCols { .. } => unreachable!("leaves and layout operations launch nothing"),
+            Op::Transpose { .. }
+            | Op::MatMulAt { .. }
+            | Op::Unsqueeze { .. }
+            | Op::MixHeadsT { .. }
+            | Op::MixHeadsGrad { .. }
+            | Op::CollapseT { .. }
+            | Op::CollapseGrad { .. }
+            | Op::AttentionLse { .. }
+            | Op::AttentionGrad { .. } => unreachable!("refused by `unsupported` before planning"),
         };
         if let Some(values) = rope_table {
             let n = values.len();

@@ -334,7 +334,9 @@ impl IrKernel {
                     let scale = scale.expect("attention takes a scale");
                     if self.mma != Mma::Off {
                         let (q, kb, v, hardware) = (&bufs[0], &bufs[1], &bufs[2], self.mma == Mma::Hardware);
-                        return mma::build_attention::<N>(scope, q, kb, v, &mut out, scale, &shape, lanes, hardware, self.dtype);
+                        return mma::build_attention::<N>(
+                            scope, q, kb, v, &mut out, scale, &shape, lanes, hardware, self.dtype,
+                        );
                     }
                     attention::build::<N>(
                         scope, &bufs[0], &bufs[1], &bufs[2], &mut out, scale, &shape, lanes, self.plane,

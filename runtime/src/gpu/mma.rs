@@ -82,7 +82,8 @@ fn hw_mma<N: Size>(
     #[comptime] k: usize,
 ) {
     let b_layout = comptime![if b_col_major { MatrixLayout::ColMajor } else { MatrixLayout::RowMajor }];
-    let mut a = unsafe { cmma::Matrix::<Operand>::uninitialized(MatrixIdent::A, 16usize, 16usize, k, MatrixLayout::RowMajor) };
+    let mut a =
+        unsafe { cmma::Matrix::<Operand>::uninitialized(MatrixIdent::A, 16usize, 16usize, k, MatrixLayout::RowMajor) };
     let mut b = unsafe { cmma::Matrix::<Operand>::uninitialized(MatrixIdent::B, 16usize, 16usize, k, b_layout) };
     cmma::load(&mut a, &x[a_at..], a_stride);
     cmma::load(&mut b, &x[b_at..], b_stride);
@@ -196,7 +197,8 @@ impl Frags {
         let (k, lanes) = (self.k, N::value());
         for step in 0..F / k {
             // Vectors from the first fragment's start to this one's along the inner dimension.
-            let (a_step, b_step) = (step * k / lanes, if b_col_major { step * k / lanes } else { step * k * b_stride / lanes });
+            let (a_step, b_step) =
+                (step * k / lanes, if b_col_major { step * k / lanes } else { step * k * b_stride / lanes });
             let a_at = k::add_index::expand(scope, a_at.clone(), k::const_index::expand(scope, a_step));
             let b_at = k::add_index::expand(scope, b_at.clone(), k::const_index::expand(scope, b_step));
             match acc {
@@ -416,7 +418,8 @@ pub fn build_gemm<N: Size>(
         })
         .collect();
     // TF32 operands are rounded on their way to shared memory (on the device; software fragments multiply in f32).
-    let rounded = |scope: &Scope, v| if hardware && dtype == Dtype::Tf32 { to_operand::expand::<N>(scope, v) } else { v };
+    let rounded =
+        |scope: &Scope, v| if hardware && dtype == Dtype::Tf32 { to_operand::expand::<N>(scope, v) } else { v };
     let mut accs: Vec<Acc> = (0..8 * bw / F).map(|_| frags.zero(scope)).collect();
     let range = RangeExpand::new(NativeExpand::from_lit(scope, 0usize), NativeExpand::from_lit(scope, stages));
     for_expand(scope, range, false, |scope, s| {
@@ -432,7 +435,10 @@ pub fn build_gemm<N: Size>(
             let krow = k::add_index::expand(scope, k::idx_mul::expand(scope, s.clone(), F), kr.clone());
             let inside = k::below::expand(scope, krow.clone(), kdim);
             let start = gemm::b_row_start::expand(scope, krow, shape.b_row, shape.b_offset);
-            let v = rounded(scope, load_or_zero::expand::<N>(scope, b, k::add_index::expand(scope, start, col.clone()), inside));
+            let v = rounded(
+                scope,
+                load_or_zero::expand::<N>(scope, b, k::add_index::expand(scope, start, col.clone()), inside),
+            );
             let exists = k::below::expand(scope, idx.clone(), b_len);
             let at = k::add_index::expand(scope, k::const_index::expand(scope, a_len), idx.clone());
             if_expand(scope, exists, |scope| put::expand::<N>(scope, &mut stage, at, v));
@@ -462,7 +468,23 @@ pub fn build_gemm<N: Size>(
             let row = gemm_row::expand(scope, warp.clone(), i.clone(), r, shape.fold);
             let (ra, h) = (row_at.clone(), half.clone());
             let (m, targets, s) = (mix.m, mix.h * mix.p, mix.s);
-            mix_row::expand::<N>(scope, out, &scratch, alpha, row, ra, h, scale.clone(), m, ce, targets, s, dl, rows, shape.fold);
+            mix_row::expand::<N>(
+                scope,
+                out,
+                &scratch,
+                alpha,
+                row,
+                ra,
+                h,
+                scale.clone(),
+                m,
+                ce,
+                targets,
+                s,
+                dl,
+                rows,
+                shape.fold,
+            );
             k::barrier::expand(scope);
         }
         return;

@@ -1,6 +1,8 @@
 //! The float64 reference interpreter: the definition of what every spec
 //! means. Kernels and rewrites are tested against it, so it favours plain
-//! loops that read like the equations of `papers.md` over speed.
+//! loops that read like the equations of `docs/semantics.md` over speed.
+
+mod backward;
 
 use crate::tensor::Tensor;
 use attnc_compiler::ir::*;
@@ -24,7 +26,8 @@ pub fn evaluate(program: &Program, inputs: &[Tensor], dims: &DimValues) -> Vec<T
 /// tensor cores read them.
 pub fn evaluate_rounded(program: &Program, inputs: &[Tensor], dims: &DimValues, dtype: Dtype) -> Vec<Tensor> {
     let tf32 = |x| crate::dtype::round_operand(dtype, x);
-    let rounding = Rounding { store: &|x| crate::dtype::round(dtype, x), operand: (dtype == Dtype::Tf32).then_some(&tf32) };
+    let rounding =
+        Rounding { store: &|x| crate::dtype::round(dtype, x), operand: (dtype == Dtype::Tf32).then_some(&tf32) };
     evaluate_with(program, inputs, dims, &rounding)
 }
 
@@ -58,7 +61,7 @@ fn evaluate_with(program: &Program, inputs: &[Tensor], dims: &DimValues, roundin
             Op::Deinterleave { x, pseudo } => deinterleave(v(*x), *pseudo as usize, shape),
             Op::BlockDiag { r, block } => block_diag(v(*r), *block as usize),
             Op::Collapse { x, r } => collapse(v(*x), v(*r), shape),
-            Op::Rope { x, base } => rope(v(*x), *base),
+            Op::Rope { x, base } => rope(v(*x), *base, round),
             Op::Attention { q, k, v: vv, mask, scale } => attention(v(*q), v(*k), v(*vv), mask, *scale, shape, round),
             Op::Binary { op, a, b } => binary(*op, v(*a), v(*b), shape),
             Op::Unary { op, x } => unary(*op, v(*x)),
@@ -74,6 +77,17 @@ fn evaluate_with(program: &Program, inputs: &[Tensor], dims: &DimValues, roundin
             Op::UnflattenHeads { x, .. } | Op::FlattenHeads { x } => Tensor::new(shape, v(*x).data.clone()),
             Op::ConcatCols { a, b } => concat_cols(v(*a), v(*b), shape),
             Op::SliceCols { x, start, len } => slice_cols(v(*x), *start as usize, *len as usize, shape),
+            Op::Transpose { x } => backward::transpose(v(*x), shape),
+            Op::MatMulAt { a, b } => backward::matmul_at(&operand(v(*a), rounding), &operand(v(*b), rounding), shape),
+            Op::Unsqueeze { x, .. } => Tensor::new(shape, v(*x).data.clone()),
+            Op::MixHeadsT { y, alpha } => backward::mix_heads_t(v(*y), v(*alpha), shape),
+            Op::MixHeadsGrad { x, dy } => backward::mix_heads_grad(v(*x), v(*dy), shape),
+            Op::CollapseT { dy, r, .. } => backward::collapse_t(v(*dy), v(*r), shape),
+            Op::CollapseGrad { x, dy } => backward::collapse_grad(v(*x), v(*dy), shape),
+            Op::AttentionLse { q, k, mask, scale } => backward::attention_lse(v(*q), v(*k), mask, *scale, shape),
+            Op::AttentionGrad { q, k, v: vv, o, dout, lse, mask, scale, wrt } => {
+                backward::attention_grad(v(*q), v(*k), v(*vv), v(*o), v(*dout), v(*lse), mask, *scale, *wrt, shape)
+            }
         };
         debug_assert_eq!(out.shape, concrete(&node.shape, dims), "interpreter produced a shape other than the IR's");
         let mut out = out;
@@ -221,7 +235,9 @@ fn collapse(x: &Tensor, r: &Tensor, shape: Vec<usize>) -> Tensor {
     out
 }
 
-fn rope(x: &Tensor, base: f64) -> Tensor {
+/// `round` applies to the cosines and sines, which a same-dtype computation
+/// keeps in its storage type (as the kernels' table does).
+fn rope(x: &Tensor, base: f64, round: &dyn Fn(f64) -> f64) -> Tensor {
     let r = x.shape.len();
     let (s, d) = (x.shape[r - 2], x.shape[r - 1]);
     let half = d / 2;
@@ -231,6 +247,7 @@ fn rope(x: &Tensor, base: f64) -> Tensor {
         for i in 0..half {
             let angle = pos * base.powf(-2.0 * i as f64 / d as f64);
             let (sin, cos) = angle.sin_cos();
+            let (sin, cos) = (round(sin), round(cos));
             let (a, b) = (x.data[row * d + i], x.data[row * d + i + half]);
             out.data[row * d + i] = a * cos - b * sin;
             out.data[row * d + i + half] = a * sin + b * cos;

@@ -1,0 +1,196 @@
+"""attnc from Python: compile attention and group-advantage specs, run them on
+NumPy arrays, emit their kernels.
+
+    import numpy as np, attnc
+    iha = attnc.compile("stdlib/iha.attn", P=4, mask="flat_causal")
+    y = iha.run(**iha.sample(seed=0))["y"]
+
+This package is a thin layer over the Rust pipeline (`attnc._attnc`): it
+converts arrays and errors; every meaning is the compiler's. The specs'
+mathematics is in the repository's `docs/semantics.md`; the CLI's `--dtype`,
+`--backend` and `--optimize` are the keyword arguments of `Program.run`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple, Union
+
+import numpy as np
+
+from . import _attnc
+from ._attnc import DeviceError, Error, InputError, SettingError, SpecError
+
+__all__ = [
+    "compile",
+    "stdlib",
+    "Program",
+    "Tensor",
+    "Error",
+    "SpecError",
+    "InputError",
+    "DeviceError",
+    "SettingError",
+]
+
+Dim = Union[int, str]
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """An input or output of a spec: its name, its shape (numbers, or
+    symbolic dims such as ``"N"`` or ``"N*P"`` that the arrays fix), its role
+    (``"weight"``, ``"input"`` or ``"output"``) and, for inputs, the values it
+    may hold (``"Any"``, ``"Finite"``, ``"Integers { lo: 1, hi: 10 }"``, ``"Binary"``)."""
+
+    name: str
+    shape: Tuple[Dim, ...]
+    role: str
+    domain: Optional[str] = None
+
+
+def _dims(shape: List[str]) -> Tuple[Dim, ...]:
+    return tuple(int(d) if d.isdigit() else d for d in shape)
+
+
+def _setting(value) -> str:
+    """A Python value as the spec language writes it (as `--set NAME=VALUE` takes it)."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_setting(v) for v in value) + "]"
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
+
+
+def stdlib() -> List[str]:
+    """The names of the specs shipped with attnc (``attnc.compile("stdlib/<name>.attn")``)."""
+    return list(_attnc.stdlib_names())
+
+
+def _source(spec: Union[str, "os.PathLike[str]"]) -> Tuple[str, str]:
+    """The spec's name (as diagnostics print it) and text: a file, a stdlib
+    spec (``stdlib/iha.attn`` from any directory), or the text itself."""
+    if isinstance(spec, os.PathLike):
+        spec = os.fspath(spec)
+    if not isinstance(spec, str):
+        raise TypeError(f"spec must be a path or the text of a spec, not {type(spec).__name__}")
+    if "\n" in spec or not (spec.endswith(".attn") or os.path.exists(spec)):
+        if "\n" not in spec and not spec.lstrip().startswith("spec "):
+            raise FileNotFoundError(f"no spec file `{spec}` (and it is not the text of a spec)")
+        return "<string>", spec
+    if os.path.exists(spec):
+        with open(spec, encoding="utf-8") as f:
+            return spec, f.read()
+    name = os.path.basename(spec)[: -len(".attn")]
+    text = _attnc.stdlib(name) if os.path.dirname(spec) in ("stdlib", "") else None
+    if text is None:
+        raise FileNotFoundError(f"no spec file `{spec}`")
+    return spec, text
+
+
+def compile(spec: Union[str, "os.PathLike[str]"], **params) -> "Program":
+    """Compile a spec: a path (``stdlib/...`` specs are found from any
+    directory) or its text. Keyword arguments bind parameters and dims, as
+    ``--set NAME=VALUE`` does (``P=4``, ``mask="causal"``, ``weights=[1, 2]``);
+    dims left free are fixed by the arrays given to :meth:`Program.run`.
+    Raises :class:`SpecError` with the CLI's diagnostic."""
+    name, text = _source(spec)
+    settings = [(k, _setting(v)) for k, v in params.items()]
+    return Program(_attnc.compile(name, text, settings))
+
+
+def _float64(name: str, value) -> np.ndarray:
+    array = np.asarray(value)
+    if array.dtype.kind not in "biuf":
+        error = InputError(f"tensor `{name}` has dtype {array.dtype}, but the spec takes real numbers")
+        error.code, error.tensor = _attnc.TENSOR_FILE_CODE, name
+        raise error
+    return np.ascontiguousarray(array, dtype="<f8")
+
+
+def _arrays(triples, float64: bool) -> Dict[str, np.ndarray]:
+    dtype = "<f8" if float64 else "<f4"
+    return {n: np.frombuffer(b, dtype=dtype).reshape(shape).copy() for n, shape, b in triples}
+
+
+class Program:
+    """A compiled spec: parameters bound, dims free until inputs fix them."""
+
+    def __init__(self, native):
+        self._native = native
+
+    @property
+    def inputs(self) -> List[Tensor]:
+        """The spec's inputs in declaration order (weights have role ``"weight"``)."""
+        return [
+            Tensor(n, _dims(s), "weight" if w else "input", domain)
+            for n, s, w, domain in self._native.inputs()
+        ]
+
+    @property
+    def outputs(self) -> List[Tensor]:
+        return [Tensor(n, _dims(s), "output") for n, s in self._native.outputs()]
+
+    @property
+    def warnings(self) -> str:
+        """Warnings the compiler found, rendered as the CLI prints them ("" when none)."""
+        return self._native.warnings()
+
+    def sample(self, seed: int = 0) -> Dict[str, np.ndarray]:
+        """Inputs drawn from the spec's own distributions at its default dims
+        (float64; the same values as ``attnc run --seed``)."""
+        return _arrays(self._native.sample(seed), True)
+
+    def run(self, backend: str = "interp", dtype: Optional[str] = None, optimize: bool = False, **tensors):
+        """Run on NumPy arrays (any real dtype; converted to float64) given by
+        input name; returns the outputs by name. ``backend``: ``"interp"``
+        (the float64 reference), ``"wgpu"`` or ``"cuda"``. ``dtype`` as the
+        CLI's ``--dtype``: ``None``/``"f32"`` (float32 outputs), ``"f64"``
+        (float64 outputs), ``"f16"``, ``"bf16"`` or ``"tf32"`` (kernels store
+        that type; float32 outputs). ``optimize`` runs the optimizer's choice."""
+        arrays = []
+        for name, value in tensors.items():
+            a = _float64(name, value)
+            arrays.append((name, list(a.shape), a.tobytes()))
+        dtype = dtype or "f32"
+        out = self._native.run(arrays, backend, dtype, optimize)
+        return _arrays(out, dtype == "f64")
+
+    def grad(self, cotangents, wrt=None, backend: str = "interp", dtype: Optional[str] = None, **tensors):
+        """Reverse-mode gradients, as ``attnc grad`` computes them: given the
+        inputs and a cotangent per output (a dict named like the outputs),
+        returns the forward outputs and ``grad_<input>`` for each input of
+        ``wrt`` (default: every input with continuous values). Outputs are
+        float32, float64 with ``dtype="f64"``."""
+        arrays = [(n, list(a.shape), a.tobytes()) for n, a in ((n, _float64(n, v)) for n, v in tensors.items())]
+        cots = [(n, list(a.shape), a.tobytes()) for n, a in ((n, _float64(n, v)) for n, v in cotangents.items())]
+        if isinstance(wrt, str):
+            wrt = [wrt]
+        dtype = dtype or "f32"
+        out = self._native.grad(arrays, cots, list(wrt or []), backend, dtype)
+        return _arrays(out, dtype == "f64")
+
+    def emit(self, target: str = "wgsl", dtype: Optional[str] = None, optimize: bool = False):
+        """Kernel source at the default dims, as ``attnc compile`` writes it:
+        ``({file name: source}, manifest)``."""
+        files, manifest = self._native.emit(target, dtype or "f32", optimize)
+        return dict(files), json.loads(manifest)
+
+    def explain(self, target: str = "h200", mode: str = "inference") -> str:
+        """The optimizer's report, as ``attnc explain`` prints it."""
+        return self._native.explain(target, mode)
+
+    def ir(self) -> str:
+        """The typed IR, as ``attnc ir`` prints it."""
+        return self._native.ir()
+
+    def __repr__(self) -> str:
+        ins = ", ".join(f"{t.name}: [{', '.join(map(str, t.shape))}]" for t in self.inputs)
+        outs = ", ".join(t.name for t in self.outputs)
+        return f"<attnc.Program ({ins}) -> {outs}>"

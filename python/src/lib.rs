@@ -1,0 +1,360 @@
+//! `attnc._attnc`, the native half of the Python package `attnc`
+//! (`python/attnc/__init__.py` is the other): the library pipeline
+//! (`attnc_runtime::pipeline`) behind a few functions. It is thin by
+//! design: it converts arrays (a shape and little-endian bytes) and errors,
+//! and calls the pipeline; it computes nothing itself.
+//!
+//! Errors become the package's exceptions with the CLI's codes and text
+//! (`SpecError` carries the rendered diagnostic and the first error's file,
+//! line and column); a panic, which would be a bug in attnc, becomes
+//! `attnc.Error` rather than crossing into Python.
+
+use attnc_compiler::opt::cost::{self, Mode};
+use attnc_compiler::plan::Dtype;
+use attnc_runtime::bind::{DEFAULT_MAX_FLOPS, DEFAULT_MEMORY_BUDGET};
+use attnc_runtime::gpu::emit::Target as Source;
+use attnc_runtime::pipeline::{Backend, Compiler, Error, Program};
+use attnc_runtime::{RunError, Tensor};
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+use std::collections::BTreeMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+mod exceptions {
+    use pyo3::create_exception;
+    use pyo3::exceptions::PyException;
+    create_exception!(attnc, Error, PyException, "Any error attnc reports; `.code` is its diagnostic code.");
+    create_exception!(attnc, SpecError, Error, "A spec that does not compile: `.code`, `.file`, `.line`, `.column`.");
+    create_exception!(attnc, InputError, Error, "Tensors that do not fit the spec: `.code`, `.tensor`.");
+    create_exception!(attnc, DeviceError, Error, "No device for the backend, or the device refused or failed.");
+    create_exception!(attnc, SettingError, Error, "A parameter, backend, dtype or target that does not apply.");
+}
+
+/// The specs shipped in `stdlib/`, by name, so that the package finds them
+/// from any directory.
+const STDLIB: &[(&str, &str)] = &[
+    ("dr_grpo", include_str!("../../stdlib/dr_grpo.attn")),
+    ("gdpo", include_str!("../../stdlib/gdpo.attn")),
+    ("gqa", include_str!("../../stdlib/gqa.attn")),
+    ("grpo", include_str!("../../stdlib/grpo.attn")),
+    ("iha", include_str!("../../stdlib/iha.attn")),
+    ("maxrl", include_str!("../../stdlib/maxrl.attn")),
+    ("mha", include_str!("../../stdlib/mha.attn")),
+    ("mqa", include_str!("../../stdlib/mqa.attn")),
+    ("odrpo", include_str!("../../stdlib/odrpo.attn")),
+    ("rloo", include_str!("../../stdlib/rloo.attn")),
+];
+
+/// Run `f`, turning a panic into `attnc.Error`.
+fn guarded<T>(f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|panic| {
+        let what = panic
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_default();
+        Err(exceptions::Error::new_err(format!("internal error (a bug in attnc; please report it): {what}")))
+    })
+}
+
+/// 1-based line and column (in characters) of byte `at` of `source`, as the diagnostics print them.
+fn line_column(source: &str, at: usize) -> (usize, usize) {
+    let at = (0..=at.min(source.len())).rev().find(|i| source.is_char_boundary(*i)).unwrap_or(0);
+    let before = &source[..at];
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    (before.matches('\n').count() + 1, before[line_start..].chars().count() + 1)
+}
+
+/// The tensor an input error names (its first `quoted` word).
+fn named_tensor(message: &str) -> Option<&str> {
+    let start = message.find('`')? + 1;
+    Some(&message[start..start + message[start..].find('`')?])
+}
+
+/// The package's exception for a pipeline error of the spec `name` (text `source`).
+fn py_error(py: Python<'_>, e: Error, name: &str, source: &str) -> PyErr {
+    let code = e.code().as_str();
+    let err = match &e {
+        Error::Spec { diagnostics, rendered } => {
+            let err = exceptions::SpecError::new_err(rendered.clone());
+            let value = err.value(py);
+            let first = diagnostics.iter().find(|d| d.is_error()).and_then(|d| d.primary.as_ref());
+            let (line, column) = match first {
+                Some((span, _)) => {
+                    let (l, c) = line_column(source, span.start);
+                    (Some(l), Some(c))
+                }
+                None => (None, None),
+            };
+            let _ = value.setattr("file", name);
+            let _ = value.setattr("line", line);
+            let _ = value.setattr("column", column);
+            err
+        }
+        Error::Input(re) => {
+            let err = exceptions::InputError::new_err(re.to_string());
+            let _ = err.value(py).setattr("tensor", named_tensor(&re.to_string()));
+            err
+        }
+        Error::Device(d) => exceptions::DeviceError::new_err(d.to_string()),
+        Error::Setting(s) => exceptions::SettingError::new_err(s.clone()),
+        Error::Gradient(g) => exceptions::SettingError::new_err(g.message.clone()),
+        Error::Emit(_) | Error::Read { .. } => exceptions::Error::new_err(e.to_string()),
+    };
+    let _ = err.value(py).setattr("code", code);
+    err
+}
+
+fn setting_error(message: String) -> PyErr {
+    let err = exceptions::SettingError::new_err(message);
+    Python::attach(|py| {
+        let _ = err.value(py).setattr("code", attnc_compiler::Code::BadSetting.as_str());
+    });
+    err
+}
+
+fn backend(name: &str) -> PyResult<Backend> {
+    match name {
+        "interp" => Ok(Backend::Interp),
+        "wgpu" => Ok(Backend::Wgpu),
+        "cuda" => Ok(Backend::Cuda),
+        _ => Err(setting_error(format!("unknown backend `{name}`; expected one of interp, wgpu, cuda"))),
+    }
+}
+
+/// The kernels' storage type and whether outputs are float64 (the CLI's
+/// `--dtype`: f64 returns float64, anything else float32).
+fn dtype(name: &str) -> PyResult<(Dtype, bool)> {
+    match name {
+        "f64" => Ok((Dtype::F32, true)),
+        _ => name
+            .parse::<Dtype>()
+            .map(|d| (d, false))
+            .map_err(|m| setting_error(format!("{m}, or f64 (float64 outputs)"))),
+    }
+}
+
+fn source(name: &str) -> PyResult<Source> {
+    match name {
+        "wgsl" => Ok(Source::Wgsl),
+        "cuda" => Ok(Source::Cuda),
+        _ => Err(setting_error(format!("unknown target `{name}`; expected wgsl or cuda"))),
+    }
+}
+
+/// An array crossing the boundary: name, shape, little-endian bytes.
+type Array<'py> = (String, Vec<usize>, Bound<'py, PyBytes>);
+
+fn array<'py>(py: Python<'py>, name: String, t: &Tensor, float64: bool) -> Array<'py> {
+    let bytes: Vec<u8> = match float64 {
+        true => t.data.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        false => t.data.iter().flat_map(|v| (*v as f32).to_le_bytes()).collect(),
+    };
+    (name, t.shape.clone(), PyBytes::new(py, &bytes))
+}
+
+/// A compiled spec: parameters bound, dims free until inputs fix them.
+#[pyclass(module = "attnc._attnc", frozen)]
+struct NativeProgram {
+    name: String,
+    source: String,
+    program: Program,
+}
+
+impl NativeProgram {
+    fn fail(&self, py: Python<'_>, e: Error) -> PyErr {
+        py_error(py, e, &self.name, &self.source)
+    }
+
+    /// Arrays by name, float64.
+    fn tensors(&self, py: Python<'_>, arrays: Vec<Array<'_>>) -> PyResult<BTreeMap<String, Tensor>> {
+        let mut out = BTreeMap::new();
+        for (name, shape, bytes) in arrays {
+            let data: Vec<f64> =
+                bytes.as_bytes().chunks_exact(8).map(|b| f64::from_le_bytes(b.try_into().unwrap())).collect();
+            if data.len() != shape.iter().product::<usize>() {
+                let message = format!("tensor `{name}` has {} values for shape {shape:?}", data.len());
+                return Err(self.fail(py, Error::Input(RunError::TensorFile(message))));
+            }
+            out.insert(name, Tensor::new(shape, data));
+        }
+        Ok(out)
+    }
+}
+
+#[pymethods]
+impl NativeProgram {
+    /// The typed IR, as `attnc ir` prints it.
+    fn ir(&self) -> PyResult<String> {
+        guarded(|| Ok(self.program.ir().pretty()))
+    }
+
+    /// Warnings found while compiling, rendered (empty when none).
+    fn warnings(&self) -> PyResult<String> {
+        guarded(|| Ok(self.program.warnings()))
+    }
+
+    /// `(name, shape, weight, domain)` of each input in declaration order;
+    /// a shape's dims are numbers or symbolic products such as `N*P`.
+    fn inputs(&self) -> PyResult<Vec<(String, Vec<String>, bool, String)>> {
+        guarded(|| {
+            let ir = self.program.ir();
+            Ok(ir
+                .inputs
+                .iter()
+                .map(|i| {
+                    let shape = ir.shape(i.node).0.iter().map(|d| d.to_string()).collect();
+                    (i.name.clone(), shape, i.weight, format!("{:?}", i.domain))
+                })
+                .collect())
+        })
+    }
+
+    /// `(name, shape)` of each output.
+    fn outputs(&self) -> PyResult<Vec<(String, Vec<String>)>> {
+        guarded(|| {
+            let ir = self.program.ir();
+            Ok(ir
+                .outputs
+                .iter()
+                .map(|(n, id)| (n.clone(), ir.shape(*id).0.iter().map(|d| d.to_string()).collect()))
+                .collect())
+        })
+    }
+
+    /// Inputs drawn with `seed` from the spec's distributions at the default dims (float64).
+    fn sample<'py>(&self, py: Python<'py>, seed: u64) -> PyResult<Vec<Array<'py>>> {
+        guarded(|| {
+            let sized = self.program.sized().map_err(|e| self.fail(py, e))?;
+            sized
+                .check_limits(Backend::Interp, DEFAULT_MEMORY_BUDGET, DEFAULT_MAX_FLOPS)
+                .map_err(|e| self.fail(py, e))?;
+            let bound = self.program.seeded(seed).map_err(|e| self.fail(py, e))?;
+            Ok(bound.inputs().iter().map(|(n, t)| array(py, n.clone(), t, true)).collect())
+        })
+    }
+
+    /// Run on float64 inputs; outputs in float64 for `dtype` "f64", else float32.
+    #[pyo3(signature = (tensors, backend, dtype, optimize))]
+    fn run<'py>(
+        &self,
+        py: Python<'py>,
+        tensors: Vec<Array<'py>>,
+        backend: &str,
+        dtype: &str,
+        optimize: bool,
+    ) -> PyResult<Vec<Array<'py>>> {
+        guarded(|| {
+            let (backend, (dtype, float64)) = (self::backend(backend)?, self::dtype(dtype)?);
+            let inputs = self.tensors(py, tensors)?;
+            let mut bound = self.program.bind(inputs).map_err(|e| self.fail(py, e))?;
+            bound.check_limits(backend, DEFAULT_MEMORY_BUDGET, DEFAULT_MAX_FLOPS).map_err(|e| self.fail(py, e))?;
+            if optimize {
+                bound = bound.optimize(cost::H200, Mode::Inference);
+            }
+            let bound = bound.in_dtype(dtype);
+            let outputs = py.detach(|| bound.run(backend)).map_err(|e| self.fail(py, e))?;
+            let order = self.program.ir().outputs.iter().map(|(n, _)| n);
+            Ok(order.map(|n| array(py, n.clone(), &outputs[n], float64)).collect())
+        })
+    }
+
+    /// Gradients (reverse mode): the forward outputs and `grad_<input>` for
+    /// each input of `wrt` (every continuous input when empty), given a
+    /// cotangent per output (named like it); float64 or float32 as `run`.
+    #[pyo3(signature = (tensors, cotangents, wrt, backend, dtype))]
+    fn grad<'py>(
+        &self,
+        py: Python<'py>,
+        tensors: Vec<Array<'py>>,
+        cotangents: Vec<Array<'py>>,
+        wrt: Vec<String>,
+        backend: &str,
+        dtype: &str,
+    ) -> PyResult<Vec<Array<'py>>> {
+        guarded(|| {
+            let (backend, (dtype, float64)) = (self::backend(backend)?, self::dtype(dtype)?);
+            let gradient = self.program.gradient(&wrt).map_err(|e| self.fail(py, e))?;
+            let (inputs, cotangents) = (self.tensors(py, tensors)?, self.tensors(py, cotangents)?);
+            let bound = gradient.bind(inputs, Some(cotangents), 0).map_err(|e| self.fail(py, e))?;
+            bound.check_limits(backend, DEFAULT_MEMORY_BUDGET, DEFAULT_MAX_FLOPS).map_err(|e| self.fail(py, e))?;
+            let bound = bound.in_dtype(dtype);
+            let outputs = py.detach(|| bound.run(backend)).map_err(|e| self.fail(py, e))?;
+            let order = gradient.program().ir().outputs.iter().map(|(n, _)| n);
+            Ok(order.map(|n| array(py, n.clone(), &outputs[n], float64)).collect())
+        })
+    }
+
+    /// Kernel source `[(file, text)]` and the manifest as JSON, at the default dims.
+    fn emit(
+        &self,
+        py: Python<'_>,
+        target: &str,
+        dtype: &str,
+        optimize: bool,
+    ) -> PyResult<(Vec<(String, String)>, String)> {
+        guarded(|| {
+            let (target, (dtype, _)) = (source(target)?, self::dtype(dtype)?);
+            let mut bound = self.program.sized().map_err(|e| self.fail(py, e))?.in_dtype(dtype);
+            if optimize {
+                bound = bound.optimize(cost::H200, Mode::Inference);
+            }
+            let (files, manifest) = bound.emit(target).map_err(|e| self.fail(py, e))?;
+            Ok((files, serde_json::to_string_pretty(&manifest).expect("the manifest serialises")))
+        })
+    }
+
+    /// The optimizer's report, as `attnc explain` prints it.
+    fn explain(&self, py: Python<'_>, target: &str, mode: &str) -> PyResult<String> {
+        guarded(|| {
+            let Some(t) = cost::TARGETS.iter().find(|t| t.name == target) else {
+                let names: Vec<&str> = cost::TARGETS.iter().map(|t| t.name).collect();
+                return Err(setting_error(format!("unknown target `{target}`; expected one of {}", names.join(", "))));
+            };
+            let mode = match mode {
+                "inference" => Mode::Inference,
+                "training" => Mode::Training,
+                _ => return Err(setting_error(format!("unknown mode `{mode}`; expected inference or training"))),
+            };
+            self.program.explain(*t, mode).map_err(|e| self.fail(py, e))
+        })
+    }
+}
+
+/// Compile the spec `source` (diagnostics call it `name`) with `settings`.
+#[pyfunction]
+fn compile(py: Python<'_>, name: String, source: String, settings: Vec<(String, String)>) -> PyResult<NativeProgram> {
+    guarded(|| {
+        let compiler = settings.iter().fold(Compiler::new(&name, &source), |c, (k, v)| c.set(k, v));
+        let program = compiler.compile().map_err(|e| py_error(py, e, &name, &source))?;
+        Ok(NativeProgram { name, source, program })
+    })
+}
+
+/// The text of the stdlib spec `name` (`iha`, `odrpo`, ...), if there is one.
+#[pyfunction]
+fn stdlib(name: &str) -> Option<&'static str> {
+    STDLIB.iter().find(|(n, _)| *n == name).map(|(_, text)| *text)
+}
+
+/// The stdlib's spec names.
+#[pyfunction]
+fn stdlib_names() -> Vec<&'static str> {
+    STDLIB.iter().map(|(n, _)| *n).collect()
+}
+
+#[pymodule]
+fn _attnc(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add("Error", py.get_type::<exceptions::Error>())?;
+    m.add("SpecError", py.get_type::<exceptions::SpecError>())?;
+    m.add("InputError", py.get_type::<exceptions::InputError>())?;
+    m.add("DeviceError", py.get_type::<exceptions::DeviceError>())?;
+    m.add("SettingError", py.get_type::<exceptions::SettingError>())?;
+    m.add("TENSOR_FILE_CODE", attnc_compiler::Code::TensorFile.as_str())?;
+    m.add_class::<NativeProgram>()?;
+    m.add_function(wrap_pyfunction!(compile, m)?)?;
+    m.add_function(wrap_pyfunction!(stdlib, m)?)?;
+    m.add_function(wrap_pyfunction!(stdlib_names, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,225 @@
+//! The interpreter's gradient operations (`compiler::grad`): each the plain
+//! float64 loop of its definition in `ir::Op`.
+
+use crate::tensor::Tensor;
+use attnc_compiler::ir::{AttnArg, Mask};
+
+pub(super) fn transpose(x: &Tensor, shape: Vec<usize>) -> Tensor {
+    let (k, f) = (x.shape[0], x.shape[1]);
+    let mut out = Tensor::zeros(shape);
+    for i in 0..k {
+        for j in 0..f {
+            out.data[j * k + i] = x.data[i * f + j];
+        }
+    }
+    out
+}
+
+/// `out[k, f] = Σ_r a[r, k] · b[r, f]` over every leading index `r`.
+pub(super) fn matmul_at(a: &Tensor, b: &Tensor, shape: Vec<usize>) -> Tensor {
+    let (k, f) = (shape[0], shape[1]);
+    let rows = a.len().checked_div(k).unwrap_or(0);
+    let mut out = Tensor::zeros(shape);
+    for r in 0..rows {
+        for i in 0..k {
+            let x = a.data[r * k + i];
+            for j in 0..f {
+                out.data[i * f + j] += x * b.data[r * f + j];
+            }
+        }
+    }
+    out
+}
+
+/// `out[b,m,s,e] = Σ_{h,j} alpha[m,h,j] · y[b,h,j,s,e]`.
+pub(super) fn mix_heads_t(y: &Tensor, alpha: &Tensor, shape: Vec<usize>) -> Tensor {
+    let (b, h, p, s, d) = (y.shape[0], y.shape[1], y.shape[2], y.shape[3], y.shape[4]);
+    let m = alpha.shape[0];
+    let mut out = Tensor::zeros(shape);
+    for bi in 0..b {
+        for mi in 0..m {
+            for hi in 0..h {
+                for j in 0..p {
+                    let a = alpha.data[(mi * h + hi) * p + j];
+                    for si in 0..s {
+                        for e in 0..d {
+                            out.data[((bi * m + mi) * s + si) * d + e] +=
+                                a * y.data[(((bi * h + hi) * p + j) * s + si) * d + e];
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// `out[m,h,j] = Σ_{b,s,e} x[b,m,s,e] · dy[b,h,j,s,e]`.
+pub(super) fn mix_heads_grad(x: &Tensor, dy: &Tensor, shape: Vec<usize>) -> Tensor {
+    let (b, m, s, d) = (x.shape[0], x.shape[1], x.shape[2], x.shape[3]);
+    let (h, p) = (dy.shape[1], dy.shape[2]);
+    let mut out = Tensor::zeros(shape);
+    for mi in 0..m {
+        for hi in 0..h {
+            for j in 0..p {
+                let mut acc = 0.0;
+                for bi in 0..b {
+                    for i in 0..s * d {
+                        acc += x.data[(bi * m + mi) * s * d + i] * dy.data[((bi * h + hi) * p + j) * s * d + i];
+                    }
+                }
+                out.data[(mi * h + hi) * p + j] = acc;
+            }
+        }
+    }
+    out
+}
+
+/// `out[b,h',j,s,e] = Σ_h r[h, h'·P + j] · dy[b,h,s,e]`.
+pub(super) fn collapse_t(dy: &Tensor, r: &Tensor, shape: Vec<usize>) -> Tensor {
+    let (b, h, s, d) = (dy.shape[0], dy.shape[1], dy.shape[2], dy.shape[3]);
+    let (hs, p) = (shape[1], shape[2]);
+    let mut out = Tensor::zeros(shape);
+    for bi in 0..b {
+        for hp in 0..hs {
+            for j in 0..p {
+                for hi in 0..h {
+                    let w = r.data[hi * hs * p + hp * p + j];
+                    for i in 0..s * d {
+                        out.data[((bi * hs + hp) * p + j) * s * d + i] += w * dy.data[(bi * h + hi) * s * d + i];
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// `out[h, h'·P + j] = Σ_{b,s,e} dy[b,h,s,e] · x[b,h',j,s,e]`.
+pub(super) fn collapse_grad(x: &Tensor, dy: &Tensor, shape: Vec<usize>) -> Tensor {
+    let (b, hs, p, s, d) = (x.shape[0], x.shape[1], x.shape[2], x.shape[3], x.shape[4]);
+    let h = dy.shape[1];
+    let mut out = Tensor::zeros(shape);
+    for hi in 0..h {
+        for c in 0..hs * p {
+            let mut acc = 0.0;
+            for bi in 0..b {
+                for i in 0..s * d {
+                    acc += dy.data[(bi * h + hi) * s * d + i] * x.data[(bi * hs * p + c) * s * d + i];
+                }
+            }
+            out.data[hi * hs * p + c] = acc;
+        }
+    }
+    out
+}
+
+/// The scaled score of query row `i` against key row `j` if visible.
+struct Scores<'a> {
+    q: &'a Tensor,
+    k: &'a Tensor,
+    mask: &'a Mask,
+    scale: f64,
+}
+
+impl Scores<'_> {
+    fn at(&self, bi: usize, hi: usize, i: usize, j: usize) -> Option<f64> {
+        let (h, s, d) = (self.q.shape[1], self.q.shape[2], self.q.shape[3]);
+        let (hk, sk) = (self.k.shape[1], self.k.shape[2]);
+        if !self.mask.visible(i as u64, j as u64, s as u64, sk as u64) {
+            return None;
+        }
+        let g = hi / (h / hk);
+        let q = &self.q.data[((bi * h + hi) * s + i) * d..][..d];
+        let k = &self.k.data[((bi * hk + g) * sk + j) * d..][..d];
+        Some(self.scale * q.iter().zip(k).map(|(a, b)| a * b).sum::<f64>())
+    }
+}
+
+/// Per query row, `log Σ_j exp(score)` over visible keys (−∞ when none).
+pub(super) fn attention_lse(q: &Tensor, k: &Tensor, mask: &Mask, scale: f64, shape: Vec<usize>) -> Tensor {
+    let (b, h, s) = (q.shape[0], q.shape[1], q.shape[2]);
+    let sk = k.shape[2];
+    let scores = Scores { q, k, mask, scale };
+    let mut out = Tensor::zeros(shape);
+    for bi in 0..b {
+        for hi in 0..h {
+            for i in 0..s {
+                let row: Vec<f64> = (0..sk).filter_map(|j| scores.at(bi, hi, i, j)).collect();
+                let max = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                out.data[(bi * h + hi) * s + i] = if row.is_empty() {
+                    f64::NEG_INFINITY
+                } else if max.is_finite() {
+                    max + row.iter().map(|x| (x - max).exp()).sum::<f64>().ln()
+                } else {
+                    max
+                };
+            }
+        }
+    }
+    out
+}
+
+/// The gradient of attention in `wrt` (FlashAttention-2's backward, in
+/// float64): with `P_ij = exp(score_ij − lse_i)`, `D_i = Σ_e dO_ie · O_ie`,
+/// `dS_ij = P_ij (dO_i · V_j − D_i)`: `dQ_i = scale Σ_j dS_ij K_j`,
+/// `dK_j = scale Σ_i dS_ij Q_i`, `dV_j = Σ_i P_ij dO_i`, key/value heads
+/// summing over the query heads that share them.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn attention_grad(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    o: &Tensor,
+    dout: &Tensor,
+    lse: &Tensor,
+    mask: &Mask,
+    scale: f64,
+    wrt: AttnArg,
+    shape: Vec<usize>,
+) -> Tensor {
+    let (b, h, s, d) = (q.shape[0], q.shape[1], q.shape[2], q.shape[3]);
+    let (hk, sk, e) = (k.shape[1], k.shape[2], v.shape[3]);
+    let scores = Scores { q, k, mask, scale };
+    let mut out = Tensor::zeros(shape);
+    for bi in 0..b {
+        for hi in 0..h {
+            let g = hi / (h / hk);
+            for i in 0..s {
+                let row = (bi * h + hi) * s + i;
+                let l = lse.data[row];
+                if l == f64::NEG_INFINITY {
+                    continue; // the row saw no key: its output is the constant 0
+                }
+                let (o_i, do_i) = (&o.data[row * e..][..e], &dout.data[row * e..][..e]);
+                let delta: f64 = o_i.iter().zip(do_i).map(|(a, b)| a * b).sum();
+                for j in 0..sk {
+                    let Some(sc) = scores.at(bi, hi, i, j) else { continue };
+                    let p = (sc - l).exp();
+                    let kv = (bi * hk + g) * sk + j;
+                    let v_j = &v.data[kv * e..][..e];
+                    let dp: f64 = do_i.iter().zip(v_j).map(|(a, b)| a * b).sum();
+                    let ds = p * (dp - delta);
+                    match wrt {
+                        AttnArg::Q => {
+                            for c in 0..d {
+                                out.data[row * d + c] += scale * ds * k.data[kv * d + c];
+                            }
+                        }
+                        AttnArg::K => {
+                            for c in 0..d {
+                                out.data[kv * d + c] += scale * ds * q.data[row * d + c];
+                            }
+                        }
+                        AttnArg::V => {
+                            for (o, dout) in out.data[kv * e..][..e].iter_mut().zip(do_i) {
+                                *o += p * dout;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,175 @@
+//! Reverse-mode gradients (`compiler::grad`) against central finite
+//! differences of the float64 interpreter: for every differentiated input,
+//! the gradient's inner product with random directions equals the
+//! derivative of ⟨cotangent, output⟩ along them, and small tensors (the
+//! mixing coefficients α and the collapse R) are checked element by element.
+
+mod common;
+
+use attnc_compiler::grad::{cotangent_name, differentiate, gradient_name};
+use attnc_compiler::ir::Program;
+use attnc_compiler::Code;
+use attnc_runtime::rng::Rng;
+use attnc_runtime::{bind, interp, Tensor};
+use common::*;
+use std::collections::BTreeMap;
+
+/// Relative error allowed between the gradient and the central difference.
+const TOL: f64 = 1e-6;
+
+fn sets(pairs: &[(&'static str, &str)]) -> Vec<(&'static str, String)> {
+    pairs.iter().map(|(k, v)| (*k, v.to_string())).collect()
+}
+
+/// ⟨cot, f(inputs)⟩ summed over the outputs.
+fn objective(p: &Program, inputs: &BTreeMap<String, Tensor>, cot: &BTreeMap<String, Tensor>) -> f64 {
+    let (tensors, dims) = bind::bind_inputs(p, inputs.clone(), &Default::default()).expect("inputs bind");
+    let outs = interp::evaluate(p, &tensors, &dims);
+    p.outputs
+        .iter()
+        .zip(&outs)
+        .map(|((n, _), y)| y.data.iter().zip(&cot[n].data).map(|(a, b)| a * b).sum::<f64>())
+        .sum()
+}
+
+/// Checks every gradient of `p` at its seeded inputs; returns the largest relative error.
+fn check(p: &Program, seed: u64, what: &str) -> f64 {
+    let g = differentiate(p, &[]).unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert!(attnc_compiler::valid::validate(&g).is_empty(), "{what}: invalid gradient program");
+    let (drawn, _) = bind::generate_inputs(&g, seed).unwrap();
+    let all: BTreeMap<String, Tensor> = g.inputs.iter().map(|i| i.name.clone()).zip(drawn).collect();
+    let forward: BTreeMap<String, Tensor> = p.inputs.iter().map(|i| (i.name.clone(), all[&i.name].clone())).collect();
+    let cot: BTreeMap<String, Tensor> =
+        p.outputs.iter().map(|(n, _)| (n.clone(), all[&cotangent_name(n)].clone())).collect();
+    let (tensors, dims) = bind::bind_inputs(&g, all.clone(), &Default::default()).unwrap();
+    let results = interp::evaluate(&g, &tensors, &dims);
+    let result = |name: &str| &results[g.outputs.iter().position(|(n, _)| n == name).expect(name)];
+    // The forward outputs are the forward program's.
+    let (ft, fd) = bind::bind_inputs(p, forward.clone(), &Default::default()).unwrap();
+    for ((n, _), y) in p.outputs.iter().zip(interp::evaluate(p, &ft, &fd)) {
+        assert_eq!(result(n).data, y.data, "{what}: forward output {n}");
+    }
+    let mut worst: f64 = 0.0;
+    let mut rng = Rng::for_input(seed, "directions");
+    for input in &p.inputs {
+        let Some(grad) = g.outputs.iter().position(|(n, _)| *n == gradient_name(&input.name)) else { continue };
+        let grad = &results[grad];
+        let x = &forward[&input.name];
+        assert_eq!(grad.shape, x.shape, "{what}: grad_{} shape", input.name);
+        assert!(grad.data.iter().all(|v| v.is_finite()), "{what}: grad_{} not finite", input.name);
+        let directions: Vec<Vec<f64>> = if x.len() <= 48 {
+            (0..x.len()).map(|i| (0..x.len()).map(|j| f64::from(i == j)).collect()).collect()
+        } else {
+            (0..3).map(|_| (0..x.len()).map(|_| 2.0 * rng.unit() - 1.0).collect()).collect()
+        };
+        for dir in directions {
+            let analytic: f64 = grad.data.iter().zip(&dir).map(|(a, b)| a * b).sum();
+            let step = 1e-5 * (1.0 + x.data.iter().map(|v| v.abs()).fold(0.0, f64::max));
+            let moved = |sign: f64| {
+                let mut inputs = forward.clone();
+                let t = inputs.get_mut(&input.name).unwrap();
+                t.data.iter_mut().zip(&dir).for_each(|(v, d)| *v += sign * step * d);
+                objective(p, &inputs, &cot)
+            };
+            let numeric = (moved(1.0) - moved(-1.0)) / (2.0 * step);
+            let scale = analytic.abs().max(numeric.abs()).max(1e-3);
+            let err = (analytic - numeric).abs() / scale;
+            assert!(
+                err <= TOL,
+                "{what}: grad_{}: analytic {analytic:e} vs numeric {numeric:e} (relative {err:e})",
+                input.name
+            );
+            worst = worst.max(err);
+        }
+    }
+    worst
+}
+
+#[test]
+fn attention_specs_gradients_match_finite_differences() {
+    let cases: Vec<(&str, Vec<(&'static str, String)>)> = vec![
+        ("mha", sets(&[("H", "2"), ("d", "4"), ("N", "40"), ("mask", "causal")])),
+        ("mha", sets(&[("H", "2"), ("d", "3"), ("N", "11"), ("mask", "none"), ("window", "3")])),
+        ("mha", sets(&[("H", "4"), ("H_kv", "2"), ("d", "2"), ("N", "7"), ("B", "2")])),
+        ("gqa", sets(&[("H", "4"), ("d", "2"), ("N", "6")])),
+        ("mqa", sets(&[("H", "3"), ("d", "2"), ("N", "6")])),
+        ("iha", sets(&[("H", "2"), ("P", "1"), ("d", "2"), ("N", "6")])),
+        ("iha", sets(&[("H", "2"), ("P", "2"), ("d", "4"), ("N", "33"), ("mask", "flat_causal")])),
+        ("iha", sets(&[("H", "2"), ("P", "3"), ("d", "2"), ("N", "21"), ("mask", "token_causal"), ("window", "4")])),
+        ("iha", sets(&[("H", "3"), ("P", "2"), ("d", "2"), ("N", "5"), ("mask", "none"), ("collapse", "per_head")])),
+        ("iha", sets(&[("H", "2"), ("P", "5"), ("d", "2"), ("N", "4"), ("rope", "100.0")])),
+        (
+            "iha",
+            sets(&[
+                ("H", "2"),
+                ("P", "3"),
+                ("d", "4"),
+                ("N", "4"),
+                ("rope", "10.0"),
+                ("collapse", "per_head"),
+                ("B", "2"),
+            ]),
+        ),
+    ];
+    for (i, (spec, s)) in cases.iter().enumerate() {
+        let c = compile_stdlib(spec, s);
+        let worst = check(&c.program, 40 + i as u64, &format!("{spec} {s:?}"));
+        eprintln!("{spec} {s:?}: worst relative error {worst:.1e}");
+    }
+}
+
+#[test]
+fn every_iha_weight_has_a_gradient_including_alpha_and_r() {
+    let c = compile_stdlib("iha", &sets(&[("H", "2"), ("P", "3"), ("d", "2"), ("N", "5")]));
+    let g = differentiate(&c.program, &[]).unwrap();
+    let names: Vec<&str> = g.outputs.iter().map(|(n, _)| n.as_str()).collect();
+    for input in ["x", "w_q", "w_k", "w_v", "w_o", "alpha_q", "alpha_k", "alpha_v", "r"] {
+        assert!(names.contains(&gradient_name(input).as_str()), "no grad_{input} in {names:?}");
+    }
+    // Only what is asked for.
+    let only = differentiate(&c.program, &["alpha_k".into(), "r".into()]).unwrap();
+    let names: Vec<&str> = only.outputs.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["y", "grad_alpha_k", "grad_r"]);
+}
+
+#[test]
+fn reward_estimators_gradients_match_finite_differences() {
+    let cases: Vec<(&str, Vec<(&'static str, String)>)> = vec![
+        ("grpo", sets(&[])),
+        ("grpo", sets(&[("std", "bessel"), ("G", "5")])),
+        ("dr_grpo", sets(&[])),
+        ("rloo", sets(&[("G", "3")])),
+        ("gdpo", sets(&[("C", "2")])),
+    ];
+    for (i, (spec, s)) in cases.iter().enumerate() {
+        let c = compile_stdlib(spec, s);
+        check(&c.program, 70 + i as u64, &format!("{spec} {s:?}"));
+    }
+}
+
+#[test]
+fn discrete_inputs_have_no_gradient_and_say_so() {
+    for (spec, input) in [("odrpo", "rewards"), ("maxrl", "rewards")] {
+        let c = compile_stdlib(spec, &[]);
+        let e = differentiate(&c.program, &[input.to_string()]).expect_err("a discrete input");
+        assert_eq!(e.code, Code::NoGradient);
+        assert!(e.message.contains(input) && e.message.contains("discrete"), "{}", e.message);
+        assert!(differentiate(&c.program, &[]).is_err(), "{spec}: nothing to differentiate");
+    }
+    let c = compile_stdlib("mha", &[]);
+    let e = differentiate(&c.program, &["nope".into()]).unwrap_err();
+    assert!(e.code == Code::NoGradient && e.message.contains("not an input"), "{}", e.message);
+}
+
+#[test]
+fn gradients_are_bit_identical_run_to_run() {
+    let c = compile_stdlib("iha", &sets(&[("H", "2"), ("P", "2"), ("d", "4"), ("N", "8")]));
+    let g = differentiate(&c.program, &[]).unwrap();
+    assert_eq!(g, differentiate(&c.program, &[]).unwrap(), "the gradient program is deterministic");
+    let (t, d) = bind::generate_inputs(&g, 3).unwrap();
+    let a = interp::evaluate(&g, &t, &d);
+    let b = interp::evaluate(&g, &t, &d);
+    for (x, y) in a.iter().zip(&b) {
+        assert!(x.data.iter().zip(&y.data).all(|(p, q)| p.to_bits() == q.to_bits()));
+    }
+}
