@@ -9,8 +9,9 @@ Forward and backward both run the compiled program (`Program.run`,
 `Program.grad`); tensors cross as NumPy arrays (a copy). Float64 tensors run
 and differentiate in float64 on the interpreter, so `torch.autograd.gradcheck`
 holds the package to central differences; other float tensors return in their
-own dtype. CPU tensors run on ``backend`` (the interpreter by default; the
-gradient programs run on the interpreter for now).
+own dtype. The forward runs CUDA tensors on the CUDA backend and CPU tensors
+on the interpreter unless ``backend`` says otherwise (through host copies:
+no DLPack exchange yet); gradient programs run on the interpreter for now.
 """
 
 from __future__ import annotations
@@ -36,10 +37,12 @@ def _array(t: torch.Tensor) -> np.ndarray:
     return t.detach().cpu().numpy()
 
 
-def function(program: Program, backend: str = "interp"):
+def function(program: Program, backend: Optional[str] = None):
     """A callable taking the spec's inputs (positionally in declaration
     order, or by name) as torch tensors and returning its output (a dict when
-    there are several), differentiable in every input with continuous values."""
+    there are several), differentiable in every input with continuous values.
+    ``backend`` runs the forward: by default CUDA tensors on ``"cuda"`` and
+    CPU tensors on the interpreter (``"wgpu"`` is the other choice)."""
     names: List[str] = [t.name for t in program.inputs]
     outputs: List[str] = [t.name for t in program.outputs]
     continuous = {t.name for t in program.inputs if t.domain in ("Any", "Finite")}
@@ -51,7 +54,8 @@ def function(program: Program, backend: str = "interp"):
             like = next((t for t in tensors if t.is_floating_point()), tensors[0])
             ctx.like = (like.dtype, like.device)
             dtype = "f64" if like.dtype == torch.float64 else None
-            out = program.run(backend=backend, dtype=dtype, **{n: _array(t) for n, t in zip(names, tensors)})
+            chosen = backend or ("cuda" if like.device.type == "cuda" else "interp")
+            out = program.run(backend=chosen, dtype=dtype, **{n: _array(t) for n, t in zip(names, tensors)})
             return tuple(torch.from_numpy(out[n]).to(dtype=like.dtype, device=like.device) for n in outputs)
 
         @staticmethod
@@ -98,7 +102,7 @@ class Module(torch.nn.Module):
     the other inputs are the forward's arguments, by position or name.
     ``Module("stdlib/iha.attn", H=8, P=4, d=64)`` is an IHA layer taking ``x``."""
 
-    def __init__(self, spec, seed: int = 0, backend: str = "interp", dtype: torch.dtype = torch.float32, **params):
+    def __init__(self, spec, seed: int = 0, backend: Optional[str] = None, dtype: torch.dtype = torch.float32, **params):
         super().__init__()
         self.program: Program = _compile(spec, **params)
         drawn = self.program.sample(seed)

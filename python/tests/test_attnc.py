@@ -10,6 +10,7 @@ import os
 import pathlib
 import re
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -292,3 +293,17 @@ def test_torch_module_trains_one_step():
     for n, p in layer.named_parameters():
         assert p.grad is not None and not torch.equal(before[n], p.detach()), n
     assert layer(x).square().mean() < loss
+
+
+def test_the_training_example_fits_the_teacher(tmp_path):
+    plot = tmp_path / "loss.svg"
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "train_iha.py"), "--plot", str(plot)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert r.returncode == 0, r.stderr
+    fell = float(re.search(r"fell (\d+)x", r.stdout).group(1))
+    assert fell >= 100, r.stdout
+    assert plot.read_text().startswith("<svg") and "polyline" in plot.read_text()
