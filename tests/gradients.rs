@@ -173,3 +173,29 @@ fn gradients_are_bit_identical_run_to_run() {
         assert!(x.data.iter().zip(&y.data).all(|(p, q)| p.to_bits() == q.to_bits()));
     }
 }
+
+/// Gradient programs are ordinary programs: the optimizer takes them (priced
+/// node by node, since no kernel plans them yet) and its choice computes
+/// the same gradients; `explain --mode training` prices the step.
+#[test]
+fn gradient_programs_optimize_and_explain() {
+    let c = compile_stdlib("iha", &sets(&[("H", "2"), ("P", "2"), ("d", "4"), ("N", "8")]));
+    let g = differentiate(&c.program, &[]).unwrap();
+    let (t, dims) = bind::generate_inputs(&g, 9).unwrap();
+    let o = attnc_compiler::opt::optimize(&g, &dims, &attnc_compiler::opt::Config::default());
+    assert!(attnc_compiler::valid::validate(&o.chosen).is_empty());
+    let (a, b) = (interp::evaluate(&g, &t, &dims), interp::evaluate(&o.chosen, &t, &dims));
+    for (x, y) in a.iter().zip(&b) {
+        assert_close(x, y, 1e-12, "optimized gradient program");
+    }
+    let p = attnc_runtime::pipeline::Compiler::new("iha", stdlib_source("iha")).set("N", 8).compile().unwrap();
+    let text = p.explain(attnc_compiler::opt::cost::CPU, attnc_compiler::opt::cost::Mode::Training).unwrap();
+    let ratio: f64 = text
+        .split("the step costs ")
+        .nth(1)
+        .and_then(|s| s.split('x').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no training step in:\n{text}"));
+    assert!(ratio > 1.5 && ratio < 10.0, "a training step costs {ratio}x the forward");
+    assert!(text.contains("gradients of x, w_q"), "{text}");
+}

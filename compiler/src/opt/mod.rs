@@ -261,8 +261,8 @@ fn costed_listing(p: &Program, c: &ProgramCost) -> String {
 
 impl Optimized {
     /// The report `attnc explain` prints.
-    pub fn report(&self, target: &Target, mode: Mode, dims: &DimValues) -> String {
-        let dims: Vec<String> = dims.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    pub fn report(&self, target: &Target, mode: Mode, dim_values: &DimValues) -> String {
+        let dims: Vec<String> = dim_values.iter().map(|(k, v)| format!("{k}={v}")).collect();
         let mut out = format!(
             "target {} ({} mode), {}\n\n",
             target.name,
@@ -279,9 +279,34 @@ impl Optimized {
         let fired: Vec<String> = self.rules_fired.iter().map(|(r, n)| format!("{r} x{n}")).collect();
         let _ = writeln!(out, "rules fired: {}", if fired.is_empty() { "none".to_string() } else { fired.join(", ") });
         let _ = writeln!(out, "e-graph: {} nodes in {} classes; {}", self.egraph_nodes, self.egraph_classes, self.stop);
+        if mode == Mode::Training {
+            out.push_str(&training_step(&self.original, dim_values, target));
+        }
         if let Some(e) = &self.explanation {
             let _ = writeln!(out, "\nwhy the chosen program equals the original (egg explanation):\n{e}");
         }
         out
     }
+}
+
+/// A training step's cost: the original's gradient program (`grad.rs`,
+/// every continuous input), which recomputes the forward, priced node by
+/// node next to the forward priced the same way.
+fn training_step(original: &Program, dims: &DimValues, target: &Target) -> String {
+    let g = match crate::grad::differentiate(original, &[]) {
+        Ok(g) => g,
+        Err(e) => return format!("\ntraining step: no backward ({})\n", e.message),
+    };
+    let (forward, step) = (cost::node_cost(original, dims, target), cost::node_cost(&g, dims, target));
+    let grads: Vec<&str> = g.outputs.iter().filter_map(|(n, _)| n.strip_prefix("grad_")).collect();
+    let mut out = format!(
+        "\ntraining step (the gradient program of the original, node by node; gradients of {}):\n",
+        grads.join(", ")
+    );
+    let _ = writeln!(out, "  forward: {}", summary(&forward));
+    let _ = writeln!(out, "  forward + backward: {}", summary(&step));
+    let ratio = if forward.seconds > 0.0 { step.seconds / forward.seconds } else { 1.0 };
+    let _ =
+        writeln!(out, "  the step costs {ratio:.2}x the forward (the optimizer still chooses by the forward's cost)");
+    out
 }
