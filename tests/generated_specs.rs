@@ -94,3 +94,87 @@ proptest! {
         prop_assert!(e <= 1e-4, "kernels differ by {:e} for\n{}", e, text);
     }
 }
+
+/// ⟨cot, out⟩ of a generated spec at inputs `a`, `b`.
+fn objective(p: &attnc_compiler::ir::Program, a: &Tensor, b: &Tensor, cot: &Tensor) -> f64 {
+    let inputs = common::named(vec![("a", a.clone()), ("b", b.clone())]);
+    let (tensors, dims) = bind::bind_inputs(p, inputs, &Default::default()).unwrap();
+    interp::evaluate(p, &tensors, &dims)[0].data.iter().zip(&cot.data).map(|(x, c)| x * c).sum()
+}
+
+/// Checks every element of both inputs' gradients of spec `text` (inputs
+/// `a`, `b` of shape [b, g], output `out`) against central differences.
+/// Where a difference quotient does not settle (two step sizes disagree: a
+/// kink of `abs`, `where`, `max` or a steep `sqrt` lies within the step) the
+/// element is not compared; each compared one must agree within 1e-6.
+/// Returns how many were compared, of how many.
+fn check_gradients(text: &str, b: usize, g: usize, seed: u64) -> (usize, usize) {
+    let p = attnc_compiler::compile(text, &[]).unwrap().program;
+    let grad = attnc_compiler::grad::differentiate(&p, &[]).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    assert!(attnc_compiler::valid::validate(&grad).is_empty());
+    let mut rng = Rng::for_input(seed, "gradients");
+    let mut draw = || Tensor::new(vec![b, g], (0..b * g).map(|_| 2.0 * rng.unit() - 1.0).collect());
+    let (a, bb, cot) = (draw(), draw(), draw());
+    let inputs = common::named(vec![("a", a.clone()), ("b", bb.clone()), ("cot_out", cot.clone())]);
+    let (tensors, dims) = bind::bind_inputs(&grad, inputs, &Default::default()).unwrap();
+    let results = interp::evaluate(&grad, &tensors, &dims);
+    let (mut compared, mut total) = (0, 0);
+    for (which, x) in [("a", &a), ("b", &bb)] {
+        let at = grad.outputs.iter().position(|(n, _)| *n == format!("grad_{which}")).unwrap();
+        let analytic = &results[at];
+        for i in 0..x.len() {
+            let quotient = |h: f64| {
+                let moved = |s: f64| {
+                    let mut y = x.clone();
+                    y.data[i] += s * h;
+                    if which == "a" {
+                        objective(&p, &y, &bb, &cot)
+                    } else {
+                        objective(&p, &a, &y, &cot)
+                    }
+                };
+                (moved(1.0) - moved(-1.0)) / (2.0 * h)
+            };
+            let (coarse, fine) = (quotient(1e-4), quotient(2.5e-5));
+            let scale = analytic.data[i].abs().max(fine.abs()).max(1.0);
+            total += 1;
+            if (coarse - fine).abs() > 1e-7 * scale {
+                continue; // not smooth at this scale: no derivative to compare with
+            }
+            compared += 1;
+            let err = (analytic.data[i] - fine).abs() / scale;
+            assert!(err <= 1e-6, "grad_{which}[{i}]: {} vs {fine} for\n{text}", analytic.data[i]);
+        }
+    }
+    (compared, total)
+}
+
+/// Every operation the generator writes, in one spec, each on the output's path.
+#[test]
+fn every_generated_operation_has_a_checked_gradient() {
+    let text = "spec every\n\ndim B = 3\ndim G = 5\n\ninput a: [B, G] in finite\ninput b: [B, G] in finite\n\n\
+        let t0 = a + b\nlet t1 = t0 - a * b\nlet t2 = maximum(t1, b)\nlet t3 = minimum(t2, a)\n\
+        let t4 = abs(t3) + -t1\nlet t5 = sqrt(abs(t4) + 0.5)\nlet t6 = t5 / (abs(a) + 1.0)\n\
+        let t7 = t6 * 0.7 + 0.2\nlet t8 = where(t7 > b, b, t7)\n\
+        let t9 = mean(t8, axis = 1) + max(t6, axis = 1) + min(t5, axis = all) + sum(t2, axis = 1)\n\
+        let t10 = std(t7, axis = 1) + std(t8, axis = all) + count(t3, axis = 1)\n\
+        output out = t9 * t10 + a\n";
+    let (compared, total) = check_gradients(text, 3, 5, 11);
+    assert!(compared * 10 >= total * 9, "only {compared} of {total} derivatives settled");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    /// Reverse-mode gradients of generated specs (elementwise operations,
+    /// broadcasting, `where`, every reduction) against central differences,
+    /// element by element; at least half must settle (see `check_gradients`).
+    #[test]
+    fn generated_specs_gradients_match_finite_differences(
+        b in 1..=3usize, g in 2..=5usize, stmts in prop::collection::vec(stmt(), 1..8), seed in any::<u64>()
+    ) {
+        let text = render(b, g, &stmts);
+        let (compared, total) = check_gradients(&text, b, g, seed);
+        prop_assert!(2 * compared >= total, "only {} of {} derivatives settled for\n{}", compared, total, text);
+    }
+}
