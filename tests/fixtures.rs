@@ -93,6 +93,7 @@ fn every_code_is_covered_and_explained() {
         ("E0601", "cli.rs: run_errors_name_the_tensor_and_write_nothing"),
         ("E0602", "reward_props.rs: bad_ratings_and_rewards_are_named_errors"),
         ("E0701", "cli.rs: cuda_backend_without_cuda_is_a_clear_error"),
+        ("E0801", "gradients.rs: discrete_inputs_have_no_gradient_and_say_so; cli.rs: grad_writes_gradients_or_refuses_clearly"),
         ("E0901", "internal: the validator rejecting lowered IR is a compiler bug, unreachable from specs"),
     ];
     for code in attnc_compiler::Code::ALL {

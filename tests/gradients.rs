@@ -199,3 +199,44 @@ fn gradient_programs_optimize_and_explain() {
     assert!(ratio > 1.5 && ratio < 10.0, "a training step costs {ratio}x the forward");
     assert!(text.contains("gradients of x, w_q"), "{text}");
 }
+
+/// The optimizer's folded programs (mixing folded into the projections,
+/// collapse into the output projection, merged projections) have the
+/// original's gradients: differentiating the chosen program gives the same
+/// values as differentiating the original (two independent derivations).
+#[test]
+fn optimized_programs_have_the_originals_gradients() {
+    use attnc_compiler::opt::{self, cost, Config};
+    let cases: Vec<(&str, Vec<(&'static str, String)>)> = vec![
+        ("iha", sets(&[("H", "2"), ("P", "3"), ("d", "4"), ("N", "1")])),
+        ("iha", sets(&[("H", "3"), ("P", "2"), ("d", "2"), ("N", "1"), ("collapse", "per_head")])),
+        ("iha", sets(&[("H", "2"), ("P", "2"), ("d", "4"), ("N", "6")])),
+        ("mha", sets(&[("H", "2"), ("d", "4"), ("N", "5")])),
+    ];
+    let mut folded = 0;
+    for (spec, s) in &cases {
+        let c = compile_stdlib(spec, s);
+        let dims = bind::default_dims(&c.program).unwrap();
+        for target in [cost::H200, cost::CPU] {
+            for mode in [cost::Mode::Inference, cost::Mode::Training] {
+                let chosen = opt::optimize(&c.program, &dims, &Config { target, mode, ..Default::default() }).chosen;
+                if chosen == c.program {
+                    continue;
+                }
+                let what = format!("{spec} {s:?} {} {mode:?}", target.name);
+                let g = match differentiate(&chosen, &[]) {
+                    Ok(g) => g,
+                    Err(e) => panic!("{what}: {e}\n{}", chosen.pretty()),
+                };
+                folded += 1;
+                let want = differentiate(&c.program, &[]).unwrap();
+                let (t, d) = bind::generate_inputs(&want, 21).unwrap();
+                let (a, b) = (interp::evaluate(&want, &t, &d), interp::evaluate(&g, &t, &d));
+                for (((name, _), x), y) in want.outputs.iter().zip(&a).zip(&b) {
+                    assert_close(x, y, 1e-10, &format!("{what}: {name}"));
+                }
+            }
+        }
+    }
+    assert!(folded >= 3, "the optimizer folded only {folded} of the cases");
+}

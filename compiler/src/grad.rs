@@ -367,12 +367,58 @@ impl Builder {
                 let gb = self.push(Op::Where { cond, a: zero, b: g })?;
                 vec![(a, self.reduce_to(ga, a)?), (b, self.reduce_to(gb, b)?)]
             }
-            Op::MixCols { .. }
-            | Op::CollapseCols { .. }
-            | Op::CollapseRows { .. }
-            | Op::ConcatCols { .. }
-            | Op::SliceCols { .. }
-            | Op::Transpose { .. }
+            // The optimizer's folded forms (so that its candidates can be priced for training).
+            Op::MixCols { y, alpha } => {
+                let [m, h, p] = [0, 1, 2].map(|i| self.known(alpha, i, "mixing size"));
+                let (m, h, p) = (m?, h?, p?);
+                vec![
+                    (y, self.push(Op::MixColsT { dy: g, alpha })?),
+                    (alpha, self.push(Op::MixColsGrad { y, dy: g, m, h, p })?),
+                ]
+            }
+            Op::CollapseCols { y, r } => {
+                // y's transpose collapses with rᵀ.
+                let h = self.known(r, 0, "head count")?;
+                let rt = self.push(Op::Transpose { x: r })?;
+                vec![
+                    (y, self.push(Op::CollapseCols { y: g, r: rt })?),
+                    (r, self.push(Op::CollapseColsGrad { y, dy: g, h })?),
+                ]
+            }
+            Op::CollapseRows { w, r } => {
+                let h = self.known(r, 0, "head count")?;
+                let rt = self.push(Op::Transpose { x: r })?;
+                vec![
+                    (w, self.push(Op::CollapseRows { w: g, r: rt })?),
+                    (r, self.push(Op::CollapseRowsGrad { w, dy: g, h })?),
+                ]
+            }
+            Op::ConcatCols { a, b } => {
+                let f1 = self.known(a, 1, "column count")?;
+                let f2 = self.known(b, 1, "column count")?;
+                vec![
+                    (a, self.push(Op::SliceCols { x: g, start: 0, len: f1 })?),
+                    (b, self.push(Op::SliceCols { x: g, start: f1, len: f2 })?),
+                ]
+            }
+            Op::SliceCols { x, start, len } => {
+                // Zeros around the slice's cotangent, as wide as the columns left out.
+                let cols = self.known(x, self.shape(x).rank() - 1, "column count")?;
+                let zero = self.scalar(0.0)?;
+                let mut out = g;
+                if start > 0 {
+                    let like = self.push(Op::SliceCols { x, start: 0, len: start })?;
+                    let left = self.push(Op::Where { cond: zero, a: like, b: zero })?;
+                    out = self.push(Op::ConcatCols { a: left, b: out })?;
+                }
+                if start + len < cols {
+                    let like = self.push(Op::SliceCols { x, start: start + len, len: cols - start - len })?;
+                    let right = self.push(Op::Where { cond: zero, a: like, b: zero })?;
+                    out = self.push(Op::ConcatCols { a: out, b: right })?;
+                }
+                vec![(x, out)]
+            }
+            Op::Transpose { .. }
             | Op::MatMulAt { .. }
             | Op::Unsqueeze { .. }
             | Op::MixHeadsT { .. }
@@ -380,12 +426,15 @@ impl Builder {
             | Op::CollapseT { .. }
             | Op::CollapseGrad { .. }
             | Op::AttentionLse { .. }
-            | Op::AttentionGrad { .. } => {
+            | Op::AttentionGrad { .. }
+            | Op::MixColsT { .. }
+            | Op::MixColsGrad { .. }
+            | Op::CollapseColsGrad { .. }
+            | Op::CollapseRowsGrad { .. } => {
                 return Err(GradError {
                     code: Code::Internal,
                     message: format!(
-                        "no derivative rule for `{}`: gradients are taken of a spec's lowered program, \
-                         before the optimizer folds it, and not of gradient programs",
+                        "no derivative rule for `{}`: gradient programs are not differentiated again",
                         crate::opt::lang::op_name(op)
                     ),
                 })

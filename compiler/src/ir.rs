@@ -364,9 +364,9 @@ pub enum Op {
     /// ## Shape rules
     /// `x: [B, H, P, S, d]` → `[B, H·P, S, d]`.
     FlattenHeads { x: NodeId },
-    /// Concatenation of two matrices' columns.
+    /// Concatenation along the last axis (of two matrices' columns, as the optimizer merges weights).
     /// ## Shape rules
-    /// `a: [K, F1]`, `b: [K, F2]` → `[K, F1 + F2]` (known sizes).
+    /// `a: [..., F1]`, `b: [..., F2]` with equal leading axes → `[..., F1 + F2]` (known sizes).
     ConcatCols { a: NodeId, b: NodeId },
     /// Columns `start .. start + len` of the last axis.
     /// ## Shape rules
@@ -403,6 +403,23 @@ pub enum Op {
     /// ## Shape rules
     /// `x: [B, H', P, S, d]`, `dy: [B, H, S, d]` → `[H, H'·P]`.
     CollapseGrad { x: NodeId, dy: NodeId },
+    /// The transpose of `MixCols` in `y`: `out[.., m·d + e] = Σ_{h,j} alpha[m,h,j] · dy[.., (h·P + j)·d + e]`.
+    /// ## Shape rules
+    /// `dy: [..., H·P·d]`, `alpha: [M, H, P]` → `[..., M·d]`.
+    MixColsT { dy: NodeId, alpha: NodeId },
+    /// The gradient of `MixCols` in `alpha`: `out[m,h,j] = Σ_{r,e} y[r, m·d + e] · dy[r, (h·P + j)·d + e]`
+    /// over every leading index `r`.
+    /// ## Shape rules
+    /// `y: [..., M·d]`, `dy: [..., H·P·d]` (equal leading axes) → `[M, H, P]` with `M = m`, `H = h`, `P = p`.
+    MixColsGrad { y: NodeId, dy: NodeId, m: u64, h: u64, p: u64 },
+    /// The gradient of `CollapseCols` in `r`: `out[h, c] = Σ_{r,e} dy[r, h·d + e] · y[r, c·d + e]`.
+    /// ## Shape rules
+    /// `y: [..., C·d]`, `dy: [..., H·d]` (equal leading axes) → `[H, C]` with `H = h`.
+    CollapseColsGrad { y: NodeId, dy: NodeId, h: u64 },
+    /// The gradient of `CollapseRows` in `r`: `out[h, c] = Σ_{e,f} w[h·d + e, f] · dy[c·d + e, f]`.
+    /// ## Shape rules
+    /// `w: [H·d, F]`, `dy: [C·d, F]` → `[H, C]` with `H = h`.
+    CollapseRowsGrad { w: NodeId, dy: NodeId, h: u64 },
     /// Per query row of `Attention`, the log-sum-exp of its scaled visible
     /// scores (−∞ for a row that sees no key): what the backward saves.
     /// ## Shape rules
@@ -495,6 +512,9 @@ impl Op {
             Op::MixHeadsGrad { x, dy } | Op::CollapseGrad { x, dy } => vec![x, dy],
             Op::CollapseT { dy, r, .. } => vec![dy, r],
             Op::AttentionLse { q, k, .. } => vec![q, k],
+            Op::MixColsT { dy, alpha } => vec![dy, alpha],
+            Op::MixColsGrad { y, dy, .. } | Op::CollapseColsGrad { y, dy, .. } => vec![y, dy],
+            Op::CollapseRowsGrad { w, dy, .. } => vec![w, dy],
             Op::AttentionGrad { q, k, v, o, dout, lse, .. } => vec![q, k, v, o, dout, lse],
         }
     }
@@ -537,7 +557,11 @@ impl Op {
             | Op::MixHeadsGrad { x, dy: y }
             | Op::CollapseGrad { x, dy: y }
             | Op::CollapseT { dy: x, r: y, .. }
-            | Op::AttentionLse { q: x, k: y, .. } => {
+            | Op::AttentionLse { q: x, k: y, .. }
+            | Op::MixColsT { dy: x, alpha: y }
+            | Op::MixColsGrad { y: x, dy: y, .. }
+            | Op::CollapseColsGrad { y: x, dy: y, .. }
+            | Op::CollapseRowsGrad { w: x, dy: y, .. } => {
                 *x = f(*x);
                 *y = f(*y);
             }
@@ -762,6 +786,50 @@ impl Op {
                     sx.0[1].mul(&sx.0[2]).ok_or(ShapeError { kind: BadSize, message: "size overflow".into() })?;
                 Shape(vec![sy.0[1].clone(), cols])
             }
+            Op::MixColsT { dy, alpha } => {
+                let (sy, sa) = (shape(dy), shape(alpha));
+                want_min_rank("the cotangent of a column mixing", &sy, 1)?;
+                want_rank("the mixing coefficients", &sa, 3)?;
+                let targets =
+                    sa.0[1].mul(&sa.0[2]).ok_or(ShapeError { kind: BadSize, message: "size overflow".into() })?;
+                let d = match (sy.back(1).as_known(), targets.as_known()) {
+                    (Some(cols), Some(t)) if t > 0 && cols % t == 0 => cols / t,
+                    _ => return err(NotDivisible, format!("columns of {sy} do not split over {sa}'s targets")),
+                };
+                let mut out = sy.0.clone();
+                *out.last_mut().unwrap() = sa.0[0].mul(&Dim::known(d)).unwrap();
+                Shape(out)
+            }
+            Op::MixColsGrad { y, dy, m, h, p } => {
+                let (sy, sd) = (shape(y), shape(dy));
+                want_min_rank("a mixed operand", &sy, 1)?;
+                if sy.rank() != sd.rank() || sy.0[..sy.rank() - 1] != sd.0[..sd.rank() - 1] {
+                    return err(Mismatch, format!("column mixing's operand {sy} and cotangent {sd} differ"));
+                }
+                Shape(vec![Dim::known(m), Dim::known(h), Dim::known(p)])
+            }
+            Op::CollapseColsGrad { y, dy, h } => {
+                let (sy, sd) = (shape(y), shape(dy));
+                want_min_rank("a collapsed operand", &sy, 1)?;
+                if sy.rank() != sd.rank() || sy.0[..sy.rank() - 1] != sd.0[..sd.rank() - 1] {
+                    return err(Mismatch, format!("column collapse's operand {sy} and cotangent {sd} differ"));
+                }
+                let c = match (sy.back(1).as_known(), sd.back(1).as_known()) {
+                    (Some(yc), Some(dc)) if h > 0 && dc % h == 0 && dc / h > 0 && yc % (dc / h) == 0 => yc / (dc / h),
+                    _ => return err(NotDivisible, format!("{sy} and {sd} do not split into {h} heads")),
+                };
+                Shape(vec![Dim::known(h), Dim::known(c)])
+            }
+            Op::CollapseRowsGrad { w, dy, h } => {
+                let (sw, sd) = (shape(w), shape(dy));
+                want_rank("the folded weight", &sw, 2)?;
+                want_rank("its cotangent", &sd, 2)?;
+                let c = match (sw.0[0].as_known(), sd.0[0].as_known()) {
+                    (Some(wr), Some(dr)) if h > 0 && wr % h == 0 && wr / h > 0 && dr % (wr / h) == 0 => dr / (wr / h),
+                    _ => return err(NotDivisible, format!("{sw} and {sd} do not split into {h} heads")),
+                };
+                Shape(vec![Dim::known(h), Dim::known(c)])
+            }
             Op::AttentionLse { q, k, .. } => {
                 let (sq, sk) = (shape(q), shape(k));
                 want_rank("the queries", &sq, 4)?;
@@ -866,10 +934,14 @@ impl Op {
             }
             Op::ConcatCols { a, b } => {
                 let (sa, sb) = (shape(a), shape(b));
-                want_rank("a concatenated matrix", &sa, 2)?;
-                want_rank("a concatenated matrix", &sb, 2)?;
-                match (sa.0[1].as_known(), sb.0[1].as_known()) {
-                    (Some(x), Some(y)) if sa.0[0] == sb.0[0] => Shape(vec![sa.0[0].clone(), Dim::known(x + y)]),
+                want_min_rank("a concatenated operand", &sa, 1)?;
+                let same_rows = sa.rank() == sb.rank() && sa.0[..sa.rank() - 1] == sb.0[..sb.rank() - 1];
+                match (sa.back(1).as_known(), sb.back(1).as_known()) {
+                    (Some(x), Some(y)) if same_rows => {
+                        let mut out = sa.0.clone();
+                        *out.last_mut().unwrap() = Dim::known(x + y);
+                        Shape(out)
+                    }
                     _ => return err(Mismatch, format!("cannot concatenate the columns of {sa} and {sb}")),
                 }
             }
@@ -1089,6 +1161,10 @@ impl Program {
                 Op::AttentionLse { q, k, mask, scale } => {
                     format!("attention_lse {q}, {k}, {}, scale={scale:?}", mask_text(mask))
                 }
+                Op::MixColsT { dy, alpha } => format!("mix_cols_t {dy}, {alpha}"),
+                Op::MixColsGrad { y, dy, m, h, p } => format!("mix_cols_grad {y}, {dy}, m={m}, h={h}, p={p}"),
+                Op::CollapseColsGrad { y, dy, h } => format!("collapse_cols_grad {y}, {dy}, h={h}"),
+                Op::CollapseRowsGrad { w, dy, h } => format!("collapse_rows_grad {w}, {dy}, h={h}"),
                 Op::AttentionGrad { q, k, v, o, dout, lse, mask, scale, wrt } => format!(
                     "attention_grad_{} {q}, {k}, {v}, {o}, {dout}, {lse}, {}, scale={scale:?}",
                     format!("{wrt:?}").to_lowercase(),

@@ -135,6 +135,10 @@ pub fn op_cost(op: &Op, out: &[usize], operands: &[Vec<usize>]) -> OpCost {
         Op::CollapseT { .. } => kernel(2.0 * numel(out) * operands[1][0] as f64),
         Op::CollapseGrad { .. } => kernel(2.0 * numel(&operands[0]) * out[0] as f64),
         Op::Transpose { .. } | Op::Unsqueeze { .. } => kernel(0.0),
+        Op::MixColsT { .. } => kernel(2.0 * numel(&operands[0]) * operands[1][0] as f64),
+        Op::MixColsGrad { .. } => kernel(2.0 * numel(&operands[0]) * (out[1] * out[2]) as f64),
+        Op::CollapseColsGrad { .. } => kernel(2.0 * numel(&operands[1]) * out[1] as f64),
+        Op::CollapseRowsGrad { .. } => kernel(2.0 * numel(&operands[0]) * out[1] as f64),
         Op::LooMean { .. } => kernel(2.0 * numel(out)),
         Op::Reduce { .. } => kernel(numel(&operands[0])),
         Op::Binary { .. }

@@ -293,7 +293,11 @@ pub fn unsupported(p: &Program) -> Option<String> {
         | Op::CollapseT { .. }
         | Op::CollapseGrad { .. }
         | Op::AttentionLse { .. }
-        | Op::AttentionGrad { .. } => Some(crate::opt::lang::op_name(&n.op)),
+        | Op::AttentionGrad { .. }
+        | Op::MixColsT { .. }
+        | Op::MixColsGrad { .. }
+        | Op::CollapseColsGrad { .. }
+        | Op::CollapseRowsGrad { .. } => Some(crate::opt::lang::op_name(&n.op)),
         _ => None,
     })
 }
@@ -489,7 +493,9 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
             }
             Op::ConcatCols { a, b } => {
                 let (sa, sb) = (sh(0), sh(1));
-                (KernelSpec::Concat { rows: sa[0], f1: sa[1], f2: sb[1] }, vec![pl.contiguous(*a), pl.contiguous(*b)])
+                let (f1, f2) = (*sa.last().unwrap(), *sb.last().unwrap());
+                let rows = sa[..sa.len() - 1].iter().product();
+                (KernelSpec::Concat { rows, f1, f2 }, vec![pl.contiguous(*a), pl.contiguous(*b)])
             }
             Op::Rope { x, base } => {
                 let sx = sh(0);
@@ -580,7 +586,11 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
             | Op::CollapseT { .. }
             | Op::CollapseGrad { .. }
             | Op::AttentionLse { .. }
-            | Op::AttentionGrad { .. } => unreachable!("refused by `unsupported` before planning"),
+            | Op::AttentionGrad { .. }
+            | Op::MixColsT { .. }
+            | Op::MixColsGrad { .. }
+            | Op::CollapseColsGrad { .. }
+            | Op::CollapseRowsGrad { .. } => unreachable!("refused by `unsupported` before planning"),
         };
         if let Some(values) = rope_table {
             let n = values.len();

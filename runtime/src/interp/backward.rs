@@ -223,3 +223,85 @@ pub(super) fn attention_grad(
     }
     out
 }
+
+/// `out[.., m·d + e] = Σ_{h,j} alpha[m,h,j] · dy[.., (h·P + j)·d + e]`.
+pub(super) fn mix_cols_t(dy: &Tensor, alpha: &Tensor, shape: Vec<usize>) -> Tensor {
+    let (m, hp) = (alpha.shape[0], alpha.shape[1] * alpha.shape[2]);
+    let cols = *dy.shape.last().unwrap();
+    let d = cols / hp;
+    let rows = dy.len().checked_div(cols).unwrap_or(0);
+    let mut out = Tensor::zeros(shape);
+    for r in 0..rows {
+        for mi in 0..m {
+            for t in 0..hp {
+                let a = alpha.data[mi * hp + t];
+                for e in 0..d {
+                    out.data[(r * m + mi) * d + e] += a * dy.data[r * cols + t * d + e];
+                }
+            }
+        }
+    }
+    out
+}
+
+/// `out[m,h,j] = Σ_{r,e} y[r, m·d + e] · dy[r, (h·P + j)·d + e]`.
+pub(super) fn mix_cols_grad(y: &Tensor, dy: &Tensor, shape: Vec<usize>) -> Tensor {
+    let (m, hp) = (shape[0], shape[1] * shape[2]);
+    let (ycols, dcols) = (*y.shape.last().unwrap(), *dy.shape.last().unwrap());
+    let d = ycols / m;
+    let rows = y.len().checked_div(ycols).unwrap_or(0);
+    let mut out = Tensor::zeros(shape);
+    for mi in 0..m {
+        for t in 0..hp {
+            let mut acc = 0.0;
+            for r in 0..rows {
+                for e in 0..d {
+                    acc += y.data[r * ycols + mi * d + e] * dy.data[r * dcols + t * d + e];
+                }
+            }
+            out.data[mi * hp + t] = acc;
+        }
+    }
+    out
+}
+
+/// `out[h, c] = Σ_{r,e} dy[r, h·d + e] · y[r, c·d + e]`.
+pub(super) fn collapse_cols_grad(y: &Tensor, dy: &Tensor, shape: Vec<usize>) -> Tensor {
+    let (h, c) = (shape[0], shape[1]);
+    let (ycols, dcols) = (*y.shape.last().unwrap(), *dy.shape.last().unwrap());
+    let d = dcols / h;
+    let rows = y.len().checked_div(ycols).unwrap_or(0);
+    let mut out = Tensor::zeros(shape);
+    for hi in 0..h {
+        for ci in 0..c {
+            let mut acc = 0.0;
+            for r in 0..rows {
+                for e in 0..d {
+                    acc += dy.data[r * dcols + hi * d + e] * y.data[r * ycols + ci * d + e];
+                }
+            }
+            out.data[hi * c + ci] = acc;
+        }
+    }
+    out
+}
+
+/// `out[h, c] = Σ_{e,f} w[h·d + e, f] · dy[c·d + e, f]`.
+pub(super) fn collapse_rows_grad(w: &Tensor, dy: &Tensor, shape: Vec<usize>) -> Tensor {
+    let (h, c) = (shape[0], shape[1]);
+    let f = w.shape[1];
+    let d = w.shape[0] / h;
+    let mut out = Tensor::zeros(shape);
+    for hi in 0..h {
+        for ci in 0..c {
+            let mut acc = 0.0;
+            for e in 0..d {
+                for j in 0..f {
+                    acc += w.data[(hi * d + e) * f + j] * dy.data[(ci * d + e) * f + j];
+                }
+            }
+            out.data[hi * c + ci] = acc;
+        }
+    }
+    out
+}

@@ -85,6 +85,10 @@ fn evaluate_with(program: &Program, inputs: &[Tensor], dims: &DimValues, roundin
             Op::CollapseT { dy, r, .. } => backward::collapse_t(v(*dy), v(*r), shape),
             Op::CollapseGrad { x, dy } => backward::collapse_grad(v(*x), v(*dy), shape),
             Op::AttentionLse { q, k, mask, scale } => backward::attention_lse(v(*q), v(*k), mask, *scale, shape),
+            Op::MixColsT { dy, alpha } => backward::mix_cols_t(v(*dy), v(*alpha), shape),
+            Op::MixColsGrad { y, dy, .. } => backward::mix_cols_grad(v(*y), v(*dy), shape),
+            Op::CollapseColsGrad { y, dy, .. } => backward::collapse_cols_grad(v(*y), v(*dy), shape),
+            Op::CollapseRowsGrad { w, dy, .. } => backward::collapse_rows_grad(v(*w), v(*dy), shape),
             Op::AttentionGrad { q, k, v: vv, o, dout, lse, mask, scale, wrt } => {
                 backward::attention_grad(v(*q), v(*k), v(*vv), v(*o), v(*dout), v(*lse), mask, *scale, *wrt, shape)
             }
@@ -511,8 +515,8 @@ fn collapse_rows(w: &Tensor, r: &Tensor, shape: Vec<usize>) -> Tensor {
 }
 
 fn concat_cols(a: &Tensor, b: &Tensor, shape: Vec<usize>) -> Tensor {
-    let (fa, fb) = (a.shape[1], b.shape[1]);
-    let data = (0..a.shape[0])
+    let (fa, fb) = (*a.shape.last().unwrap(), *b.shape.last().unwrap());
+    let data = (0..a.len().checked_div(fa).unwrap_or(0))
         .flat_map(|r| a.data[r * fa..(r + 1) * fa].iter().chain(&b.data[r * fb..(r + 1) * fb]).copied())
         .collect();
     Tensor::new(shape, data)
