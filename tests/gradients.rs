@@ -197,7 +197,7 @@ fn gradient_programs_optimize_and_explain() {
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| panic!("no training step in:\n{text}"));
     assert!(ratio > 1.5 && ratio < 10.0, "a training step costs {ratio}x the forward");
-    assert!(text.contains("gradients of x, w_q"), "{text}");
+    assert!(text.contains("gradients of x, w_q") && text.contains("training step of the chosen program"), "{text}");
 }
 
 /// The optimizer's folded programs (mixing folded into the projections,

@@ -236,8 +236,14 @@ proptest! {
             for mode in [Mode::Inference, Mode::Training] {
                 for n in [1u64, 8192] {
                     let dims: DimValues = [("B", 1u64), ("N", n), ("D", c.dm as u64)].into_iter().map(|(k, v)| (k.to_string(), v)).collect();
-                    let o = opt::optimize(p, &dims, &Config { target: *target, mode, ..Default::default() });
-                    prop_assert!(o.chosen_cost.seconds <= o.original_cost.seconds, "chosen is predicted slower");
+                    let cfg = Config { target: *target, mode, ..Default::default() };
+                    let o = opt::optimize(p, &dims, &cfg);
+                    // Training judges a program by its step (forward and backward).
+                    let step = |q: &attnc_compiler::ir::Program, forward: f64| {
+                        opt::training_step_cost(q, &dims, &cfg).map_or(forward, |s| s.seconds)
+                    };
+                    let (chosen, original) = (step(&o.chosen, o.chosen_cost.seconds), step(&o.original, o.original_cost.seconds));
+                    prop_assert!(chosen <= original, "chosen is predicted slower");
                     prop_assert!(!o.hit_limit, "the optimizer did not saturate: {}", o.stop);
                     programs.push(o.chosen);
                 }

@@ -133,16 +133,28 @@ pub fn optimize(p: &Program, dims: &DimValues, cfg: &Config) -> Optimized {
     // epilogue, one that does not (the e-graph cannot see whether the plan
     // will find the GEMM right before the split). The plan's cost decides.
     let original_cost = program_cost(p, dims, &cfg.target, cfg.mode);
+    // In training, a program is judged by its whole step: the cost of its
+    // gradient program (forward and backward), where it has one.
+    let judged = |prog: &Program, forward: &ProgramCost| -> f64 {
+        match training_step_cost(prog, dims, cfg) {
+            Some(step) => step.seconds,
+            None => forward.seconds,
+        }
+    };
+    let original_judged = judged(p, &original_cost);
     // Never worse than what we were given, and only a clear gain replaces it.
-    let bar = original_cost.seconds * (1.0 - cfg.min_gain);
+    let bar = original_judged * (1.0 - cfg.min_gain);
     let (mut chosen, mut chosen_cost, mut chosen_expr) = (p.clone(), original_cost.clone(), expr.clone());
+    let mut chosen_judged = original_judged;
     for fused in [true, false] {
         let coster = Coster { dims, target: cfg.target, mode: cfg.mode, fused };
         let (candidate_expr, _) = extract::extract(&runner.egraph, root, &coster);
         let candidate = lang::from_expr(&candidate_expr, p);
         let candidate_cost = program_cost(&candidate, dims, &cfg.target, cfg.mode);
-        if candidate_cost.seconds < chosen_cost.seconds.min(bar) {
+        let candidate_judged = judged(&candidate, &candidate_cost);
+        if candidate_judged < chosen_judged.min(bar) {
             (chosen, chosen_cost, chosen_expr) = (candidate, candidate_cost, candidate_expr);
+            chosen_judged = candidate_judged;
         }
     }
 
@@ -176,6 +188,17 @@ pub fn optimize(p: &Program, dims: &DimValues, cfg: &Config) -> Optimized {
         hit_limit,
         explanation,
     }
+}
+
+/// In training mode, the cost of `p`'s gradient program (every continuous
+/// input; `grad.rs`), priced node by node: a training step. `None` in
+/// inference, or for a program without a gradient.
+pub fn training_step_cost(p: &Program, dims: &DimValues, cfg: &Config) -> Option<ProgramCost> {
+    if cfg.mode != Mode::Training {
+        return None;
+    }
+    let g = crate::grad::differentiate(p, &[]).ok()?;
+    Some(cost::node_cost(&g, dims, &cfg.target))
 }
 
 /// Extraction that prefers one kind of node over every other, to pull
@@ -280,7 +303,7 @@ impl Optimized {
         let _ = writeln!(out, "rules fired: {}", if fired.is_empty() { "none".to_string() } else { fired.join(", ") });
         let _ = writeln!(out, "e-graph: {} nodes in {} classes; {}", self.egraph_nodes, self.egraph_classes, self.stop);
         if mode == Mode::Training {
-            out.push_str(&training_step(&self.original, dim_values, target));
+            out.push_str(&training_steps(&self.original, &self.chosen, dim_values, target));
         }
         if let Some(e) = &self.explanation {
             let _ = writeln!(out, "\nwhy the chosen program equals the original (egg explanation):\n{e}");
@@ -289,24 +312,28 @@ impl Optimized {
     }
 }
 
-/// A training step's cost: the original's gradient program (`grad.rs`,
-/// every continuous input), which recomputes the forward, priced node by
-/// node next to the forward priced the same way.
-fn training_step(original: &Program, dims: &DimValues, target: &Target) -> String {
-    let g = match crate::grad::differentiate(original, &[]) {
-        Ok(g) => g,
-        Err(e) => return format!("\ntraining step: no backward ({})\n", e.message),
-    };
-    let (forward, step) = (cost::node_cost(original, dims, target), cost::node_cost(&g, dims, target));
-    let grads: Vec<&str> = g.outputs.iter().filter_map(|(n, _)| n.strip_prefix("grad_")).collect();
-    let mut out = format!(
-        "\ntraining step (the gradient program of the original, node by node; gradients of {}):\n",
-        grads.join(", ")
-    );
-    let _ = writeln!(out, "  forward: {}", summary(&forward));
-    let _ = writeln!(out, "  forward + backward: {}", summary(&step));
-    let ratio = if forward.seconds > 0.0 { step.seconds / forward.seconds } else { 1.0 };
-    let _ =
-        writeln!(out, "  the step costs {ratio:.2}x the forward (the optimizer still chooses by the forward's cost)");
+/// Training steps: the gradient programs (`grad.rs`, every continuous
+/// input) of the original and of the chosen program, which recompute the
+/// forward, priced node by node next to the forward priced the same way.
+/// The optimizer chooses by these in training mode.
+fn training_steps(original: &Program, chosen: &Program, dims: &DimValues, target: &Target) -> String {
+    let cfg = Config { target: *target, mode: Mode::Training, ..Default::default() };
+    let g = crate::grad::differentiate(original, &[]).ok();
+    let grads: Vec<&str> =
+        g.iter().flat_map(|g| g.outputs.iter().filter_map(|(n, _)| n.strip_prefix("grad_"))).collect();
+    let mut out = format!("\ntraining: gradients of {}; the optimizer chooses by the step\n", grads.join(", "));
+    for (what, p) in [("original", original), ("chosen", chosen)] {
+        let Some(step) = training_step_cost(p, dims, &cfg) else {
+            let why = crate::grad::differentiate(p, &[]).err().map(|e| e.message).unwrap_or_default();
+            let _ = writeln!(out, "training step of the {what} program: none ({why})");
+            continue;
+        };
+        let forward = cost::node_cost(p, dims, target);
+        let ratio = if forward.seconds > 0.0 { step.seconds / forward.seconds } else { 1.0 };
+        let _ = writeln!(out, "training step of the {what} program (its gradient program, node by node):");
+        let _ = writeln!(out, "  forward: {}", summary(&forward));
+        let _ = writeln!(out, "  forward + backward: {}", summary(&step));
+        let _ = writeln!(out, "  the step costs {ratio:.2}x the forward");
+    }
     out
 }
