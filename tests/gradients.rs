@@ -240,3 +240,28 @@ fn optimized_programs_have_the_originals_gradients() {
     }
     assert!(folded >= 3, "the optimizer folded only {folded} of the cases");
 }
+
+/// A standard deviation of equal values (a GRPO group whose rewards all
+/// agree; `std` over one element) has no derivative: its gradient is taken
+/// as 0 there, as `abs` takes sign(0) = 0, and no NaN reaches the inputs.
+#[test]
+fn equal_values_pass_back_finite_gradients() {
+    let c = compile_stdlib("grpo", &sets(&[("B", "2"), ("G", "4")]));
+    let g = differentiate(&c.program, &[]).unwrap();
+    let rewards = Tensor::new(vec![2, 4], vec![1.0, 1.0, 1.0, 1.0, 0.5, -0.5, 2.0, 0.0]);
+    let cot = Tensor::new(vec![2, 4], vec![0.3, -1.0, 0.2, 0.5, 1.0, 0.1, -0.4, 0.7]);
+    let inputs = named(vec![("rewards", rewards), ("cot_advantages", cot)]);
+    let (t, d) = bind::bind_inputs(&g, inputs, &Default::default()).unwrap();
+    let out = interp::evaluate(&g, &t, &d);
+    let grad = &out[g.outputs.iter().position(|(n, _)| n == "grad_rewards").unwrap()];
+    assert!(grad.data.iter().all(|v| v.is_finite()), "{:?}", grad.data);
+    let single = attnc_compiler::compile(
+        "spec z\ndim B = 2\ndim G = 3\ninput a: [B, G] in finite\nlet s = std(max(a, axis = all), axis = 1)\noutput out = s + a\n",
+        &[],
+    )
+    .unwrap();
+    let g = differentiate(&single.program, &[]).unwrap();
+    let (t, d) = bind::generate_inputs(&g, 1).unwrap();
+    let grad = &interp::evaluate(&g, &t, &d)[1];
+    assert!(grad.data.iter().all(|v| v.is_finite()), "{:?}", grad.data);
+}

@@ -305,9 +305,13 @@ impl Builder {
             Op::Unary { op, x } => match op {
                 UnaryOp::Neg => vec![(x, self.push(Op::Unary { op: UnaryOp::Neg, x: g })?)],
                 UnaryOp::Sqrt => {
-                    let two = self.scalar(2.0)?;
+                    // g / (2 √x); at 0, where √ has no derivative, 0 (as `abs` takes sign(0) = 0),
+                    // so that a standard deviation of equal values passes no NaN back.
+                    let (two, zero) = (self.scalar(2.0)?, self.scalar(0.0)?);
                     let denom = self.binary(B::Mul, two, id)?;
-                    vec![(x, self.binary(B::Div, g, denom)?)]
+                    let quotient = self.binary(B::Div, g, denom)?;
+                    let positive = self.binary(B::Gt, id, zero)?;
+                    vec![(x, self.push(Op::Where { cond: positive, a: quotient, b: zero })?)]
                 }
                 UnaryOp::Abs => {
                     let zero = self.scalar(0.0)?;
