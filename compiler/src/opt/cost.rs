@@ -108,7 +108,9 @@ pub fn op_cost(op: &Op, out: &[usize], operands: &[Vec<usize>]) -> OpCost {
         | Op::Deinterleave { .. }
         | Op::UnflattenHeads { .. }
         | Op::FlattenHeads { .. }
-        | Op::SliceCols { .. } => OpCost::default(),
+        | Op::SliceCols { .. }
+        | Op::Transpose { .. }
+        | Op::Unsqueeze { .. } => OpCost::default(),
         Op::MatMul { .. } => kernel(2.0 * numel(out) * operands[0].last().copied().unwrap_or(1) as f64),
         Op::MixHeads { .. } | Op::MixCols { .. } => kernel(2.0 * numel(out) * operands[1][0] as f64),
         Op::Collapse { .. } | Op::CollapseCols { .. } => kernel(2.0 * numel(out) * operands[1][1] as f64),
@@ -134,7 +136,6 @@ pub fn op_cost(op: &Op, out: &[usize], operands: &[Vec<usize>]) -> OpCost {
         Op::MixHeadsGrad { .. } => kernel(2.0 * numel(&operands[1]) * operands[0][1] as f64),
         Op::CollapseT { .. } => kernel(2.0 * numel(out) * operands[1][0] as f64),
         Op::CollapseGrad { .. } => kernel(2.0 * numel(&operands[0]) * out[0] as f64),
-        Op::Transpose { .. } | Op::Unsqueeze { .. } => kernel(0.0),
         Op::MixColsT { .. } => kernel(2.0 * numel(&operands[0]) * operands[1][0] as f64),
         Op::MixColsGrad { .. } => kernel(2.0 * numel(&operands[0]) * (out[1] * out[2]) as f64),
         Op::CollapseColsGrad { .. } => kernel(2.0 * numel(&operands[1]) * out[1] as f64),

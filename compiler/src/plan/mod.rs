@@ -280,14 +280,14 @@ fn scale_of(p: &Program, n: usize) -> Option<(usize, f64)> {
 }
 
 /// Plan `p` at the concrete `dims`.
-/// The first operation of `p` that no kernel computes yet, if any: the
-/// gradient operations (`compiler::grad`) run on the interpreter only.
+/// The first operation of `p` that no kernel computes yet, if any: most
+/// gradient operations (`compiler::grad`) run on the interpreter only
+/// (`transpose` and `unsqueeze` are layouts, so the estimators' gradients
+/// run on kernels).
 /// [`plan`] takes programs without them.
 pub fn unsupported(p: &Program) -> Option<String> {
     p.nodes.iter().find_map(|n| match n.op {
-        Op::Transpose { .. }
-        | Op::MatMulAt { .. }
-        | Op::Unsqueeze { .. }
+        Op::MatMulAt { .. }
         | Op::MixHeadsT { .. }
         | Op::MixHeadsGrad { .. }
         | Op::CollapseT { .. }
@@ -394,6 +394,8 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
             Op::UnflattenHeads { x, pseudo } => Some(pl.relayout(*x, |l| l.unflatten_heads(*pseudo as usize))),
             Op::FlattenHeads { x } => Some(pl.relayout(*x, |l| Some(l.flatten_heads()))),
             Op::SliceCols { x, start, len } => Some(pl.relayout(*x, |l| l.slice_cols(*start as usize, *len as usize))),
+            Op::Transpose { x } => Some(pl.relayout(*x, |l| Some(l.transpose()))),
+            Op::Unsqueeze { x, axes } => Some(pl.relayout(*x, |l| Some(l.unsqueeze(axes)))),
             _ => None,
         };
         if let Some(val) = val {
@@ -577,10 +579,10 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
             | Op::Deinterleave { .. }
             | Op::UnflattenHeads { .. }
             | Op::FlattenHeads { .. }
-            | Op::SliceCols { .. } => unreachable!("leaves and layout operations launch nothing"),
-            Op::Transpose { .. }
-            | Op::MatMulAt { .. }
-            | Op::Unsqueeze { .. }
+            | Op::SliceCols { .. }
+            | Op::Transpose { .. }
+            | Op::Unsqueeze { .. } => unreachable!("leaves and layout operations launch nothing"),
+            Op::MatMulAt { .. }
             | Op::MixHeadsT { .. }
             | Op::MixHeadsGrad { .. }
             | Op::CollapseT { .. }

@@ -251,6 +251,19 @@ impl Layout {
         self.merge(1)
     }
 
+    /// `transpose(x)`: `[K, F]` → `[F, K]`.
+    pub fn transpose(self) -> Layout {
+        self.permute(&[1, 0])
+    }
+
+    /// `unsqueeze(x, axes)`: size-1 axes inserted at `axes` (sorted) of the result.
+    pub fn unsqueeze(mut self, axes: &[usize]) -> Layout {
+        for &a in axes {
+            self.axes.insert(a, vec![(1, 0)]);
+        }
+        self
+    }
+
     /// `slice_cols(x, start, len)`: columns `start..start + len` of the last axis.
     pub fn slice_cols(mut self, start: usize, len: usize) -> Option<Layout> {
         let last = self.axes.last_mut()?;
