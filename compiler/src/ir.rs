@@ -484,6 +484,26 @@ fn want_min_rank(what: &str, s: &Shape, rank: usize) -> Result<(), ShapeError> {
 }
 
 impl Op {
+    /// Whether a kernel computes this operation (or a layout expresses it):
+    /// every operation but the gradient-only ones `grad.rs` introduces, which
+    /// run on the interpreter until they get kernels.
+    pub fn has_kernel(&self) -> bool {
+        !matches!(
+            self,
+            Op::MatMulAt { .. }
+                | Op::MixHeadsT { .. }
+                | Op::MixHeadsGrad { .. }
+                | Op::CollapseT { .. }
+                | Op::CollapseGrad { .. }
+                | Op::AttentionLse { .. }
+                | Op::AttentionGrad { .. }
+                | Op::MixColsT { .. }
+                | Op::MixColsGrad { .. }
+                | Op::CollapseColsGrad { .. }
+                | Op::CollapseRowsGrad { .. }
+        )
+    }
+
     /// Operands in order.
     pub fn operands(&self) -> Vec<NodeId> {
         match *self {

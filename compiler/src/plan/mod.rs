@@ -279,29 +279,15 @@ fn scale_of(p: &Program, n: usize) -> Option<(usize, f64)> {
     }
 }
 
-/// Plan `p` at the concrete `dims`.
-/// The first operation of `p` that no kernel computes yet, if any: most
-/// gradient operations (`compiler::grad`) run on the interpreter only
-/// (`transpose` and `unsqueeze` are layouts, so the estimators' gradients
-/// run on kernels).
-/// [`plan`] takes programs without them.
+/// The first operation of `p` that no kernel computes yet, if any (see
+/// `Op::has_kernel`: most gradient operations run on the interpreter only;
+/// `transpose` and `unsqueeze` are layouts, so the estimators' gradients run
+/// on kernels). [`plan`] takes programs without them.
 pub fn unsupported(p: &Program) -> Option<String> {
-    p.nodes.iter().find_map(|n| match n.op {
-        Op::MatMulAt { .. }
-        | Op::MixHeadsT { .. }
-        | Op::MixHeadsGrad { .. }
-        | Op::CollapseT { .. }
-        | Op::CollapseGrad { .. }
-        | Op::AttentionLse { .. }
-        | Op::AttentionGrad { .. }
-        | Op::MixColsT { .. }
-        | Op::MixColsGrad { .. }
-        | Op::CollapseColsGrad { .. }
-        | Op::CollapseRowsGrad { .. } => Some(crate::opt::lang::op_name(&n.op)),
-        _ => None,
-    })
+    p.nodes.iter().find(|n| !n.op.has_kernel()).map(|n| crate::opt::lang::op_name(&n.op))
 }
 
+/// Plan `p` at the concrete `dims`.
 pub fn plan(p: &Program, dims: &DimValues) -> Plan {
     let shapes: Vec<Vec<usize>> = p.nodes.iter().map(|n| concrete(&n.shape, dims)).collect();
     // Group-local work: one group kernel per root; nodes only those kernels
