@@ -27,7 +27,8 @@ H, P, d, N, B = 2, 2, 4, 8, 4
 
 
 def initial_student(program: attnc.Program) -> dict:
-    weights = {t.name: program.sample(seed=2)[t.name] for t in program.inputs if t.role == "weight"}
+    drawn = program.sample(seed=2)
+    weights = {t.name: drawn[t.name] for t in program.inputs if t.role == "weight"}
     rng = np.random.default_rng(3)
     eye = np.zeros((H, H, P))
     for h in range(H):
@@ -44,7 +45,8 @@ def initial_student(program: attnc.Program) -> dict:
 def train(steps: int = 600, lr: float = 1.0, backend: str = "interp") -> list:
     program = attnc.compile("stdlib/iha.attn", H=H, P=P, d=d, N=N)
     names = [t.name for t in program.inputs if t.role == "weight"]
-    teacher = {n: program.sample(seed=1)[n] for n in names}
+    drawn = program.sample(seed=1)
+    teacher = {n: drawn[n] for n in names}
     student = initial_student(program)
     x = np.random.default_rng(4).standard_normal((B, N, H * d))
     target = program.run(backend=backend, dtype="f64", x=x, **teacher)["y"]
