@@ -1,6 +1,6 @@
 """Fit a student IHA layer to a teacher IHA layer with plain gradient descent.
 
-    python examples/train_iha.py [--steps 600] [--lr 1.0] [--plot loss.svg]
+    python examples/train_iha.py [--steps 600] [--lr 1.0] [--backend wgpu] [--plot loss.svg]
 
 Both layers are `stdlib/iha.attn` (H = 2 heads, P = 2 pseudo-heads, d = 4).
 The teacher's weights are the spec's own random draws (seed 1). The student
@@ -11,8 +11,9 @@ Every step computes the student's output (`Program.run`), the cotangent of
 the mean squared error, and every weight's gradient (`Program.grad`, the
 compiler's reverse-mode program), then steps each weight against it. It
 prints the loss curve and writes it as an SVG plot; the loss falls by more
-than 100x in a few hundred steps. Everything is float64 on the
-interpreter: gradient programs have no kernels yet.
+than 100x in a few hundred steps. `--backend wgpu` runs the forward and the
+gradient programs on the GPU kernels (f32; FlashAttention-2's backward for
+attention); the default, `interp`, is the float64 reference.
 """
 
 from __future__ import annotations

@@ -94,6 +94,14 @@ enum Command {
         /// tf32 stores f32 and multiplies GEMMs on TF32 tensor cores (CUDA only)
         #[arg(long, value_enum, default_value_t = KernelDtype::F32)]
         dtype: KernelDtype,
+        /// Emit the gradient program's kernels instead (see `attnc grad`): inputs are the
+        /// forward inputs and a cotangent `cot_<output>` per output; outputs the forward
+        /// outputs and `grad_<input>`
+        #[arg(long)]
+        grad: bool,
+        /// With --grad: the inputs to differentiate by, comma-separated (default: every continuous input)
+        #[arg(long, value_delimiter = ',', value_name = "NAME,...", requires = "grad")]
+        wrt: Vec<String>,
     },
     /// Time the generated kernels on a device, next to their roofline
     Bench {
@@ -333,8 +341,9 @@ fn main() -> ExitCode {
             let limits = Limits { memory_budget, max_flops };
             run(&file, inputs.as_deref(), seed, &out, &set, dtype, opt, backend, check_inputs, limits)
         }
-        Command::Compile { file, set, target, out, optimize, dtype } => {
-            compile(&file, &set, target, &out, optimize, dtype.dtype())
+        Command::Compile { file, set, target, out, optimize, dtype, grad, wrt } => {
+            let wrt = grad.then_some(&wrt[..]);
+            compile(&file, &set, target, &out, optimize, dtype.dtype(), wrt)
         }
         Command::Bench { file, set, backend, iters, warmup, target, optimize, sweep, plot, dtype } => {
             let opts = BenchOpts { backend, iters, warmup, target, optimize, dtype: dtype.dtype() };
@@ -472,9 +481,14 @@ fn compile(
     out: &Path,
     optimize: bool,
     dtype: plan::Dtype,
+    grad: Option<&[String]>,
 ) -> Result<(), Failed> {
     let fail = |e: PipelineError| report(e.code(), e);
-    let mut bound = program(file, set)?.sized().map_err(fail)?.in_dtype(dtype);
+    let mut p = program(file, set)?;
+    if let Some(wrt) = grad {
+        p = p.gradient(wrt).map_err(fail)?.program().clone();
+    }
+    let mut bound = p.sized().map_err(fail)?.in_dtype(dtype);
     if optimize {
         bound = bound.optimize(cost::H200, Mode::Inference);
     }

@@ -151,7 +151,7 @@ fn run_errors_name_the_tensor_and_write_nothing() {
     let header = String::from_utf8_lossy(&bytes[8..]).into_owned();
     let pos = header.find("\"F32\"").unwrap() + 8;
     bytes[pos..pos + 5].copy_from_slice(b"\"I32\"");
-    let err = failing_run("dtype", bytes, &[]);
+    let err = failing_run("wrong-dtype", bytes, &[]);
     assert!(err.contains("I32") && err.contains("F32 and F64"), "{err}");
 
     let bytes = file(&mha_inputs(3, None));
@@ -374,8 +374,10 @@ fn half_precision_dtypes_run_compile_or_refuse_clearly() {
 }
 
 /// `attnc grad`: seeded inputs and cotangents, or files; `--wrt`; the
-/// forward outputs are `run`'s; discrete inputs and kernel backends are
-/// refused with nothing written; `ir --grad` prints the gradient program.
+/// forward outputs are `run`'s; on wgpu the gradients match the
+/// interpreter's; discrete inputs and unknown names are refused with
+/// nothing written; `ir --grad` prints the gradient program and
+/// `compile --grad` emits its kernels.
 #[test]
 fn grad_writes_gradients_or_refuses_clearly() {
     let dir = scratch("grad");
@@ -410,13 +412,34 @@ fn grad_writes_gradients_or_refuses_clearly() {
     for (extra, needle) in [
         (&["stdlib/odrpo.attn", "--wrt", "rewards"][..], "error[E0801]: input `rewards` takes discrete values"),
         (&["stdlib/mha.attn", "--wrt", "nope"][..], "`nope` is not an input"),
-        (&["stdlib/mha.attn", "--backend", "wgpu"][..], "gradient programs run on the interpreter"),
     ] {
         let out = dir.join("refused.safetensors");
         let o = attnc(&[&["grad"][..], extra, &["--seed", "1", "--out", s(&out)]].concat());
         let err = stderr(&o);
         assert!(!o.status.success() && !out.exists() && err.contains(needle) && !err.contains("panicked"), "{err}");
     }
+    // The kernels: every gradient within 1e-4 of the interpreter's.
+    let w = dir.join("w.safetensors");
+    let o =
+        attnc(&[&["grad", "stdlib/iha.attn", "--seed", "4", "--backend", "wgpu", "--out", s(&w)][..], &sets].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let wf = read(&w);
+    for name in ["x", "w_q", "w_k", "w_v", "w_o", "alpha_q", "alpha_k", "alpha_v", "r"] {
+        let e = attnc_runtime::relative_error(&wf[&format!("grad_{name}")].data, &gf[&format!("grad_{name}")].data);
+        assert!(e <= 1e-4, "grad_{name} on wgpu: relative error {e:e}");
+    }
+    // `compile --grad`: the gradient program's kernels and manifest.
+    let k = dir.join("kernels");
+    let o = attnc(&[&["compile", "stdlib/iha.attn", "--grad", "--target", "wgsl", "--out", s(&k)][..], &sets].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(k.join("manifest.json")).unwrap()).unwrap();
+    let kinds: Vec<&str> =
+        manifest["launches"].as_array().unwrap().iter().map(|l| l["kernel"].as_str().unwrap()).collect();
+    for kind in ["attention_lse", "attention_grad_q", "attention_grad_k", "attention_grad_v", "contract"] {
+        assert!(kinds.contains(&kind), "no {kind} kernel in {kinds:?}");
+    }
+    assert!(manifest["outputs"]["grad_alpha_q"].as_u64().is_some() && manifest["outputs"]["y"].as_u64().is_some());
     let o = attnc(&["ir", "stdlib/mha.attn", "--grad", "--wrt", "w_q"]);
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success() && text.contains("attention_grad_q") && text.contains("output grad_w_q"), "{text}");

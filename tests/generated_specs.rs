@@ -92,6 +92,19 @@ proptest! {
         let got = gpu.run(&plan::plan(&compiled.program, &dims), &inputs).unwrap().0.remove(0);
         let e = attnc_runtime::relative_error(&got.data, &want.data);
         prop_assert!(e <= 1e-4, "kernels differ by {:e} for\n{}", e, text);
+
+        // The gradient program on the kernels against the interpreter's.
+        let grad = attnc_compiler::grad::differentiate(&compiled.program, &[]).unwrap();
+        let mut inputs = inputs;
+        inputs.insert("cot_out".to_string(), draw());
+        let (tensors, dims) = bind::bind_inputs(&grad, inputs.clone(), &Default::default()).unwrap();
+        let want = interp::evaluate(&grad, &tensors, &dims);
+        let got = gpu.run(&plan::plan(&grad, &dims), &inputs).unwrap().0;
+        for ((name, _), (g, w)) in grad.outputs.iter().zip(got.iter().zip(&want)) {
+            prop_assert!(g.data.iter().all(|v| !v.is_nan()), "NaN in {} for\n{}", name, text);
+            let e = attnc_runtime::relative_error(&g.data, &w.data);
+            prop_assert!(e <= 1e-4, "kernel {} differs by {:e} for\n{}", name, e, text);
+        }
     }
 }
 

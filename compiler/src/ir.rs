@@ -253,7 +253,7 @@ macro_rules! serialize_as_name {
         }
     )*};
 }
-serialize_as_name!(BinaryOp, UnaryOp, ReduceKind, MaskKind);
+serialize_as_name!(BinaryOp, UnaryOp, ReduceKind, MaskKind, AttnArg);
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum Op {
@@ -451,6 +451,16 @@ pub enum AttnArg {
     V,
 }
 
+impl AttnArg {
+    pub fn name(self) -> &'static str {
+        match self {
+            AttnArg::Q => "q",
+            AttnArg::K => "k",
+            AttnArg::V => "v",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ShapeError {
     pub kind: ShapeErrorKind,
@@ -484,26 +494,6 @@ fn want_min_rank(what: &str, s: &Shape, rank: usize) -> Result<(), ShapeError> {
 }
 
 impl Op {
-    /// Whether a kernel computes this operation (or a layout expresses it):
-    /// every operation but the gradient-only ones `grad.rs` introduces, which
-    /// run on the interpreter until they get kernels.
-    pub fn has_kernel(&self) -> bool {
-        !matches!(
-            self,
-            Op::MatMulAt { .. }
-                | Op::MixHeadsT { .. }
-                | Op::MixHeadsGrad { .. }
-                | Op::CollapseT { .. }
-                | Op::CollapseGrad { .. }
-                | Op::AttentionLse { .. }
-                | Op::AttentionGrad { .. }
-                | Op::MixColsT { .. }
-                | Op::MixColsGrad { .. }
-                | Op::CollapseColsGrad { .. }
-                | Op::CollapseRowsGrad { .. }
-        )
-    }
-
     /// Operands in order.
     pub fn operands(&self) -> Vec<NodeId> {
         match *self {

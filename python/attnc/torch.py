@@ -11,7 +11,8 @@ and differentiate in float64 on the interpreter, so `torch.autograd.gradcheck`
 holds the package to central differences; other float tensors return in their
 own dtype. The forward runs CUDA tensors on the CUDA backend and CPU tensors
 on the interpreter unless ``backend`` says otherwise (through host copies:
-no DLPack exchange yet); gradient programs run on the interpreter for now.
+no DLPack exchange yet); the backward runs the gradient program on the
+forward's backend.
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ def function(program: Program, backend: Optional[str] = None):
     """A callable taking the spec's inputs (positionally in declaration
     order, or by name) as torch tensors and returning its output (a dict when
     there are several), differentiable in every input with continuous values.
-    ``backend`` runs the forward: by default CUDA tensors on ``"cuda"`` and
-    CPU tensors on the interpreter (``"wgpu"`` is the other choice)."""
+    ``backend`` runs the forward and the backward: by default CUDA tensors on
+    ``"cuda"`` and CPU tensors on the interpreter (``"wgpu"`` is the other choice)."""
     names: List[str] = [t.name for t in program.inputs]
     outputs: List[str] = [t.name for t in program.outputs]
     continuous = {t.name for t in program.inputs if t.domain in ("Any", "Finite")}
@@ -55,6 +56,7 @@ def function(program: Program, backend: Optional[str] = None):
             ctx.like = (like.dtype, like.device)
             dtype = "f64" if like.dtype == torch.float64 else None
             chosen = backend or ("cuda" if like.device.type == "cuda" else "interp")
+            ctx.backend = chosen
             out = program.run(backend=chosen, dtype=dtype, **{n: _array(t) for n, t in zip(names, tensors)})
             return tuple(torch.from_numpy(out[n]).to(dtype=like.dtype, device=like.device) for n in outputs)
 
@@ -68,7 +70,7 @@ def function(program: Program, backend: Optional[str] = None):
             result = program.grad(
                 {n: _array(c) for n, c in zip(outputs, cotangents)},
                 wrt=wrt,
-                backend="interp",
+                backend=ctx.backend,
                 dtype="f64" if dtype == torch.float64 else None,
                 **{n: _array(t) for n, t in zip(names, tensors)},
             )

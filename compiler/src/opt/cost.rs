@@ -7,7 +7,7 @@
 //! operations on weights alone are computed once at load time and cost nothing
 //! per call; in training they are charged every call.
 
-use crate::ir::{concrete, Mask, MaskKind, Op, Program};
+use crate::ir::{Mask, MaskKind, Op, Program};
 use std::collections::BTreeMap;
 
 /// A machine described by its ceilings.
@@ -180,9 +180,6 @@ pub struct ProgramCost {
 }
 
 pub fn program_cost(p: &Program, dims: &BTreeMap<String, u64>, target: &Target, mode: Mode) -> ProgramCost {
-    if crate::plan::unsupported(p).is_some() {
-        return node_cost(p, dims, target);
-    }
     let plan = crate::plan::plan(p, dims);
     let mut out = ProgramCost { total: OpCost::default(), seconds: 0.0, launches: vec![], prepared: vec![] };
     for l in &plan.launches {
@@ -195,26 +192,6 @@ pub fn program_cost(p: &Program, dims: &BTreeMap<String, u64>, target: &Target, 
         out.total.add(c);
         out.seconds += t;
         out.launches.push((l.name.clone(), c, t));
-    }
-    out
-}
-
-/// The roofline of every node that computes (`op_cost` per node, no
-/// fusion and no preparation): how programs the planner does not take yet,
-/// gradient programs, are priced.
-pub fn node_cost(p: &Program, dims: &BTreeMap<String, u64>, target: &Target) -> ProgramCost {
-    let mut out = ProgramCost { total: OpCost::default(), seconds: 0.0, launches: vec![], prepared: vec![] };
-    for (i, node) in p.nodes.iter().enumerate() {
-        let shape = concrete(&node.shape, dims);
-        let operands: Vec<Vec<usize>> = node.op.operands().iter().map(|o| concrete(p.shape(*o), dims)).collect();
-        let c = op_cost(&node.op, &shape, &operands);
-        if c.launches == 0 {
-            continue;
-        }
-        let t = c.time(target);
-        out.total.add(c);
-        out.seconds += t;
-        out.launches.push((format!("%{i} {}", crate::opt::lang::op_name(&node.op)), c, t));
     }
     out
 }

@@ -191,14 +191,15 @@ pub fn optimize(p: &Program, dims: &DimValues, cfg: &Config) -> Optimized {
 }
 
 /// In training mode, the cost of `p`'s gradient program (every continuous
-/// input; `grad.rs`), priced node by node: a training step. `None` in
+/// input; `grad.rs`), priced by the launches of its plan as every program
+/// is (weights' preparation charged per step): a training step. `None` in
 /// inference, or for a program without a gradient.
 pub fn training_step_cost(p: &Program, dims: &DimValues, cfg: &Config) -> Option<ProgramCost> {
     if cfg.mode != Mode::Training {
         return None;
     }
     let g = crate::grad::differentiate(p, &[]).ok()?;
-    Some(cost::node_cost(&g, dims, &cfg.target))
+    Some(cost::program_cost(&g, dims, &cfg.target, Mode::Training))
 }
 
 /// Extraction that prefers one kind of node over every other, to pull
@@ -314,7 +315,7 @@ impl Optimized {
 
 /// Training steps: the gradient programs (`grad.rs`, every continuous
 /// input) of the original and of the chosen program, which recompute the
-/// forward, priced node by node next to the forward priced the same way.
+/// forward, priced by their plans next to the forward priced the same way.
 /// The optimizer chooses by these in training mode.
 fn training_steps(original: &Program, chosen: &Program, dims: &DimValues, target: &Target) -> String {
     let cfg = Config { target: *target, mode: Mode::Training, ..Default::default() };
@@ -328,9 +329,9 @@ fn training_steps(original: &Program, chosen: &Program, dims: &DimValues, target
             let _ = writeln!(out, "training step of the {what} program: none ({why})");
             continue;
         };
-        let forward = cost::node_cost(p, dims, target);
+        let forward = cost::program_cost(p, dims, target, Mode::Training);
         let ratio = if forward.seconds > 0.0 { step.seconds / forward.seconds } else { 1.0 };
-        let _ = writeln!(out, "training step of the {what} program (its gradient program, node by node):");
+        let _ = writeln!(out, "training step of the {what} program (its gradient program's launches):");
         let _ = writeln!(out, "  forward: {}", summary(&forward));
         let _ = writeln!(out, "  forward + backward: {}", summary(&step));
         let _ = writeln!(out, "  the step costs {ratio:.2}x the forward");

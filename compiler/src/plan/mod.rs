@@ -12,7 +12,7 @@ pub use dtype::Dtype;
 pub use spec::*;
 pub use view::*;
 
-use crate::ir::{concrete, BinaryOp, DimValues, Mask, NodeId, Op, Program};
+use crate::ir::{concrete, AttnArg, BinaryOp, DimValues, Mask, NodeId, Op, Program};
 use crate::opt::cost::{op_cost, weight_only};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -277,14 +277,6 @@ fn scale_of(p: &Program, n: usize) -> Option<(usize, f64)> {
         BinaryOp::Div => Some((product(a)?, 1.0 / constant(b)?)),
         _ => None,
     }
-}
-
-/// The first operation of `p` that no kernel computes yet, if any (see
-/// `Op::has_kernel`: most gradient operations run on the interpreter only;
-/// `transpose` and `unsqueeze` are layouts, so the estimators' gradients run
-/// on kernels). [`plan`] takes programs without them.
-pub fn unsupported(p: &Program) -> Option<String> {
-    p.nodes.iter().find(|n| !n.op.has_kernel()).map(|n| crate::opt::lang::op_name(&n.op))
 }
 
 /// Plan `p` at the concrete `dims`.
@@ -568,17 +560,159 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
             | Op::SliceCols { .. }
             | Op::Transpose { .. }
             | Op::Unsqueeze { .. } => unreachable!("leaves and layout operations launch nothing"),
-            Op::MatMulAt { .. }
-            | Op::MixHeadsT { .. }
-            | Op::MixHeadsGrad { .. }
-            | Op::CollapseT { .. }
-            | Op::CollapseGrad { .. }
-            | Op::AttentionLse { .. }
-            | Op::AttentionGrad { .. }
-            | Op::MixColsT { .. }
-            | Op::MixColsGrad { .. }
-            | Op::CollapseColsGrad { .. }
-            | Op::CollapseRowsGrad { .. } => unreachable!("refused by `unsupported` before planning"),
+            // Gradient operations. Transposes of mixing and collapse are
+            // mixing and collapse with the coefficients read the other way.
+            Op::MixHeadsT { y, alpha } => {
+                let (sy, al) = (sh(0), sh(1));
+                let (by, (vy, y_c)) = pl.read(*y, |l| {
+                    let flat = l.clone().flatten_heads();
+                    Some((flat.view(), flat.stride(1)?))
+                });
+                let spec = KernelSpec::Collapse {
+                    batch: sy[0],
+                    h: al[0],
+                    c: sy[1] * sy[2],
+                    s: sy[3],
+                    d: sy[4],
+                    x: vy,
+                    x_c: y_c,
+                };
+                (spec, vec![by, pl.contiguous(*alpha)])
+            }
+            Op::CollapseT { dy, r, pseudo } => {
+                let (sd, sr) = (sh(0), sh(1));
+                let (bd, (vd, d_m)) = pl.read(*dy, |l| Some((l.view(), l.stride(1)?)));
+                let p = *pseudo as usize;
+                let spec = KernelSpec::MixHeads {
+                    batch: sd[0],
+                    m: sr[0],
+                    h: sr[1] / p,
+                    p,
+                    s: sd[2],
+                    d: sd[3],
+                    x: vd,
+                    x_m: d_m,
+                };
+                (spec, vec![bd, pl.contiguous(*r)])
+            }
+            Op::MixColsT { dy, alpha } => {
+                let (sd, al) = (sh(0), sh(1));
+                let (cols, targets) = (*sd.last().unwrap(), al[1] * al[2]);
+                let (bd, (vd, d_t)) = pl.read(*dy, |l| Some((l.view(), l.block_stride(targets)?)));
+                let rows = sd.iter().product::<usize>() / cols;
+                let spec = KernelSpec::CollapseCols { rows, h: al[0], c: targets, d: cols / targets, y: vd, y_c: d_t };
+                (spec, vec![bd, pl.contiguous(*alpha)])
+            }
+            // `aᵀ · b`: the GEMM reading `a`'s columns as its rows.
+            Op::MatMulAt { a, b } => {
+                let (sa, sb) = (sh(0), sh(1));
+                let (kk, f) = (*sa.last().unwrap(), *sb.last().unwrap());
+                let rows = sa.iter().product::<usize>().checked_div(kk).unwrap_or(0);
+                let spec = KernelSpec::MatMul {
+                    rows: kk,
+                    k: rows,
+                    f,
+                    a_rows: View::new(&[kk], &[1], 0),
+                    a_cols: View::new(&[rows], &[kk], 0),
+                    b_row: f,
+                    b_offset: 0,
+                    mix: None,
+                    scale: None,
+                };
+                (spec, vec![pl.contiguous(*a), pl.contiguous(*b)])
+            }
+            // Coefficient gradients: contractions over batch and tokens.
+            Op::MixHeadsGrad { x, dy } => {
+                let (sx, sd) = (sh(0), sh(1));
+                let spec = KernelSpec::Contract { rows: sx[0], o1: sx[1], o2: sd[1] * sd[2], inner: sx[2] * sx[3] };
+                (spec, vec![pl.contiguous(*x), pl.contiguous(*dy)])
+            }
+            Op::CollapseGrad { x, dy } => {
+                let (sx, sd) = (sh(0), sh(1));
+                let spec = KernelSpec::Contract { rows: sd[0], o1: sd[1], o2: sx[1] * sx[2], inner: sd[2] * sd[3] };
+                (spec, vec![pl.contiguous(*dy), pl.contiguous(*x)])
+            }
+            Op::MixColsGrad { y, dy, m, .. } => {
+                let sy = sh(0);
+                let cols = *sy.last().unwrap();
+                let (o1, o2) = (shape[0], shape[1] * shape[2]);
+                let rows = sy.iter().product::<usize>() / cols;
+                let spec = KernelSpec::Contract { rows, o1, o2, inner: cols / *m as usize };
+                (spec, vec![pl.contiguous(*y), pl.contiguous(*dy)])
+            }
+            Op::CollapseColsGrad { y, dy, .. } => {
+                let sd = sh(1);
+                let (o1, o2) = (shape[0], shape[1]);
+                let cols = *sd.last().unwrap();
+                let rows = sd.iter().product::<usize>() / cols;
+                let spec = KernelSpec::Contract { rows, o1, o2, inner: cols / o1 };
+                (spec, vec![pl.contiguous(*dy), pl.contiguous(*y)])
+            }
+            Op::CollapseRowsGrad { w, dy, .. } => {
+                let sw = sh(0);
+                let (o1, o2) = (shape[0], shape[1]);
+                let spec = KernelSpec::Contract { rows: 1, o1, o2, inner: sw[0] / o1 * sw[1] };
+                (spec, vec![pl.contiguous(*w), pl.contiguous(*dy)])
+            }
+            Op::AttentionLse { q, k, mask, scale } => {
+                let (sq, sk) = (sh(0), sh(1));
+                let Mask { kind, window, block } = *mask;
+                let (bq, vq) = pl.read(*q, Layout::row_view);
+                let (bk, vk) = pl.read(*k, Layout::row_view);
+                let spec = KernelSpec::AttentionLse {
+                    batch: sq[0],
+                    h: sq[1],
+                    hk: sk[1],
+                    s: sq[2],
+                    sk: sk[2],
+                    d: sq[3],
+                    mask: kind,
+                    window: window.map(|w| w as usize),
+                    block: block as usize,
+                    scale_bits: scale.to_bits(),
+                    q: vq,
+                    k: vk,
+                    tile: grad_key_tile(sq[3], 0),
+                };
+                (spec, vec![bq, bk])
+            }
+            Op::AttentionGrad { q, k, v, o, dout, lse, mask, scale, wrt } => {
+                let (sq, sk, sv) = (sh(0), sh(1), sh(2));
+                let Mask { kind, window, block } = *mask;
+                let mut views = vec![];
+                let mut bindings = vec![];
+                for x in [q, k, v, o, dout] {
+                    let (b, view) = pl.read(*x, Layout::row_view);
+                    bindings.push(b);
+                    views.push(view);
+                }
+                bindings.push(pl.contiguous(*lse));
+                if *wrt == AttnArg::V {
+                    // dV reads neither v nor o (wgpu drops unread bindings).
+                    bindings.drain(2..4);
+                }
+                let spec = KernelSpec::AttentionGrad {
+                    batch: sq[0],
+                    h: sq[1],
+                    hk: sk[1],
+                    s: sq[2],
+                    sk: sk[2],
+                    d: sq[3],
+                    e: sv[3],
+                    mask: kind,
+                    window: window.map(|w| w as usize),
+                    block: block as usize,
+                    scale_bits: scale.to_bits(),
+                    wrt: *wrt,
+                    q: views[0],
+                    k: views[1],
+                    v: views[2],
+                    o: views[3],
+                    dout: views[4],
+                    tile: grad_key_tile(sq[3], sv[3]),
+                };
+                (spec, bindings)
+            }
         };
         if let Some(values) = rope_table {
             let n = values.len();

@@ -3,7 +3,7 @@
 
 use super::group::{self, GroupStep};
 use super::view::{RowView, View};
-use crate::ir::{BinaryOp, MaskKind, ReduceKind, UnaryOp};
+use crate::ir::{AttnArg, BinaryOp, MaskKind, ReduceKind, UnaryOp};
 use serde::Serialize;
 
 /// What one launch computes. Sizes are comptime constants of the kernel.
@@ -85,6 +85,60 @@ pub enum KernelSpec {
         #[serde(skip_serializing_if = "std::ops::Not::not")]
         fragments: bool,
     },
+    /// The log-sum-exp of each query row's scaled visible scores (what
+    /// attention's backward saves), `NO_KEYS` for a row that sees none:
+    /// a unit per query row, key tiles of `tile` rows staged in shared
+    /// memory. Output row-major `[batch, h, s]`.
+    AttentionLse {
+        batch: usize,
+        h: usize,
+        hk: usize,
+        s: usize,
+        sk: usize,
+        d: usize,
+        mask: MaskKind,
+        window: Option<usize>,
+        block: usize,
+        scale_bits: u64,
+        q: RowView,
+        k: RowView,
+        tile: usize,
+    },
+    /// FlashAttention-2's backward in one operand (`wrt`): binds `q`, `k`,
+    /// `v`, the forward output `o`, its cotangent `dout` and the rows'
+    /// log-sum-exp (row-major `[batch, h, s]`) — `dV` needs only `q`, `k`,
+    /// `dout` and the log-sum-exp, and binds only those; writes the gradient of `q`
+    /// (a unit per query row, walking key tiles) or of `k` or `v` (a unit
+    /// per key row, walking the query tiles of every query head sharing it),
+    /// row-major. Probabilities are recomputed from the log-sum-exp tile by
+    /// tile in shared memory, never stored; each unit sums its own row in a
+    /// fixed order, so results are deterministic.
+    AttentionGrad {
+        batch: usize,
+        h: usize,
+        hk: usize,
+        s: usize,
+        sk: usize,
+        d: usize,
+        e: usize,
+        mask: MaskKind,
+        window: Option<usize>,
+        block: usize,
+        scale_bits: u64,
+        wrt: AttnArg,
+        q: RowView,
+        k: RowView,
+        v: RowView,
+        o: RowView,
+        dout: RowView,
+        tile: usize,
+    },
+    /// `out[x, y] = Σ_{r,i} a[r, x, i] · b[r, y, i]` for row-major
+    /// `a: [rows, o1, inner]`, `b: [rows, o2, inner]`: the gradients of
+    /// mixing and collapse coefficients, reductions over batch and tokens.
+    /// A cube per output element; its units sum strided shares, then a tree
+    /// in shared memory (a fixed order: deterministic, no atomics).
+    Contract { rows: usize, o1: usize, o2: usize, inner: usize },
     /// `out[o] = reduce_r x[base(o) + inner(r)]` over `count` elements.
     Reduce { len: usize, op: ReduceKind, count: usize, base: View, inner: View },
     /// `out[i] = (Σ_r x[base(i) + r·stride] − x[i]) / (n − 1)`.
@@ -100,7 +154,8 @@ impl KernelSpec {
         let units = match self {
             KernelSpec::MatMul { .. } => GEMM_UNITS,
             KernelSpec::Attention { .. } => ATTN_ROWS,
-            KernelSpec::Group { .. } => GROUP_UNITS,
+            KernelSpec::Group { .. } | KernelSpec::Contract { .. } => GROUP_UNITS,
+            KernelSpec::AttentionLse { .. } | KernelSpec::AttentionGrad { .. } => ATTN_ROWS,
             _ => 256,
         } as u32;
         let (x, y) = self.cubes();
@@ -132,6 +187,12 @@ impl KernelSpec {
                 (s.div_ceil(ATTN_ROWS * self.attention_tiles().unit_rows), batch * h)
             }
             KernelSpec::Group { groups, .. } => (*groups, 1),
+            KernelSpec::Contract { o1, o2, .. } => (o1 * o2, 1),
+            KernelSpec::AttentionLse { batch, h, s, .. } => (s.div_ceil(ATTN_ROWS), batch * h),
+            KernelSpec::AttentionGrad { batch, h, hk, s, sk, wrt, .. } => match wrt {
+                AttnArg::Q => (s.div_ceil(ATTN_ROWS), batch * h),
+                AttnArg::K | AttnArg::V => (sk.div_ceil(ATTN_ROWS), batch * hk),
+            },
             other => (other.len().div_ceil(256).max(1), 1),
         }
     }
@@ -142,8 +203,15 @@ impl KernelSpec {
     /// then its cubes along x (and every cube past `x · y` does nothing), else 0.
     pub fn fold_x(&self) -> usize {
         let (x, y) = self.cubes();
-        let positional =
-            matches!(self, KernelSpec::MatMul { .. } | KernelSpec::Attention { .. } | KernelSpec::Group { .. });
+        let positional = matches!(
+            self,
+            KernelSpec::MatMul { .. }
+                | KernelSpec::Attention { .. }
+                | KernelSpec::Group { .. }
+                | KernelSpec::Contract { .. }
+                | KernelSpec::AttentionLse { .. }
+                | KernelSpec::AttentionGrad { .. }
+        );
         if positional && (x > MAX_GRID || y > MAX_GRID) {
             x
         } else {
@@ -173,6 +241,13 @@ impl KernelSpec {
             KernelSpec::Concat { rows, f1, f2 } => rows * (f1 + f2),
             KernelSpec::Rope { rows, d, .. } => rows * d / 2,
             KernelSpec::Attention { batch, h, s, e, .. } => batch * h * s * e,
+            KernelSpec::AttentionLse { batch, h, s, .. } => batch * h * s,
+            KernelSpec::AttentionGrad { batch, h, hk, s, sk, d, e, wrt, .. } => match wrt {
+                AttnArg::Q => batch * h * s * d,
+                AttnArg::K => batch * hk * sk * d,
+                AttnArg::V => batch * hk * sk * e,
+            },
+            KernelSpec::Contract { o1, o2, .. } => o1 * o2,
         }
     }
 
@@ -271,6 +346,23 @@ impl KernelSpec {
                 }
             }
             KernelSpec::LooMean { n, .. } => n,
+            KernelSpec::Contract { rows, inner, .. } => {
+                (rows * inner).div_ceil(GROUP_UNITS) + GROUP_UNITS.ilog2() as usize
+            }
+            // A loop over a tile's rows, and per row the channel loops of `grad_chunk`.
+            KernelSpec::AttentionLse { sk, d, tile, .. } => {
+                sk.div_ceil(tile) * (1 + tile * (1 + grad_steps(d))) + grad_steps(d)
+            }
+            KernelSpec::AttentionGrad { s, sk, h, hk, d, e, tile, wrt, .. } => {
+                let per_row = 1 + 2 * grad_steps(d) + grad_steps(e);
+                let once = 2 * grad_steps(d) + 3 * grad_steps(e);
+                match wrt {
+                    AttnArg::Q => sk.div_ceil(tile) * (1 + tile * per_row) + once,
+                    AttnArg::K | AttnArg::V => {
+                        (h / hk) * (1 + s.div_ceil(tile) * (1 + tile * per_row + grad_steps(e))) + once
+                    }
+                }
+            }
             KernelSpec::Group { ref steps, .. } => group::loop_trips(steps),
             _ => 1,
         }
@@ -298,6 +390,11 @@ impl KernelSpec {
             KernelSpec::Reduce { .. } => "reduce",
             KernelSpec::LooMean { .. } => "loo_mean",
             KernelSpec::Group { .. } => "group",
+            KernelSpec::Contract { .. } => "contract",
+            KernelSpec::AttentionLse { .. } => "attention_lse",
+            KernelSpec::AttentionGrad { wrt: AttnArg::Q, .. } => "attention_grad_q",
+            KernelSpec::AttentionGrad { wrt: AttnArg::K, .. } => "attention_grad_k",
+            KernelSpec::AttentionGrad { wrt: AttnArg::V, .. } => "attention_grad_v",
         }
     }
 }
@@ -408,6 +505,36 @@ pub fn frag_key_tile(d: usize, e: usize, lanes: usize) -> Option<usize> {
 
 /// The widest head (`d` and `e`) attention on matrix fragments takes.
 pub const FRAG_MAX_HEAD: usize = 128;
+
+/// Rows per shared-memory tile of attention's backward (and of its
+/// log-sum-exp) for heads of `d` and `e`: a power of two up to 32 with
+/// `tile · (d + e)` within 2048, so that its tiles (at most
+/// `tile · (d + e + 2)` floats) stay near 8 KiB.
+pub fn grad_key_tile(d: usize, e: usize) -> usize {
+    let t = (2048 / (d + e).max(1)).clamp(1, 32);
+    1 << t.ilog2()
+}
+
+/// Channels per unrolled step of a row of `n` in attention's backward:
+/// the whole row up to 64; past it, the widest power of two up to 32
+/// dividing `n`, in a loop (unrolling 256 channels made Mesa's compiler
+/// take minutes).
+pub fn grad_chunk(n: usize) -> usize {
+    if n <= 64 {
+        n.max(1)
+    } else {
+        [32, 16, 8, 4, 2, 1].into_iter().find(|c| n % c == 0).unwrap_or(1)
+    }
+}
+
+/// Loop trips of one chunked pass over a row of `n` (0 when unrolled whole).
+fn grad_steps(n: usize) -> usize {
+    if grad_chunk(n) >= n {
+        0
+    } else {
+        n / grad_chunk(n)
+    }
+}
 
 /// Units per group-kernel cube (`kernels::unit_element` strides by it).
 pub const GROUP_UNITS: usize = 256;

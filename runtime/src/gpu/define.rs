@@ -4,8 +4,8 @@
 //! is the same in debug and release builds.
 
 use super::kernels::{self as k, Stored};
-use super::{attention, gemm, mma};
-use attnc_compiler::ir::{BinaryOp, MaskKind, ReduceKind, UnaryOp};
+use super::{attention, attention_grad, gemm, mma};
+use attnc_compiler::ir::{AttnArg, BinaryOp, MaskKind, ReduceKind, UnaryOp};
 use attnc_compiler::plan::group::{GroupStep, MapOp};
 use attnc_compiler::plan::{Dtype, KernelSpec, View, GEMM_COLS, GEMM_ROWS, GEMM_STAGE_K, GEMM_UNITS, GROUP_UNITS};
 use cubecl::prelude::*;
@@ -75,7 +75,11 @@ impl IrKernel {
             KernelSpec::Where { .. } | KernelSpec::Attention { .. } => 3,
             KernelSpec::MatMul { mix: Some(_), .. } => 3,
             KernelSpec::Group { inputs, .. } => inputs,
+            KernelSpec::AttentionGrad { wrt: AttnArg::V, .. } => 4,
+            KernelSpec::AttentionGrad { .. } => 6,
             KernelSpec::Binary { .. }
+            | KernelSpec::Contract { .. }
+            | KernelSpec::AttentionLse { .. }
             | KernelSpec::MatMul { .. }
             | KernelSpec::MixHeads { .. }
             | KernelSpec::MixCols { .. }
@@ -349,8 +353,66 @@ impl IrKernel {
 
     fn body(&self, scope: &Scope, bufs: &[NativeExpand<[Stored]>], mut out: NativeExpand<[Stored]>) {
         let spec = &self.spec;
+        let fold = spec.fold_x();
         if let KernelSpec::Group { len, groups, scratch, ref steps, .. } = *spec {
-            group_body(scope, bufs, out, steps, scratch, len / groups, spec.fold_x());
+            group_body(scope, bufs, out, steps, scratch, len / groups, fold);
+        } else if let KernelSpec::Contract { rows, o1, o2, inner } = *spec {
+            k::contract::expand(scope, &bufs[0], &bufs[1], &mut out, rows, o1, o2, inner, fold);
+        } else if let KernelSpec::AttentionLse {
+            h,
+            hk,
+            s,
+            sk,
+            d,
+            mask,
+            window,
+            block,
+            scale_bits,
+            q,
+            k: kv,
+            tile,
+            ..
+        } = *spec
+        {
+            let g = grad_dims(h, hk, s, sk, d, 0, mask, window, block, tile, fold);
+            let scale = f64::from_bits(scale_bits) as f32;
+            attention_grad::lse::expand(scope, &bufs[0], &bufs[1], &mut out, g, q, kv, scale);
+        } else if let KernelSpec::AttentionGrad {
+            h,
+            hk,
+            s,
+            sk,
+            d,
+            e,
+            mask,
+            window,
+            block,
+            scale_bits,
+            wrt,
+            q,
+            k: kv,
+            v,
+            o,
+            dout,
+            tile,
+            ..
+        } = *spec
+        {
+            let g = grad_dims(h, hk, s, sk, d, e, mask, window, block, tile, fold);
+            let (scale, views) = (f64::from_bits(scale_bits) as f32, [q, kv, v, o, dout]);
+            let b = bufs;
+            match wrt {
+                AttnArg::Q => attention_grad::grad_q::expand(
+                    scope, &b[0], &b[1], &b[2], &b[3], &b[4], &b[5], &mut out, g, views, scale,
+                ),
+                AttnArg::K => attention_grad::grad_kv::expand(
+                    scope, &b[0], &b[1], &b[2], &b[3], &b[4], &b[5], &mut out, g, views, scale, true,
+                ),
+                // dV binds q, k, dout and the log-sum-exp; `v` and `o` are not read.
+                AttnArg::V => attention_grad::grad_kv::expand(
+                    scope, &b[0], &b[1], &b[0], &b[0], &b[2], &b[3], &mut out, g, views, scale, false,
+                ),
+            }
         } else {
             let i = ABSOLUTE_POS::expand(scope);
             let len = match spec {
@@ -428,10 +490,34 @@ impl IrKernel {
                 KernelSpec::LooMean { n, stride, .. } => {
                     k::loo_mean::expand::<Stored, Stored>(scope, &bufs[0], &mut out, i, 0, 0, *n, *stride)
                 }
-                KernelSpec::MatMul { .. } | KernelSpec::Attention { .. } | KernelSpec::Group { .. } => unreachable!(),
+                KernelSpec::MatMul { .. }
+                | KernelSpec::Attention { .. }
+                | KernelSpec::Group { .. }
+                | KernelSpec::Contract { .. }
+                | KernelSpec::AttentionLse { .. }
+                | KernelSpec::AttentionGrad { .. } => unreachable!(),
             });
         }
     }
+}
+
+/// The comptime sizes of attention's backward launches.
+#[allow(clippy::too_many_arguments)]
+fn grad_dims(
+    h: usize,
+    hk: usize,
+    s: usize,
+    sk: usize,
+    d: usize,
+    e: usize,
+    mask: MaskKind,
+    window: Option<usize>,
+    block: usize,
+    tile: usize,
+    fold: usize,
+) -> attention_grad::Dims {
+    let kind = mask_code(mask);
+    attention_grad::Dims { h, hk, s, sk, d, e, kind, window: window.unwrap_or(0), block, tile, fold }
 }
 
 /// `f` in the cubes of the launch: all of them, or with a folded grid

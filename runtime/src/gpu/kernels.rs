@@ -415,6 +415,51 @@ pub fn loo_mean<X: Float, O: Float>(
     out[o + i] = O::cast_from((sum - f32::cast_from(x[x0 + i])) / f32::cast_from(n - 1));
 }
 
+/// `out[o] = Σ_{r,i} a[r, o / o2, i] · b[r, o % o2, i]` for the cube's
+/// output `o` (`KernelSpec::Contract`): each of the cube's 256 units sums a
+/// strided share, then a tree in shared memory halves them in a fixed
+/// order (deterministic, no atomics).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub fn contract(
+    a: &[Stored],
+    b: &[Stored],
+    out: &mut [Stored],
+    #[comptime] rows: usize,
+    #[comptime] o1: usize,
+    #[comptime] o2: usize,
+    #[comptime] inner: usize,
+    #[comptime] fold: usize,
+) {
+    let o = cube_x(fold);
+    let x = o / o2;
+    let y = o % o2;
+    let unit = UNIT_POS as usize;
+    let mut acc = f32::new(0.0);
+    for t in 0..comptime![(rows * inner).div_ceil(256)] {
+        let idx = t * 256 + unit;
+        if idx < comptime![rows * inner] {
+            let r = idx / inner;
+            let i = idx % inner;
+            acc += f32::cast_from(a[(r * o1 + x) * inner + i]) * f32::cast_from(b[(r * o2 + y) * inner + i]);
+        }
+    }
+    let mut partial = Shared::<[f32]>::new_slice(256usize);
+    partial[unit] = acc;
+    sync_cube();
+    #[unroll]
+    for level in 0..8 {
+        let half = comptime![128usize >> level];
+        if unit < half {
+            partial[unit] += partial[unit + half];
+        }
+        sync_cube();
+    }
+    if unit == 0 {
+        out[o] = Stored::cast_from(partial[0]);
+    }
+}
+
 pub const MASK_NONE: u32 = 0;
 pub const MASK_CAUSAL: u32 = 1;
 pub const MASK_TOKEN_CAUSAL: u32 = 2;

@@ -5,9 +5,11 @@
 //! - `kernels.rs` — the `#[cube]` kernel bodies and helpers;
 //! - `attention.rs`, `gemm.rs` — the tiled kernels, assembled from helpers;
 //! - `mma.rs` — the same on matrix fragments (tensor cores) for half precision;
+//! - `attention_grad.rs` — attention's backward and the log-sum-exp it saves;
 //! - `define.rs` — a plan launch → a cubecl kernel definition.
 
 pub mod attention;
+pub mod attention_grad;
 pub mod baseline;
 pub mod bench;
 pub mod define;

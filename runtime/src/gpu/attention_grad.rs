@@ -1,0 +1,359 @@
+//! Attention's backward, FlashAttention-2 style, and the per-row
+//! log-sum-exp it saves (`KernelSpec::AttentionLse`, `KernelSpec::AttentionGrad`).
+//!
+//! A cube of [`ATTN_ROWS`] units owns as many rows: query rows of one
+//! (batch, head) for the log-sum-exp and `dQ`; key rows of one (batch,
+//! key/value head) for `dK` and `dV`, which walk the query rows of every
+//! query head sharing that key/value head (GQA's accumulation, in the
+//! unit's registers). Each unit holds its own row and accumulator in
+//! registers; the other side's rows come in tiles of `tile` rows that the
+//! cube loads into shared memory together. Probabilities are recomputed per
+//! pair from the saved log-sum-exp, `P_ij = exp(scale·q_i·k_j − lse_i)`;
+//! with `D_i = dO_i · O_i` and `dS_ij = P_ij (dO_i · v_j − D_i)`:
+//! `dQ_i = scale Σ_j dS_ij k_j`, `dK_j = scale Σ_i dS_ij q_i`,
+//! `dV_j = Σ_i P_ij dO_i`. Nothing of size rows × keys is stored, and every
+//! sum runs in one unit in a fixed order: results are deterministic.
+//!
+//! Loops over channels are unrolled (past 64 channels, in steps of
+//! `plan::grad_chunk`); a tile's rows are a loop (unrolling them too made
+//! Mesa's compiler take minutes at d = 256), so every row of the other
+//! side counts against Mesa's loop bound (`KernelSpec::loop_trips`).
+
+use super::attention::{view_row, MASKED, M_INIT};
+use super::kernels::{self as k, shifted, visible, Stored};
+use attnc_compiler::plan::{grad_chunk, RowView, ATTN_ROWS};
+use cubecl::prelude::*;
+
+/// The log-sum-exp a row that sees no key stores (WGSL has no infinite
+/// literals; in f16 it rounds to −∞). Any value below [`NO_KEYS_BELOW`]
+/// marks such a row, whose gradients are 0 (its output is the constant 0).
+pub const NO_KEYS: f32 = MASKED;
+const NO_KEYS_BELOW: f32 = -1.0e38;
+
+/// The comptime sizes of an attention backward launch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Dims {
+    pub h: usize,
+    pub hk: usize,
+    pub s: usize,
+    pub sk: usize,
+    pub d: usize,
+    pub e: usize,
+    /// `kernels::MASK_*`.
+    pub kind: u32,
+    /// 0: none.
+    pub window: usize,
+    pub block: usize,
+    /// Rows per shared-memory tile.
+    pub tile: usize,
+    /// `KernelSpec::fold_x`.
+    pub fold: usize,
+}
+
+/// Whether query row `i` sees key row `j` (`Mask::visible`: the queries
+/// are the last `s` of `sk` positions).
+#[cube]
+fn sees(i: usize, j: usize, #[comptime] g: Dims) -> bool {
+    let qoff = comptime![if g.s == g.sk { 0 } else { g.sk }];
+    let koff = comptime![if g.s == g.sk { 0 } else { g.s }];
+    visible(shifted(i, qoff), shifted(j, koff), comptime![g.kind], comptime![g.window], comptime![g.block])
+}
+
+/// Tile `t` (rows `t·rows ..`, clamped to the last of `n`) of `width`
+/// floats a row of head `(b, hh)` of `x` into `tile`, the cube's units
+/// sharing the copy.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn load_tile(
+    x: &[Stored],
+    tile: &mut [f32],
+    b: usize,
+    hh: usize,
+    t: usize,
+    #[comptime] v: RowView,
+    #[comptime] rows: usize,
+    #[comptime] width: usize,
+    #[comptime] n: usize,
+) {
+    #[unroll]
+    for c in 0..comptime![(rows * width).div_ceil(ATTN_ROWS)] {
+        let idx = UNIT_POS as usize + comptime![c * ATTN_ROWS];
+        if idx < comptime![rows * width] {
+            let r = min(t * rows + idx / width, comptime![n - 1]);
+            tile[idx] = f32::cast_from(x[view_row(b, hh, r, v) + idx % width]);
+        }
+    }
+}
+
+/// `width` floats of row `r` of head `(b, hh)` of `x` into registers.
+#[cube]
+fn load_row(
+    x: &[Stored],
+    b: usize,
+    hh: usize,
+    r: usize,
+    #[comptime] v: RowView,
+    #[comptime] width: usize,
+) -> Array<f32> {
+    let at = view_row(b, hh, r, v);
+    let mut a = Array::<f32>::new(width);
+    let ch = comptime![grad_chunk(width)];
+    if comptime![ch == width] {
+        #[unroll]
+        for c in 0..width {
+            a[c] = f32::cast_from(x[at + c]);
+        }
+    } else {
+        for c0 in 0..comptime![width / ch] {
+            #[unroll]
+            for c in 0..ch {
+                a[c0 * ch + c] = f32::cast_from(x[at + c0 * ch + c]);
+            }
+        }
+    }
+    a
+}
+
+/// A register array of `n` zeros.
+#[cube]
+fn zeros(#[comptime] n: usize) -> Array<f32> {
+    let mut a = Array::<f32>::new(n);
+    #[unroll]
+    for c in 0..n {
+        a[c] = f32::new(0.0);
+    }
+    a
+}
+
+/// `Σ_c a[c] · tile[at + c]` over `n` values.
+#[cube]
+fn dot_tile(a: &Array<f32>, tile: &[f32], at: usize, #[comptime] n: usize) -> f32 {
+    let mut acc = f32::new(0.0);
+    let ch = comptime![grad_chunk(n)];
+    if comptime![ch == n] {
+        #[unroll]
+        for c in 0..n {
+            acc += a[c] * tile[at + c];
+        }
+    } else {
+        for c0 in 0..comptime![n / ch] {
+            #[unroll]
+            for c in 0..ch {
+                acc += a[c0 * ch + c] * tile[at + c0 * ch + c];
+            }
+        }
+    }
+    acc
+}
+
+/// `acc[c] += w · tile[at + c]` over `n` values.
+#[cube]
+fn axpy_tile(acc: &mut Array<f32>, w: f32, tile: &[f32], at: usize, #[comptime] n: usize) {
+    let ch = comptime![grad_chunk(n)];
+    if comptime![ch == n] {
+        #[unroll]
+        for c in 0..n {
+            acc[c] += w * tile[at + c];
+        }
+    } else {
+        for c0 in 0..comptime![n / ch] {
+            #[unroll]
+            for c in 0..ch {
+                acc[c0 * ch + c] += w * tile[at + c0 * ch + c];
+            }
+        }
+    }
+}
+
+/// This unit's row: the cube's first plus its position (past the last
+/// row for a unit of the last cube with nothing to do).
+#[cube]
+fn unit_row(#[comptime] fold: usize) -> usize {
+    k::cube_x(fold) * comptime![ATTN_ROWS] + UNIT_POS as usize
+}
+
+/// The log-sum-exp of each query row's scaled visible scores, row-major
+/// `[B, H, S]` (`NO_KEYS` for a row that sees none).
+#[cube]
+pub fn lse(
+    q: &[Stored],
+    kb: &[Stored],
+    out: &mut [Stored],
+    #[comptime] g: Dims,
+    #[comptime] qv: RowView,
+    #[comptime] kv: RowView,
+    #[comptime] scale: f32,
+) {
+    let bh = k::cube_y(comptime![g.fold]);
+    let b = bh / comptime![g.h];
+    let hi = bh % comptime![g.h];
+    let kh = hi / comptime![g.h / g.hk];
+    let row = unit_row(comptime![g.fold]);
+    let real = row < comptime![g.s];
+    let i = min(row, comptime![g.s - 1]);
+    let qr = load_row(q, b, hi, i, qv, comptime![g.d]);
+    let mut kt = Shared::<[f32]>::new_slice(comptime![g.tile * g.d]);
+    let mut m = f32::new(M_INIT);
+    let mut l = f32::new(0.0);
+    for t in 0..comptime![g.sk.div_ceil(g.tile)] {
+        load_tile(kb, &mut kt, b, kh, t, kv, comptime![g.tile], comptime![g.d], comptime![g.sk]);
+        sync_cube();
+        for jj in 0..comptime![g.tile] {
+            let j = t * comptime![g.tile] + jj;
+            if j < comptime![g.sk] && sees(i, j, g) {
+                let sc = dot_tile(&qr, &kt, jj * comptime![g.d], comptime![g.d]) * f32::new(scale);
+                let mn = max(m, sc);
+                l = l * (m - mn).exp() + (sc - mn).exp();
+                m = mn;
+            }
+        }
+        sync_cube();
+    }
+    if real {
+        let mut v = f32::new(NO_KEYS);
+        if l > f32::new(0.0) {
+            v = m + l.ln();
+        }
+        out[bh * comptime![g.s] + i] = Stored::cast_from(v);
+    }
+}
+
+/// `dQ`, row-major `[B, H, S, d]`: a unit per query row walks the key and
+/// value tiles of its key/value head.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub fn grad_q(
+    q: &[Stored],
+    kb: &[Stored],
+    v: &[Stored],
+    o: &[Stored],
+    dout: &[Stored],
+    lse: &[Stored],
+    out: &mut [Stored],
+    #[comptime] g: Dims,
+    #[comptime] views: [RowView; 5],
+    #[comptime] scale: f32,
+) {
+    let bh = k::cube_y(comptime![g.fold]);
+    let b = bh / comptime![g.h];
+    let hi = bh % comptime![g.h];
+    let kh = hi / comptime![g.h / g.hk];
+    let row = unit_row(comptime![g.fold]);
+    let real = row < comptime![g.s];
+    let i = min(row, comptime![g.s - 1]);
+    let qr = load_row(q, b, hi, i, comptime![views[0]], comptime![g.d]);
+    let dor = load_row(dout, b, hi, i, comptime![views[4]], comptime![g.e]);
+    let or = load_row(o, b, hi, i, comptime![views[3]], comptime![g.e]);
+    let mut delta = f32::new(0.0);
+    #[unroll]
+    for c in 0..comptime![g.e] {
+        delta += dor[c] * or[c];
+    }
+    let l = f32::cast_from(lse[bh * comptime![g.s] + i]);
+    let live = real && l > f32::new(NO_KEYS_BELOW);
+    let mut dq = zeros(comptime![g.d]);
+    let mut kt = Shared::<[f32]>::new_slice(comptime![g.tile * g.d]);
+    let mut vt = Shared::<[f32]>::new_slice(comptime![g.tile * g.e]);
+    for t in 0..comptime![g.sk.div_ceil(g.tile)] {
+        load_tile(kb, &mut kt, b, kh, t, comptime![views[1]], comptime![g.tile], comptime![g.d], comptime![g.sk]);
+        load_tile(v, &mut vt, b, kh, t, comptime![views[2]], comptime![g.tile], comptime![g.e], comptime![g.sk]);
+        sync_cube();
+        for jj in 0..comptime![g.tile] {
+            let j = t * comptime![g.tile] + jj;
+            if live && j < comptime![g.sk] && sees(i, j, g) {
+                let sc = dot_tile(&qr, &kt, jj * comptime![g.d], comptime![g.d]) * f32::new(scale);
+                let p = (sc - l).exp();
+                let dp = dot_tile(&dor, &vt, jj * comptime![g.e], comptime![g.e]);
+                let ds = p * (dp - delta) * f32::new(scale);
+                axpy_tile(&mut dq, ds, &kt, jj * comptime![g.d], comptime![g.d]);
+            }
+        }
+        sync_cube();
+    }
+    if real {
+        let at = (bh * comptime![g.s] + i) * comptime![g.d];
+        #[unroll]
+        for c in 0..comptime![g.d] {
+            out[at + c] = Stored::cast_from(dq[c]);
+        }
+    }
+}
+
+/// `dK` (`wrt_k`) or `dV`, row-major `[B, H_kv, S_k, d or e]`: a unit per
+/// key row walks the query tiles of every query head that reads its
+/// key/value head. `v` and `o` are read for `dK` only.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub fn grad_kv(
+    q: &[Stored],
+    kb: &[Stored],
+    v: &[Stored],
+    o: &[Stored],
+    dout: &[Stored],
+    lse: &[Stored],
+    out: &mut [Stored],
+    #[comptime] g: Dims,
+    #[comptime] views: [RowView; 5],
+    #[comptime] scale: f32,
+    #[comptime] wrt_k: bool,
+) {
+    let bh = k::cube_y(comptime![g.fold]);
+    let b = bh / comptime![g.hk];
+    let kh = bh % comptime![g.hk];
+    let row = unit_row(comptime![g.fold]);
+    let real = row < comptime![g.sk];
+    let j = min(row, comptime![g.sk - 1]);
+    let kr = load_row(kb, b, kh, j, comptime![views[1]], comptime![g.d]);
+    let width = comptime![if wrt_k { g.d } else { g.e }];
+    let mut acc = zeros(width);
+    let vr = if comptime![wrt_k] { load_row(v, b, kh, j, comptime![views[2]], comptime![g.e]) } else { zeros(1usize) };
+    let mut qt = Shared::<[f32]>::new_slice(comptime![g.tile * g.d]);
+    let mut dt = Shared::<[f32]>::new_slice(comptime![g.tile * g.e]);
+    // Per query row of the tile: its log-sum-exp, then (dK) its D_i.
+    let mut st = Shared::<[f32]>::new_slice(comptime![2 * g.tile]);
+    for hq in 0..comptime![g.h / g.hk] {
+        let hi = kh * comptime![g.h / g.hk] + hq;
+        for t in 0..comptime![g.s.div_ceil(g.tile)] {
+            load_tile(q, &mut qt, b, hi, t, comptime![views[0]], comptime![g.tile], comptime![g.d], comptime![g.s]);
+            load_tile(dout, &mut dt, b, hi, t, comptime![views[4]], comptime![g.tile], comptime![g.e], comptime![g.s]);
+            if (UNIT_POS as usize) < comptime![g.tile] {
+                let i = min(t * comptime![g.tile] + UNIT_POS as usize, comptime![g.s - 1]);
+                st[UNIT_POS as usize] = f32::cast_from(lse[(b * comptime![g.h] + hi) * comptime![g.s] + i]);
+                if comptime![wrt_k] {
+                    let dor = load_row(dout, b, hi, i, comptime![views[4]], comptime![g.e]);
+                    let or = load_row(o, b, hi, i, comptime![views[3]], comptime![g.e]);
+                    let mut delta = f32::new(0.0);
+                    #[unroll]
+                    for c in 0..comptime![g.e] {
+                        delta += dor[c] * or[c];
+                    }
+                    st[comptime![g.tile] + UNIT_POS as usize] = delta;
+                }
+            }
+            sync_cube();
+            for ii in 0..comptime![g.tile] {
+                let i = t * comptime![g.tile] + ii;
+                let l = st[ii];
+                if real && i < comptime![g.s] && l > f32::new(NO_KEYS_BELOW) && sees(i, j, g) {
+                    let sc = dot_tile(&kr, &qt, ii * comptime![g.d], comptime![g.d]) * f32::new(scale);
+                    let p = (sc - l).exp();
+                    if comptime![wrt_k] {
+                        let dp = dot_tile(&vr, &dt, ii * comptime![g.e], comptime![g.e]);
+                        let ds = p * (dp - st[comptime![g.tile] + ii]) * f32::new(scale);
+                        axpy_tile(&mut acc, ds, &qt, ii * comptime![g.d], comptime![g.d]);
+                    } else {
+                        axpy_tile(&mut acc, p, &dt, ii * comptime![g.e], comptime![g.e]);
+                    }
+                }
+            }
+            sync_cube();
+        }
+    }
+    if real {
+        let at = (bh * comptime![g.sk] + j) * width;
+        #[unroll]
+        for c in 0..width {
+            out[at + c] = Stored::cast_from(acc[c]);
+        }
+    }
+}
