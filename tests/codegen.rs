@@ -39,6 +39,36 @@ fn emitted_source_for_every_stdlib_spec() {
     }
 }
 
+/// Gradient programs emit like any program: deterministic WGSL and CUDA for
+/// IHA's whole gradient program, and golden WGSL for the kernels only the
+/// backward has (attention's log-sum-exp and dQ/dK/dV, the coefficient
+/// contractions), with the manifest's entries for them.
+#[test]
+fn emitted_source_for_gradient_programs() {
+    let c = compile_stdlib("iha", &small("iha"));
+    let grad = attnc_compiler::grad::differentiate(&c.program, &[]).unwrap();
+    let dims = bind::default_dims(&grad).unwrap();
+    let p = plan::plan(&grad, &dims);
+    for target in [emit::Target::Wgsl, emit::Target::Cuda] {
+        let (files, manifest) = emit::emit(&p, target).unwrap();
+        let (again, _) = emit::emit(&p, target).unwrap();
+        assert_eq!(files, again, "emission of the gradient program is not deterministic");
+        if target != emit::Target::Wgsl {
+            continue;
+        }
+        let backward = |name: &str| ["attention_lse", "attention_grad", "contract"].iter().any(|k| name.contains(k));
+        let mut text = String::new();
+        for l in manifest.launches.iter().filter(|l| backward(&l.entry)) {
+            text.push_str(&format!("{}\n", serde_json::to_string(l).unwrap()));
+        }
+        for (name, source) in files.iter().filter(|(n, _)| backward(n)) {
+            text.push_str(&format!("\n\n==== {name} ====\n{source}"));
+        }
+        assert!(text.contains("attention_grad_k") && text.contains("contract"), "{text}");
+        insta::assert_snapshot!("iha_grad_backward_wgsl", text);
+    }
+}
+
 /// The reward estimators run as one group kernel per pass over the groups,
 /// and ODRPO's threshold split is never materialised: at G = 64 and K = 100
 /// no buffer holds the `[B, G, K − 1]` indicators and each group's shared
@@ -405,6 +435,16 @@ fn shared_memory_stays_within_the_default_limit() {
     for (spec, sets) in cases {
         let c = compile_stdlib(spec, &sets.iter().map(|(k, v)| (*k, v.to_string())).collect::<Vec<_>>());
         let p = plan::plan(&c.program, &bind::default_dims(&c.program).unwrap());
+        // The backward's tiles too (d = 256: key and value tiles of 4 rows),
+        // for the specs with continuous inputs (ODRPO's ratings are discrete).
+        if let Ok(grad) = attnc_compiler::grad::differentiate(&c.program, &[]) {
+            let gp = plan::plan(&grad, &bind::default_dims(&grad).unwrap());
+            let (_, manifest) = emit::emit(&gp, emit::Target::Cuda).unwrap();
+            for l in &manifest.launches {
+                let bytes = l.shared_memory_bytes;
+                assert!(bytes <= 48 * 1024, "gradient of {spec} {sets:?}: {} needs {bytes} B", l.entry);
+            }
+        }
         let (_, manifest) = emit::emit(&p, emit::Target::Cuda).unwrap();
         for l in &manifest.launches {
             assert!(

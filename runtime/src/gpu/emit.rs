@@ -3,6 +3,7 @@
 //! says how to launch each from one's own host code.
 
 use super::define::IrKernel;
+use attnc_compiler::ir::AttnArg;
 use attnc_compiler::plan::{BufferRole, Dtype, KernelSpec, Plan, ATTN_ROWS, GEMM_ROWS, GEMM_UNITS};
 use cubecl::ir::features::Features;
 use cubecl::ir::{DeviceIdentity, HardwareProperties, MemoryDeviceProperties};
@@ -282,6 +283,11 @@ pub fn emit(plan: &Plan, target: Target) -> Result<(Vec<(String, String)>, Manif
                 format!("[ceil(s / {}), batch * h, 1]", ATTN_ROWS * l.spec.attention_tiles().unit_rows)
             }
             KernelSpec::Group { .. } => "[groups, 1, 1]".to_string(),
+            KernelSpec::Contract { .. } => "[o1 * o2, 1, 1] (a cube per output element)".to_string(),
+            KernelSpec::AttentionLse { .. } | KernelSpec::AttentionGrad { wrt: AttnArg::Q, .. } => {
+                format!("[ceil(s / {ATTN_ROWS}), batch * h, 1]")
+            }
+            KernelSpec::AttentionGrad { .. } => format!("[ceil(sk / {ATTN_ROWS}), batch * hk, 1]"),
             _ => "[ceil(elements / 256), 1, 1]".to_string(),
         };
         let (x, y) = l.spec.cubes();
