@@ -105,18 +105,30 @@ def compile(spec: Union[str, "os.PathLike[str]"], **params) -> "Program":
     return Program(_attnc.compile(name, text, settings))
 
 
-def _float64(name: str, value) -> np.ndarray:
+def _exchangeable(name: str, value):
+    """An input as the native layer reads it (through DLPack): objects that
+    speak DLPack (PyTorch, JAX, CuPy on the host, ...) as they are; anything
+    else through NumPy, which must find real numbers in it."""
+    if hasattr(value, "__dlpack__") and not isinstance(value, np.ndarray):
+        return value
     array = np.asarray(value)
     if array.dtype.kind not in "biuf":
         error = InputError(f"tensor `{name}` has dtype {array.dtype}, but the spec takes real numbers")
         error.code, error.tensor = _attnc.TENSOR_FILE_CODE, name
         raise error
-    return np.ascontiguousarray(array, dtype="<f8")
+    if not (array.dtype.isnative and array.flags.writeable):
+        # NumPy before 2.0 exports neither read-only nor byte-swapped arrays.
+        array = np.array(array, dtype=array.dtype.newbyteorder("="))
+    return array
 
 
-def _arrays(triples, float64: bool) -> Dict[str, np.ndarray]:
-    dtype = "<f8" if float64 else "<f4"
-    return {n: np.frombuffer(b, dtype=dtype).reshape(shape).copy() for n, shape, b in triples}
+def _inputs(tensors) -> List[Tuple[str, object]]:
+    return [(n, _exchangeable(n, v)) for n, v in tensors.items()]
+
+
+def _numpy(outputs) -> Dict[str, np.ndarray]:
+    """Native outputs, adopted by NumPy without a copy."""
+    return {n: np.from_dlpack(a) for n, a in outputs}
 
 
 class Program:
@@ -145,22 +157,25 @@ class Program:
     def sample(self, seed: int = 0) -> Dict[str, np.ndarray]:
         """Inputs drawn from the spec's own distributions at its default dims
         (float64; the same values as ``attnc run --seed``)."""
-        return _arrays(self._native.sample(seed), True)
+        return _numpy(self._native.sample(seed))
 
     def run(self, backend: str = "interp", dtype: Optional[str] = None, optimize: bool = False, **tensors):
-        """Run on NumPy arrays (any real dtype; converted to float64) given by
-        input name; returns the outputs by name. ``backend``: ``"interp"``
+        """Run on arrays given by input name; returns the outputs by name as
+        NumPy arrays. An input is anything NumPy converts, in any real dtype,
+        or any object that speaks DLPack on the host (a PyTorch CPU tensor,
+        bfloat16 included), read where it lies. ``backend``: ``"interp"``
         (the float64 reference), ``"wgpu"`` or ``"cuda"``. ``dtype`` as the
         CLI's ``--dtype``: ``None``/``"f32"`` (float32 outputs), ``"f64"``
         (float64 outputs), ``"f16"``, ``"bf16"`` or ``"tf32"`` (kernels store
         that type; float32 outputs). ``optimize`` runs the optimizer's choice."""
-        arrays = []
-        for name, value in tensors.items():
-            a = _float64(name, value)
-            arrays.append((name, list(a.shape), a.tobytes()))
+        return _numpy(self._run(tensors, backend, dtype, optimize))
+
+    def _run(self, tensors, backend, dtype, optimize=False, out=None):
+        """The native outputs (DLPack producers), in element type ``out``
+        (default: float64 for ``dtype="f64"``, else float32)."""
         dtype = dtype or "f32"
-        out = self._native.run(arrays, backend, dtype, optimize)
-        return _arrays(out, dtype == "f64")
+        out = out or ("f64" if dtype == "f64" else "f32")
+        return self._native.run(_inputs(tensors), backend, dtype, optimize, out)
 
     def grad(self, cotangents, wrt=None, backend: str = "interp", dtype: Optional[str] = None, **tensors):
         """Reverse-mode gradients, as ``attnc grad`` computes them: given the
@@ -168,13 +183,14 @@ class Program:
         returns the forward outputs and ``grad_<input>`` for each input of
         ``wrt`` (default: every input with continuous values). Outputs are
         float32, float64 with ``dtype="f64"``."""
-        arrays = [(n, list(a.shape), a.tobytes()) for n, a in ((n, _float64(n, v)) for n, v in tensors.items())]
-        cots = [(n, list(a.shape), a.tobytes()) for n, a in ((n, _float64(n, v)) for n, v in cotangents.items())]
+        return _numpy(self._grad(cotangents, wrt, backend, dtype, tensors))
+
+    def _grad(self, cotangents, wrt, backend, dtype, tensors, out=None):
         if isinstance(wrt, str):
             wrt = [wrt]
         dtype = dtype or "f32"
-        out = self._native.grad(arrays, cots, list(wrt or []), backend, dtype)
-        return _arrays(out, dtype == "f64")
+        out = out or ("f64" if dtype == "f64" else "f32")
+        return self._native.grad(_inputs(tensors), _inputs(cotangents), list(wrt or []), backend, dtype, out)
 
     def emit(self, target: str = "wgsl", dtype: Optional[str] = None, optimize: bool = False):
         """Kernel source at the default dims, as ``attnc compile`` writes it:

@@ -6,20 +6,21 @@
     y.square().mean().backward()                                  # gradients by `Program.grad`
 
 Forward and backward both run the compiled program (`Program.run`,
-`Program.grad`); tensors cross as NumPy arrays (a copy). Float64 tensors run
-and differentiate in float64 on the interpreter, so `torch.autograd.gradcheck`
-holds the package to central differences; other float tensors return in their
-own dtype. The forward runs CUDA tensors on the CUDA backend and CPU tensors
-on the interpreter unless ``backend`` says otherwise (through host copies:
-no DLPack exchange yet); the backward runs the gradient program on the
-forward's backend.
+`Program.grad`). Tensors cross through DLPack: the native layer reads CPU
+tensors where they lie (any float dtype, bfloat16 included, any strides),
+and outputs come back in the inputs' dtype in buffers PyTorch adopts without
+a copy. Float64 tensors run and differentiate in float64 on the
+interpreter, so `torch.autograd.gradcheck` holds the package to central
+differences. The forward runs CUDA tensors on the CUDA backend and CPU
+tensors on the interpreter unless ``backend`` says otherwise; CUDA tensors
+still cross through host memory (one copy each way). The backward runs the
+gradient program on the forward's backend.
 """
 
 from __future__ import annotations
 
 from typing import Dict, List, Optional
 
-import numpy as np
 import torch
 
 # PyTorch's compiler stack (torch._dynamo, loaded by optimizers among
@@ -34,8 +35,18 @@ from . import compile as _compile
 __all__ = ["function", "Module"]
 
 
-def _array(t: torch.Tensor) -> np.ndarray:
-    return t.detach().cpu().numpy()
+_OUT = {torch.float64: "f64", torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
+
+
+def _host(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as the native layer reads it: detached (DLPack exports no
+    autograd history), on the host (a no-op for CPU tensors)."""
+    return t.detach().cpu()
+
+
+def _tensors(outputs, device: torch.device) -> Dict[str, torch.Tensor]:
+    """Native outputs adopted by PyTorch (no copy on the host)."""
+    return {n: torch.from_dlpack(a).to(device) for n, a in outputs}
 
 
 def function(program: Program, backend: Optional[str] = None):
@@ -57,8 +68,9 @@ def function(program: Program, backend: Optional[str] = None):
             dtype = "f64" if like.dtype == torch.float64 else None
             chosen = backend or ("cuda" if like.device.type == "cuda" else "interp")
             ctx.backend = chosen
-            out = program.run(backend=chosen, dtype=dtype, **{n: _array(t) for n, t in zip(names, tensors)})
-            return tuple(torch.from_numpy(out[n]).to(dtype=like.dtype, device=like.device) for n in outputs)
+            inputs = {n: _host(t) for n, t in zip(names, tensors)}
+            out = _tensors(program._run(inputs, chosen, dtype, out=_OUT.get(like.dtype, "f32")), like.device)
+            return tuple(out[n].to(like.dtype) for n in outputs)
 
         @staticmethod
         def backward(ctx, *cotangents):
@@ -67,17 +79,16 @@ def function(program: Program, backend: Optional[str] = None):
             wrt = [n for n, need in zip(names, ctx.needs_input_grad) if need and n in continuous]
             if not wrt:
                 return (None,) * len(names)
-            result = program.grad(
-                {n: _array(c) for n, c in zip(outputs, cotangents)},
-                wrt=wrt,
-                backend=ctx.backend,
-                dtype="f64" if dtype == torch.float64 else None,
-                **{n: _array(t) for n, t in zip(names, tensors)},
+            result = program._grad(
+                {n: _host(c) for n, c in zip(outputs, cotangents)},
+                wrt,
+                ctx.backend,
+                "f64" if dtype == torch.float64 else None,
+                {n: _host(t) for n, t in zip(names, tensors)},
+                out=_OUT.get(dtype, "f32"),
             )
-            return tuple(
-                torch.from_numpy(result["grad_" + n]).to(dtype=dtype, device=device) if n in wrt else None
-                for n in names
-            )
+            grads = _tensors(result, device)
+            return tuple(grads["grad_" + n].to(dtype) if n in wrt else None for n in names)
 
     def call(*args: torch.Tensor, **kwargs: torch.Tensor):
         if len(args) > len(names):

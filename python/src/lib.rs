@@ -15,10 +15,12 @@ use attnc_runtime::bind::{DEFAULT_MAX_FLOPS, DEFAULT_MEMORY_BUDGET};
 use attnc_runtime::gpu::emit::Target as Source;
 use attnc_runtime::pipeline::{Backend, Compiler, Error, Program};
 use attnc_runtime::{RunError, Tensor};
+use dlpack::{HostArray, OutType};
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+
+mod dlpack;
 
 mod exceptions {
     use pyo3::create_exception;
@@ -122,16 +124,19 @@ fn backend(name: &str) -> PyResult<Backend> {
     }
 }
 
-/// The kernels' storage type and whether outputs are float64 (the CLI's
-/// `--dtype`: f64 returns float64, anything else float32).
-fn dtype(name: &str) -> PyResult<(Dtype, bool)> {
+/// The kernels' storage type (the CLI's `--dtype`; `f64` runs f32 kernels
+/// and returns float64).
+fn dtype(name: &str) -> PyResult<Dtype> {
     match name {
-        "f64" => Ok((Dtype::F32, true)),
-        _ => name
-            .parse::<Dtype>()
-            .map(|d| (d, false))
-            .map_err(|m| setting_error(format!("{m}, or f64 (float64 outputs)"))),
+        "f64" => Ok(Dtype::F32),
+        _ => name.parse::<Dtype>().map_err(|m| setting_error(format!("{m}, or f64 (float64 outputs)"))),
     }
+}
+
+/// The element type outputs are returned in.
+fn out_type(name: &str) -> PyResult<OutType> {
+    OutType::parse(name)
+        .ok_or_else(|| setting_error(format!("unknown output type `{name}`; expected f64, f32, f16 or bf16")))
 }
 
 fn source(name: &str) -> PyResult<Source> {
@@ -142,15 +147,13 @@ fn source(name: &str) -> PyResult<Source> {
     }
 }
 
-/// An array crossing the boundary: name, shape, little-endian bytes.
-type Array<'py> = (String, Vec<usize>, Bound<'py, PyBytes>);
+/// An input crossing the boundary: its name and any object with `__dlpack__`.
+type Input<'py> = (String, Bound<'py, PyAny>);
 
-fn array<'py>(py: Python<'py>, name: String, t: &Tensor, float64: bool) -> Array<'py> {
-    let bytes: Vec<u8> = match float64 {
-        true => t.data.iter().flat_map(|v| v.to_le_bytes()).collect(),
-        false => t.data.iter().flat_map(|v| (*v as f32).to_le_bytes()).collect(),
-    };
-    (name, t.shape.clone(), PyBytes::new(py, &bytes))
+/// The outputs of `program` by name, in the spec's order, for Python.
+fn host_arrays(program: &Program, outputs: &BTreeMap<String, Tensor>, out: OutType) -> Vec<(String, HostArray)> {
+    let order = program.ir().outputs.iter().map(|(n, _)| n);
+    order.map(|n| (n.clone(), HostArray::new(&outputs[n], out))).collect()
 }
 
 /// A compiled spec: parameters bound, dims free until inputs fix them.
@@ -166,17 +169,14 @@ impl NativeProgram {
         py_error(py, e, &self.name, &self.source)
     }
 
-    /// Arrays by name, float64.
-    fn tensors(&self, py: Python<'_>, arrays: Vec<Array<'_>>) -> PyResult<BTreeMap<String, Tensor>> {
+    /// Inputs by name, read through DLPack.
+    fn tensors(&self, py: Python<'_>, inputs: Vec<Input<'_>>) -> PyResult<BTreeMap<String, Tensor>> {
         let mut out = BTreeMap::new();
-        for (name, shape, bytes) in arrays {
-            let data: Vec<f64> =
-                bytes.as_bytes().chunks_exact(8).map(|b| f64::from_le_bytes(b.try_into().unwrap())).collect();
-            if data.len() != shape.iter().product::<usize>() {
-                let message = format!("tensor `{name}` has {} values for shape {shape:?}", data.len());
-                return Err(self.fail(py, Error::Input(RunError::TensorFile(message))));
-            }
-            out.insert(name, Tensor::new(shape, data));
+        for (name, object) in inputs {
+            match dlpack::import(&name, &object)? {
+                Ok(t) => out.insert(name, t),
+                Err(message) => return Err(self.fail(py, Error::Input(RunError::TensorFile(message)))),
+            };
         }
         Ok(out)
     }
@@ -223,29 +223,31 @@ impl NativeProgram {
     }
 
     /// Inputs drawn with `seed` from the spec's distributions at the default dims (float64).
-    fn sample<'py>(&self, py: Python<'py>, seed: u64) -> PyResult<Vec<Array<'py>>> {
+    fn sample(&self, py: Python<'_>, seed: u64) -> PyResult<Vec<(String, HostArray)>> {
         guarded(|| {
             let sized = self.program.sized().map_err(|e| self.fail(py, e))?;
             sized
                 .check_limits(Backend::Interp, DEFAULT_MEMORY_BUDGET, DEFAULT_MAX_FLOPS)
                 .map_err(|e| self.fail(py, e))?;
             let bound = self.program.seeded(seed).map_err(|e| self.fail(py, e))?;
-            Ok(bound.inputs().iter().map(|(n, t)| array(py, n.clone(), t, true)).collect())
+            Ok(bound.inputs().iter().map(|(n, t)| (n.clone(), HostArray::new(t, OutType::F64))).collect())
         })
     }
 
-    /// Run on float64 inputs; outputs in float64 for `dtype` "f64", else float32.
-    #[pyo3(signature = (tensors, backend, dtype, optimize))]
-    fn run<'py>(
+    /// Run on `tensors` (any DLPack producer, by input name); the outputs in
+    /// the element type `out` (f64, f32, f16 or bf16).
+    #[pyo3(signature = (tensors, backend, dtype, optimize, out))]
+    fn run(
         &self,
-        py: Python<'py>,
-        tensors: Vec<Array<'py>>,
+        py: Python<'_>,
+        tensors: Vec<Input<'_>>,
         backend: &str,
         dtype: &str,
         optimize: bool,
-    ) -> PyResult<Vec<Array<'py>>> {
+        out: &str,
+    ) -> PyResult<Vec<(String, HostArray)>> {
         guarded(|| {
-            let (backend, (dtype, float64)) = (self::backend(backend)?, self::dtype(dtype)?);
+            let (backend, dtype, out) = (self::backend(backend)?, self::dtype(dtype)?, out_type(out)?);
             let inputs = self.tensors(py, tensors)?;
             let mut bound = self.program.bind(inputs).map_err(|e| self.fail(py, e))?;
             bound.check_limits(backend, DEFAULT_MEMORY_BUDGET, DEFAULT_MAX_FLOPS).map_err(|e| self.fail(py, e))?;
@@ -254,34 +256,34 @@ impl NativeProgram {
             }
             let bound = bound.in_dtype(dtype);
             let outputs = py.detach(|| bound.run(backend)).map_err(|e| self.fail(py, e))?;
-            let order = self.program.ir().outputs.iter().map(|(n, _)| n);
-            Ok(order.map(|n| array(py, n.clone(), &outputs[n], float64)).collect())
+            Ok(host_arrays(&self.program, &outputs, out))
         })
     }
 
     /// Gradients (reverse mode): the forward outputs and `grad_<input>` for
     /// each input of `wrt` (every continuous input when empty), given a
-    /// cotangent per output (named like it); float64 or float32 as `run`.
-    #[pyo3(signature = (tensors, cotangents, wrt, backend, dtype))]
-    fn grad<'py>(
+    /// cotangent per output (named like it); returned as `run` returns.
+    #[pyo3(signature = (tensors, cotangents, wrt, backend, dtype, out))]
+    #[allow(clippy::too_many_arguments)] // the Python signature
+    fn grad(
         &self,
-        py: Python<'py>,
-        tensors: Vec<Array<'py>>,
-        cotangents: Vec<Array<'py>>,
+        py: Python<'_>,
+        tensors: Vec<Input<'_>>,
+        cotangents: Vec<Input<'_>>,
         wrt: Vec<String>,
         backend: &str,
         dtype: &str,
-    ) -> PyResult<Vec<Array<'py>>> {
+        out: &str,
+    ) -> PyResult<Vec<(String, HostArray)>> {
         guarded(|| {
-            let (backend, (dtype, float64)) = (self::backend(backend)?, self::dtype(dtype)?);
+            let (backend, dtype, out) = (self::backend(backend)?, self::dtype(dtype)?, out_type(out)?);
             let gradient = self.program.gradient(&wrt).map_err(|e| self.fail(py, e))?;
             let (inputs, cotangents) = (self.tensors(py, tensors)?, self.tensors(py, cotangents)?);
             let bound = gradient.bind(inputs, Some(cotangents), 0).map_err(|e| self.fail(py, e))?;
             bound.check_limits(backend, DEFAULT_MEMORY_BUDGET, DEFAULT_MAX_FLOPS).map_err(|e| self.fail(py, e))?;
             let bound = bound.in_dtype(dtype);
             let outputs = py.detach(|| bound.run(backend)).map_err(|e| self.fail(py, e))?;
-            let order = gradient.program().ir().outputs.iter().map(|(n, _)| n);
-            Ok(order.map(|n| array(py, n.clone(), &outputs[n], float64)).collect())
+            Ok(host_arrays(gradient.program(), &outputs, out))
         })
     }
 
@@ -294,7 +296,7 @@ impl NativeProgram {
         optimize: bool,
     ) -> PyResult<(Vec<(String, String)>, String)> {
         guarded(|| {
-            let (target, (dtype, _)) = (source(target)?, self::dtype(dtype)?);
+            let (target, dtype) = (source(target)?, self::dtype(dtype)?);
             let mut bound = self.program.sized().map_err(|e| self.fail(py, e))?.in_dtype(dtype);
             if optimize {
                 bound = bound.optimize(cost::H200, Mode::Inference);
@@ -353,6 +355,7 @@ fn _attnc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("SettingError", py.get_type::<exceptions::SettingError>())?;
     m.add("TENSOR_FILE_CODE", attnc_compiler::Code::TensorFile.as_str())?;
     m.add_class::<NativeProgram>()?;
+    m.add_class::<HostArray>()?;
     m.add_function(wrap_pyfunction!(compile, m)?)?;
     m.add_function(wrap_pyfunction!(stdlib, m)?)?;
     m.add_function(wrap_pyfunction!(stdlib_names, m)?)?;

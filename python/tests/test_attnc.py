@@ -100,6 +100,79 @@ def test_inputs_of_any_real_dtype_are_converted():
     assert np.allclose(b, ref, rtol=1e-12, atol=1e-12)
 
 
+def test_inputs_are_read_in_place_whatever_their_layout_and_dtype():
+    """Inputs cross through DLPack: strided views (transposed, stepped,
+    reversed) give the bits their contiguous copies give, and every real
+    dtype from NumPy and PyTorch (bfloat16 too) reads as its float64 value."""
+    mha = attnc.compile("stdlib/mha.attn", H=2, d=4, N=37)
+    inputs = mha.sample(seed=3)
+    want = mha.run(dtype="f64", **inputs)["y"]
+    views = {
+        "x": np.ascontiguousarray(inputs["x"][:, ::-1])[:, ::-1],  # negative strides
+        "w_q": np.ascontiguousarray(inputs["w_q"].T).T,  # column-major
+        "w_k": np.repeat(inputs["w_k"], 3, axis=1)[:, ::3],  # stepped
+        "w_v": torch.tensor(inputs["w_v"]).T.contiguous().T,  # a transposed torch tensor
+        "w_o": inputs["w_o"],
+    }
+    assert not views["w_q"].flags.c_contiguous and views["x"].strides[1] < 0
+    assert not views["w_v"].is_contiguous()
+    assert same_bits(mha.run(dtype="f64", **views)["y"], want)
+
+    grpo = attnc.compile("stdlib/grpo.attn")
+    r = np.random.default_rng(4).integers(0, 100, size=(3, 5))
+    ref = grpo.run(dtype="f64", rewards=r.astype(np.float64))["advantages"]
+    for value in [
+        r.astype(np.int8), r.astype(np.uint8), r.astype(np.int64), r.astype(np.float16),
+        r.astype(">f8"),  # byte-swapped: through a native copy
+        torch.tensor(r, dtype=torch.bfloat16), torch.tensor(r, dtype=torch.int16),
+        torch.tensor(r, dtype=torch.float16), r.tolist(),
+    ]:
+        got = grpo.run(dtype="f64", rewards=value)["advantages"]
+        assert same_bits(got, ref), type(value)
+    b = np.array([[True, False, True], [False, False, True]])
+    assert same_bits(grpo.run(dtype="f64", rewards=b)["advantages"],
+                     grpo.run(dtype="f64", rewards=b.astype(np.float64))["advantages"])
+    with pytest.raises(attnc.InputError) as info:
+        grpo.run(rewards=torch.zeros(2, 3, dtype=torch.complex64))
+    assert info.value.tensor == "rewards" and "real numbers" in str(info.value), str(info.value)
+
+
+def test_outputs_are_adopted_without_a_copy():
+    program = attnc.compile("stdlib/grpo.attn")
+    (name, native), = program._run({"rewards": np.arange(12.0).reshape(3, 4)}, "interp", "f64")
+    a, t = np.from_dlpack(native), torch.from_dlpack(native)
+    assert name == "advantages" and a.dtype == np.float64 and t.dtype == torch.float64
+    assert a.ctypes.data == t.data_ptr()  # one buffer, shared
+    assert np.array_equal(a, t.numpy()) and np.abs(a).sum() > 0
+    for out, dtype in [("f32", torch.float32), ("f16", torch.float16), ("bf16", torch.bfloat16)]:
+        (_, native), = program._run({"rewards": np.arange(12.0).reshape(3, 4)}, "interp", "f64", out=out)
+        got = torch.from_dlpack(native)
+        assert got.dtype == dtype and torch.equal(got, torch.from_numpy(a).to(dtype)), out
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.bfloat16, 1e-2), (torch.float16, 2e-3), (torch.float32, 1e-6)])
+def test_torch_half_precision_tensors_run_and_differentiate(dtype, tol):
+    """CPU tensors in half precision (which NumPy cannot hold in bfloat16)
+    run forward and backward and come back in their own dtype, within the
+    dtype's rounding of the float64 result on the same (rounded) values."""
+    program = attnc.compile("stdlib/iha.attn", H=2, P=2, d=8, N=50)
+    f = attnc.torch.function(program)
+    drawn = program.sample(seed=5)
+    low = {n: torch.tensor(v).to(dtype).requires_grad_() for n, v in drawn.items()}
+    exact = {n: v.detach().double().requires_grad_() for n, v in low.items()}
+    y, y64 = f(**low), f(**exact)
+    assert y.dtype == dtype and not torch.isnan(y).any()
+    err = ((y.double() - y64).norm() / y64.norm()).item()
+    assert err <= tol, err
+    cot = torch.randn(y64.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
+    (y.double() * cot).sum().backward()
+    (y64 * cot).sum().backward()
+    for n in low:
+        g, g64 = low[n].grad, exact[n].grad
+        assert g.dtype == dtype and not torch.isnan(g).any(), n
+        assert ((g.double() - g64).norm() / g64.norm()).item() <= 2 * tol, n
+
+
 def test_kernels_on_wgpu_match_the_interpreter():
     program = attnc.compile("stdlib/iha.attn", H=2, P=3, d=16, N=300)
     inputs = program.sample(seed=1)
