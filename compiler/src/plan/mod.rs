@@ -76,7 +76,7 @@ impl Plan {
         for l in &mut self.launches {
             l.bytes *= ratio;
             let lanes = l.spec.line_size();
-            if let KernelSpec::Attention { d, e, ref mut fragments, .. } = l.spec {
+            if let KernelSpec::Attention { shape: AttnShape { d, e, .. }, ref mut fragments, .. } = l.spec {
                 *fragments = dtype.is_half() && frag_key_tile(d, e, lanes).is_some();
             }
         }
@@ -107,6 +107,25 @@ pub(crate) fn reduce_views(shape: &[usize], axes: &[usize], offset: usize) -> (V
         View::new(&pick(&kept, shape), &pick(&kept, &strides), offset),
         View::new(&pick(axes, shape), &pick(axes, &strides), 0),
     )
+}
+
+/// The attention launch shape of queries `sq` (`[batch, h, s, d]`) against
+/// keys `sk` (`[batch, hk, sk, d]`) and values `e` wide (0 where none are read).
+fn attn_shape(sq: &[usize], sk: &[usize], e: usize, mask: &Mask, scale: f64) -> AttnShape {
+    let Mask { kind, window, block } = *mask;
+    AttnShape {
+        batch: sq[0],
+        h: sq[1],
+        hk: sk[1],
+        s: sq[2],
+        sk: sk[2],
+        d: sq[3],
+        e,
+        mask: kind,
+        window: window.map(|w| w as usize),
+        block: block as usize,
+        scale_bits: scale.to_bits(),
+    }
 }
 
 fn push_buffer(buffers: &mut Vec<Buffer>, shape: &[usize], role: BufferRole) -> usize {
@@ -495,7 +514,6 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
             }
             Op::Attention { q, k, v, mask, scale } => {
                 let (sq, sk, sv) = (sh(0), sh(1), sh(2));
-                let Mask { kind, window, block } = *mask;
                 let (bq, vq) = pl.read(*q, Layout::row_view);
                 let (bk, vk) = pl.read(*k, Layout::row_view);
                 let (bv, vv) = pl.read(*v, Layout::row_view);
@@ -515,17 +533,7 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
                 }
                 let out = out_layout.row_view().expect("attention writes rows of its output contiguously");
                 let spec = KernelSpec::Attention {
-                    batch: sq[0],
-                    h: sq[1],
-                    hk: sk[1],
-                    s: sq[2],
-                    sk: sk[2],
-                    d: sq[3],
-                    e: sv[3],
-                    mask: kind,
-                    window: window.map(|w| w as usize),
-                    block: block as usize,
-                    scale_bits: scale.to_bits(),
+                    shape: attn_shape(&sq, &sk, sv[3], mask, *scale),
                     q: vq,
                     k: vk,
                     v: vv,
@@ -656,20 +664,10 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
             }
             Op::AttentionLse { q, k, mask, scale } => {
                 let (sq, sk) = (sh(0), sh(1));
-                let Mask { kind, window, block } = *mask;
                 let (bq, vq) = pl.read(*q, Layout::row_view);
                 let (bk, vk) = pl.read(*k, Layout::row_view);
                 let spec = KernelSpec::AttentionLse {
-                    batch: sq[0],
-                    h: sq[1],
-                    hk: sk[1],
-                    s: sq[2],
-                    sk: sk[2],
-                    d: sq[3],
-                    mask: kind,
-                    window: window.map(|w| w as usize),
-                    block: block as usize,
-                    scale_bits: scale.to_bits(),
+                    shape: attn_shape(&sq, &sk, 0, mask, *scale),
                     q: vq,
                     k: vk,
                     tile: grad_key_tile(sq[3], 0),
@@ -678,7 +676,6 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
             }
             Op::AttentionGrad { q, k, v, o, dout, lse, mask, scale, wrt } => {
                 let (sq, sk, sv) = (sh(0), sh(1), sh(2));
-                let Mask { kind, window, block } = *mask;
                 let mut views = vec![];
                 let mut bindings = vec![];
                 for x in [q, k, v, o, dout] {
@@ -692,17 +689,7 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
                     bindings.drain(2..4);
                 }
                 let spec = KernelSpec::AttentionGrad {
-                    batch: sq[0],
-                    h: sq[1],
-                    hk: sk[1],
-                    s: sq[2],
-                    sk: sk[2],
-                    d: sq[3],
-                    e: sv[3],
-                    mask: kind,
-                    window: window.map(|w| w as usize),
-                    block: block as usize,
-                    scale_bits: scale.to_bits(),
+                    shape: attn_shape(&sq, &sk, sv[3], mask, *scale),
                     wrt: *wrt,
                     q: views[0],
                     k: views[1],

@@ -63,17 +63,8 @@ pub enum KernelSpec {
     /// Flash attention: query tiles against key tiles with an online softmax;
     /// `s` query rows, `sk` key rows (queries aligned to the end of the keys).
     Attention {
-        batch: usize,
-        h: usize,
-        hk: usize,
-        s: usize,
-        sk: usize,
-        d: usize,
-        e: usize,
-        mask: MaskKind,
-        window: Option<usize>,
-        block: usize,
-        scale_bits: u64,
+        #[serde(flatten)]
+        shape: AttnShape,
         /// Layouts of the operands and the output (views of their buffers).
         q: RowView,
         k: RowView,
@@ -90,16 +81,8 @@ pub enum KernelSpec {
     /// a unit per query row, key tiles of `tile` rows staged in shared
     /// memory. Output row-major `[batch, h, s]`.
     AttentionLse {
-        batch: usize,
-        h: usize,
-        hk: usize,
-        s: usize,
-        sk: usize,
-        d: usize,
-        mask: MaskKind,
-        window: Option<usize>,
-        block: usize,
-        scale_bits: u64,
+        #[serde(flatten)]
+        shape: AttnShape,
         q: RowView,
         k: RowView,
         tile: usize,
@@ -114,17 +97,8 @@ pub enum KernelSpec {
     /// tile in shared memory, never stored; each unit sums its own row in a
     /// fixed order, so results are deterministic.
     AttentionGrad {
-        batch: usize,
-        h: usize,
-        hk: usize,
-        s: usize,
-        sk: usize,
-        d: usize,
-        e: usize,
-        mask: MaskKind,
-        window: Option<usize>,
-        block: usize,
-        scale_bits: u64,
+        #[serde(flatten)]
+        shape: AttnShape,
         wrt: AttnArg,
         q: RowView,
         k: RowView,
@@ -146,6 +120,32 @@ pub enum KernelSpec {
     /// Group-local work fused into one cube per group (see `group.rs`):
     /// `inputs` bindings, then the output of `len` values; `scratch` f32 of shared memory.
     Group { groups: usize, len: usize, inputs: usize, scratch: usize, steps: Vec<GroupStep> },
+}
+
+/// What an attention launch (the forward, the log-sum-exp, a gradient)
+/// computes with: `batch` × `h` query heads of `s` rows against `hk`
+/// key/value heads of `sk` rows, query and key width `d`, value width `e`,
+/// the mask, and the score scale (`f64` bits, so the spec compares exactly).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct AttnShape {
+    pub batch: usize,
+    pub h: usize,
+    pub hk: usize,
+    pub s: usize,
+    pub sk: usize,
+    pub d: usize,
+    pub e: usize,
+    pub mask: MaskKind,
+    pub window: Option<usize>,
+    pub block: usize,
+    pub scale_bits: u64,
+}
+
+impl AttnShape {
+    /// The score scale the kernels multiply by.
+    pub fn scale(&self) -> f32 {
+        f64::from_bits(self.scale_bits) as f32
+    }
 }
 
 impl KernelSpec {
@@ -183,13 +183,13 @@ impl KernelSpec {
                 };
                 (x, rows.div_ceil(GEMM_UNITS * GEMM_ROWS))
             }
-            KernelSpec::Attention { batch, h, s, .. } => {
+            KernelSpec::Attention { shape: AttnShape { batch, h, s, .. }, .. } => {
                 (s.div_ceil(ATTN_ROWS * self.attention_tiles().unit_rows), batch * h)
             }
             KernelSpec::Group { groups, .. } => (*groups, 1),
             KernelSpec::Contract { o1, o2, .. } => (o1 * o2, 1),
-            KernelSpec::AttentionLse { batch, h, s, .. } => (s.div_ceil(ATTN_ROWS), batch * h),
-            KernelSpec::AttentionGrad { batch, h, hk, s, sk, wrt, .. } => match wrt {
+            KernelSpec::AttentionLse { shape: AttnShape { batch, h, s, .. }, .. } => (s.div_ceil(ATTN_ROWS), batch * h),
+            KernelSpec::AttentionGrad { shape: AttnShape { batch, h, hk, s, sk, .. }, wrt, .. } => match wrt {
                 AttnArg::Q => (s.div_ceil(ATTN_ROWS), batch * h),
                 AttnArg::K | AttnArg::V => (sk.div_ceil(ATTN_ROWS), batch * hk),
             },
@@ -240,9 +240,9 @@ impl KernelSpec {
             KernelSpec::BlockDiag { h, cols, .. } => h * cols,
             KernelSpec::Concat { rows, f1, f2 } => rows * (f1 + f2),
             KernelSpec::Rope { rows, d, .. } => rows * d / 2,
-            KernelSpec::Attention { batch, h, s, e, .. } => batch * h * s * e,
-            KernelSpec::AttentionLse { batch, h, s, .. } => batch * h * s,
-            KernelSpec::AttentionGrad { batch, h, hk, s, sk, d, e, wrt, .. } => match wrt {
+            KernelSpec::Attention { shape: AttnShape { batch, h, s, e, .. }, .. } => batch * h * s * e,
+            KernelSpec::AttentionLse { shape: AttnShape { batch, h, s, .. }, .. } => batch * h * s,
+            KernelSpec::AttentionGrad { shape: AttnShape { batch, h, hk, s, sk, d, e, .. }, wrt, .. } => match wrt {
                 AttnArg::Q => batch * h * s * d,
                 AttnArg::K => batch * hk * sk * d,
                 AttnArg::V => batch * hk * sk * e,
@@ -272,11 +272,11 @@ impl KernelSpec {
     /// and key tile, unused).
     pub fn attention_tiles(&self) -> AttnTiles {
         match *self {
-            KernelSpec::Attention { fragments: true, d, e, .. } => AttnTiles {
+            KernelSpec::Attention { fragments: true, shape: AttnShape { d, e, .. }, .. } => AttnTiles {
                 unit_rows: 1,
                 key_tile: frag_key_tile(d, e, self.line_size()).expect("tiled for fragments where they fit"),
             },
-            KernelSpec::Attention { s, sk, d, e, mask, window, block, .. } => {
+            KernelSpec::Attention { shape: AttnShape { s, sk, d, e, mask, window, block, .. }, .. } => {
                 let l = self.line_size();
                 AttnTiles::new(
                     d / l,
@@ -302,7 +302,7 @@ impl KernelSpec {
                         && a_cols.in_vectors(l).is_some()
                 })
                 .unwrap_or(1),
-            KernelSpec::Attention { d, e, q, k, v, out, .. } => {
+            KernelSpec::Attention { shape: AttnShape { d, e, .. }, q, k, v, out, .. } => {
                 let mut ns = vec![d, e];
                 for view in [q, k, v, out] {
                     ns.extend([view.offset, view.batch, view.head, view.outer, view.inner]);
@@ -333,7 +333,9 @@ impl KernelSpec {
     pub fn loop_trips(&self) -> usize {
         match *self {
             KernelSpec::MatMul { k, mix, .. } => k / self.line_size() + mix.map_or(0, |m| m.h * m.p),
-            KernelSpec::Attention { sk, .. } => 2 * sk.div_ceil(self.attention_tiles().key_tile) + 2,
+            KernelSpec::Attention { shape: AttnShape { sk, .. }, .. } => {
+                2 * sk.div_ceil(self.attention_tiles().key_tile) + 2
+            }
             KernelSpec::MixHeads { m, .. } => m,
             KernelSpec::MixCols { m, .. } => m,
             KernelSpec::Collapse { c, .. } | KernelSpec::CollapseCols { c, .. } => c,
@@ -350,10 +352,10 @@ impl KernelSpec {
                 (rows * inner).div_ceil(GROUP_UNITS) + GROUP_UNITS.ilog2() as usize
             }
             // A loop over a tile's rows, and per row the channel loops of `grad_chunk`.
-            KernelSpec::AttentionLse { sk, d, tile, .. } => {
+            KernelSpec::AttentionLse { shape: AttnShape { sk, d, .. }, tile, .. } => {
                 sk.div_ceil(tile) * (1 + tile * (1 + grad_steps(d))) + grad_steps(d)
             }
-            KernelSpec::AttentionGrad { s, sk, h, hk, d, e, tile, wrt, .. } => {
+            KernelSpec::AttentionGrad { shape: AttnShape { s, sk, h, hk, d, e, .. }, tile, wrt, .. } => {
                 let per_row = 1 + 2 * grad_steps(d) + grad_steps(e);
                 let once = 2 * grad_steps(d) + 3 * grad_steps(e);
                 match wrt {

@@ -172,6 +172,54 @@ fn unit_row(#[comptime] fold: usize) -> usize {
     k::cube_x(fold) * comptime![ATTN_ROWS] + UNIT_POS as usize
 }
 
+/// A unit's query row `i` of query head `hi` (key/value head `kh`) of batch
+/// `b` (`bh = b·H + hi`); `real` is false for a unit past the last row,
+/// which computes on the last row and writes nothing.
+#[derive(CubeType)]
+struct QueryRow {
+    bh: usize,
+    b: usize,
+    hi: usize,
+    kh: usize,
+    i: usize,
+    real: bool,
+}
+
+#[cube]
+fn query_row(#[comptime] g: Dims) -> QueryRow {
+    let bh = k::cube_y(comptime![g.fold]);
+    let hi = bh % comptime![g.h];
+    let row = unit_row(comptime![g.fold]);
+    QueryRow {
+        bh,
+        b: bh / comptime![g.h],
+        hi,
+        kh: hi / comptime![g.h / g.hk],
+        i: min(row, comptime![g.s - 1]),
+        real: row < comptime![g.s],
+    }
+}
+
+/// `D_i = dO_i · O_i`, given `dO_i` (`e` values) and query row `i` of head `(b, hi)` of `o`.
+#[cube]
+fn delta_row(
+    dor: &Array<f32>,
+    o: &[Stored],
+    b: usize,
+    hi: usize,
+    i: usize,
+    #[comptime] ov: RowView,
+    #[comptime] e: usize,
+) -> f32 {
+    let or = load_row(o, b, hi, i, ov, e);
+    let mut delta = f32::new(0.0);
+    #[unroll]
+    for c in 0..e {
+        delta += dor[c] * or[c];
+    }
+    delta
+}
+
 /// The log-sum-exp of each query row's scaled visible scores, row-major
 /// `[B, H, S]` (`NO_KEYS` for a row that sees none).
 #[cube]
@@ -184,13 +232,7 @@ pub fn lse(
     #[comptime] kv: RowView,
     #[comptime] scale: f32,
 ) {
-    let bh = k::cube_y(comptime![g.fold]);
-    let b = bh / comptime![g.h];
-    let hi = bh % comptime![g.h];
-    let kh = hi / comptime![g.h / g.hk];
-    let row = unit_row(comptime![g.fold]);
-    let real = row < comptime![g.s];
-    let i = min(row, comptime![g.s - 1]);
+    let QueryRow { bh, b, hi, kh, i, real } = query_row(g);
     let qr = load_row(q, b, hi, i, qv, comptime![g.d]);
     let mut kt = Shared::<[f32]>::new_slice(comptime![g.tile * g.d]);
     let mut m = f32::new(M_INIT);
@@ -234,21 +276,10 @@ pub fn grad_q(
     #[comptime] views: [RowView; 5],
     #[comptime] scale: f32,
 ) {
-    let bh = k::cube_y(comptime![g.fold]);
-    let b = bh / comptime![g.h];
-    let hi = bh % comptime![g.h];
-    let kh = hi / comptime![g.h / g.hk];
-    let row = unit_row(comptime![g.fold]);
-    let real = row < comptime![g.s];
-    let i = min(row, comptime![g.s - 1]);
+    let QueryRow { bh, b, hi, kh, i, real } = query_row(g);
     let qr = load_row(q, b, hi, i, comptime![views[0]], comptime![g.d]);
     let dor = load_row(dout, b, hi, i, comptime![views[4]], comptime![g.e]);
-    let or = load_row(o, b, hi, i, comptime![views[3]], comptime![g.e]);
-    let mut delta = f32::new(0.0);
-    #[unroll]
-    for c in 0..comptime![g.e] {
-        delta += dor[c] * or[c];
-    }
+    let delta = delta_row(&dor, o, b, hi, i, comptime![views[3]], comptime![g.e]);
     let l = f32::cast_from(lse[bh * comptime![g.s] + i]);
     let live = real && l > f32::new(NO_KEYS_BELOW);
     let mut dq = zeros(comptime![g.d]);
@@ -321,13 +352,8 @@ pub fn grad_kv(
                 st[UNIT_POS as usize] = f32::cast_from(lse[(b * comptime![g.h] + hi) * comptime![g.s] + i]);
                 if comptime![wrt_k] {
                     let dor = load_row(dout, b, hi, i, comptime![views[4]], comptime![g.e]);
-                    let or = load_row(o, b, hi, i, comptime![views[3]], comptime![g.e]);
-                    let mut delta = f32::new(0.0);
-                    #[unroll]
-                    for c in 0..comptime![g.e] {
-                        delta += dor[c] * or[c];
-                    }
-                    st[comptime![g.tile] + UNIT_POS as usize] = delta;
+                    st[comptime![g.tile] + UNIT_POS as usize] =
+                        delta_row(&dor, o, b, hi, i, comptime![views[3]], comptime![g.e]);
                 }
             }
             sync_cube();

@@ -10,7 +10,7 @@ use crate::tensor::Tensor;
 use attnc_compiler::ir::MaskKind;
 use attnc_compiler::opt::cost::{OpCost, Target};
 use attnc_compiler::opt::format_seconds;
-use attnc_compiler::plan::{KernelSpec, Plan};
+use attnc_compiler::plan::{AttnShape, KernelSpec, Plan};
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
@@ -117,9 +117,10 @@ pub fn bench(
     // Plain attention (one query head per key/value head, no window, token-sized
     // rows, as many queries as keys).
     let baseline = plan.launches.iter().zip(&kernels).find_map(|(l, k)| match &l.spec {
-        KernelSpec::Attention { batch, h, hk, s, sk, d, e, mask, window: None, block: 1, .. }
-            if h == hk && d == e && s == sk && *mask != MaskKind::TokenCausal =>
-        {
+        KernelSpec::Attention {
+            shape: AttnShape { batch, h, hk, s, sk, d, e, mask, window: None, block: 1, .. },
+            ..
+        } if h == hk && d == e && s == sk && *mask != MaskKind::TokenCausal => {
             let shape = [*batch, *h, *s, *d];
             let causal = *mask == MaskKind::Causal;
             Some(

@@ -7,7 +7,9 @@ use super::kernels::{self as k, Stored};
 use super::{attention, attention_grad, gemm, mma};
 use attnc_compiler::ir::{AttnArg, BinaryOp, MaskKind, ReduceKind, UnaryOp};
 use attnc_compiler::plan::group::{GroupStep, MapOp};
-use attnc_compiler::plan::{Dtype, KernelSpec, View, GEMM_COLS, GEMM_ROWS, GEMM_STAGE_K, GEMM_UNITS, GROUP_UNITS};
+use attnc_compiler::plan::{
+    AttnShape, Dtype, KernelSpec, View, GEMM_COLS, GEMM_ROWS, GEMM_STAGE_K, GEMM_UNITS, GROUP_UNITS,
+};
 use cubecl::prelude::*;
 use std::sync::Arc;
 
@@ -320,17 +322,17 @@ impl IrKernel {
                         gemm::build::<N>(scope, &bufs[0], &bufs[1], &mut out, &shape, lanes, self.plane)
                     }
                 }
-                KernelSpec::Attention { h, hk, s, sk, d, e, ref mask, window, block, q, k: kv, v, out: o, .. } => {
+                KernelSpec::Attention { shape: ref sh, q, k: kv, v, out: o, .. } => {
                     let shape = attention::Shape {
-                        h,
-                        hk,
-                        s,
-                        sk,
-                        d,
-                        e,
-                        kind: mask_code(*mask),
-                        window: window.unwrap_or(0),
-                        block,
+                        h: sh.h,
+                        hk: sh.hk,
+                        s: sh.s,
+                        sk: sh.sk,
+                        d: sh.d,
+                        e: sh.e,
+                        kind: mask_code(sh.mask),
+                        window: sh.window.unwrap_or(0),
+                        block: sh.block,
                         views: [q, kv, v, o].map(|view| view.in_vectors(lanes)),
                         tiles: self.spec.attention_tiles(),
                         fold: self.spec.fold_x(),
@@ -358,48 +360,12 @@ impl IrKernel {
             group_body(scope, bufs, out, steps, scratch, len / groups, fold);
         } else if let KernelSpec::Contract { rows, o1, o2, inner } = *spec {
             k::contract::expand(scope, &bufs[0], &bufs[1], &mut out, rows, o1, o2, inner, fold);
-        } else if let KernelSpec::AttentionLse {
-            h,
-            hk,
-            s,
-            sk,
-            d,
-            mask,
-            window,
-            block,
-            scale_bits,
-            q,
-            k: kv,
-            tile,
-            ..
-        } = *spec
-        {
-            let g = grad_dims(h, hk, s, sk, d, 0, mask, window, block, tile, fold);
-            let scale = f64::from_bits(scale_bits) as f32;
-            attention_grad::lse::expand(scope, &bufs[0], &bufs[1], &mut out, g, q, kv, scale);
-        } else if let KernelSpec::AttentionGrad {
-            h,
-            hk,
-            s,
-            sk,
-            d,
-            e,
-            mask,
-            window,
-            block,
-            scale_bits,
-            wrt,
-            q,
-            k: kv,
-            v,
-            o,
-            dout,
-            tile,
-            ..
-        } = *spec
-        {
-            let g = grad_dims(h, hk, s, sk, d, e, mask, window, block, tile, fold);
-            let (scale, views) = (f64::from_bits(scale_bits) as f32, [q, kv, v, o, dout]);
+        } else if let KernelSpec::AttentionLse { ref shape, q, k: kv, tile } = *spec {
+            let g = grad_dims(shape, tile, fold);
+            attention_grad::lse::expand(scope, &bufs[0], &bufs[1], &mut out, g, q, kv, shape.scale());
+        } else if let KernelSpec::AttentionGrad { ref shape, wrt, q, k: kv, v, o, dout, tile } = *spec {
+            let g = grad_dims(shape, tile, fold);
+            let (scale, views) = (shape.scale(), [q, kv, v, o, dout]);
             let b = bufs;
             match wrt {
                 AttnArg::Q => attention_grad::grad_q::expand(
@@ -502,22 +468,9 @@ impl IrKernel {
 }
 
 /// The comptime sizes of attention's backward launches.
-#[allow(clippy::too_many_arguments)]
-fn grad_dims(
-    h: usize,
-    hk: usize,
-    s: usize,
-    sk: usize,
-    d: usize,
-    e: usize,
-    mask: MaskKind,
-    window: Option<usize>,
-    block: usize,
-    tile: usize,
-    fold: usize,
-) -> attention_grad::Dims {
-    let kind = mask_code(mask);
-    attention_grad::Dims { h, hk, s, sk, d, e, kind, window: window.unwrap_or(0), block, tile, fold }
+fn grad_dims(a: &AttnShape, tile: usize, fold: usize) -> attention_grad::Dims {
+    let AttnShape { h, hk, s, sk, d, e, mask, window, block, .. } = *a;
+    attention_grad::Dims { h, hk, s, sk, d, e, kind: mask_code(mask), window: window.unwrap_or(0), block, tile, fold }
 }
 
 /// `f` in the cubes of the launch: all of them, or with a folded grid

@@ -263,8 +263,8 @@ pub fn emit(plan: &Plan, target: Target) -> Result<(Vec<(String, String)>, Manif
             })
             .collect();
         let scalars = match l.spec {
-            KernelSpec::Attention { scale_bits, .. } => {
-                vec![ScalarInfo { name: "scale", dtype: "f32", value: f64::from_bits(scale_bits) }]
+            KernelSpec::Attention { shape, .. } => {
+                vec![ScalarInfo { name: "scale", dtype: "f32", value: f64::from_bits(shape.scale_bits) }]
             }
             _ => vec![],
         };

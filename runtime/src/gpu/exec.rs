@@ -403,8 +403,8 @@ impl Gpu {
                 let _ = <[Stored] as LaunchArg>::register(arg, &mut launcher);
             }
         }
-        if let KernelSpec::Attention { scale_bits, .. } = spec {
-            <f32 as LaunchArg>::register(f64::from_bits(*scale_bits) as f32, &mut launcher);
+        if let KernelSpec::Attention { shape, .. } = spec {
+            <f32 as LaunchArg>::register(shape.scale(), &mut launcher);
         }
         launcher.launch(CubeCount::Static(gx, gy, gz), kernel, &self.client);
     }
