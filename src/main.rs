@@ -134,6 +134,14 @@ enum Command {
         /// tensors, GEMMs on TF32 tensor cores
         #[arg(long, value_enum, default_value_t = KernelDtype::F32)]
         dtype: KernelDtype,
+        /// Time the gradient program instead (a training step's kernels: the forward, the
+        /// log-sum-exp, attention's dQ/dK/dV, the weight and coefficient gradients), on the
+        /// spec's own inputs and cotangents drawn with seed 0
+        #[arg(long)]
+        grad: bool,
+        /// With --grad: the inputs to differentiate by, comma-separated (default: every continuous input)
+        #[arg(long, value_delimiter = ',', value_name = "NAME,...", requires = "grad")]
+        wrt: Vec<String>,
     },
     /// Optimize a spec for a target and explain the choice
     Explain {
@@ -183,7 +191,7 @@ enum Command {
         /// Bind a parameter or dim: NAME=VALUE (repeatable)
         #[arg(long = "set", value_name = "NAME=VALUE")]
         set: Vec<String>,
-        /// Where to execute (gradient programs run on the interpreter for now)
+        /// Where to execute: the float64 interpreter, or the gradient program's kernels
         #[arg(long, value_enum, default_value_t = Backend::Interp)]
         backend: Backend,
         /// f32 or f64 output file
@@ -345,8 +353,9 @@ fn main() -> ExitCode {
             let wrt = grad.then_some(&wrt[..]);
             compile(&file, &set, target, &out, optimize, dtype.dtype(), wrt)
         }
-        Command::Bench { file, set, backend, iters, warmup, target, optimize, sweep, plot, dtype } => {
-            let opts = BenchOpts { backend, iters, warmup, target, optimize, dtype: dtype.dtype() };
+        Command::Bench { file, set, backend, iters, warmup, target, optimize, sweep, plot, dtype, grad, wrt } => {
+            let wrt = grad.then_some(wrt);
+            let opts = BenchOpts { backend, iters, warmup, target, optimize, dtype: dtype.dtype(), wrt };
             match sweep {
                 None => bench(&file, &set, &opts).map(|(text, _)| print!("{text}")),
                 Some(sweep) => bench_sweep(&file, &set, &opts, &sweep, &plot),
@@ -515,18 +524,30 @@ struct BenchOpts {
     target: Option<TargetArg>,
     optimize: bool,
     dtype: plan::Dtype,
+    /// `--grad`: the gradient program, by these inputs.
+    wrt: Option<Vec<String>>,
 }
 
 /// One benchmark: the rendered report, and the report.
 fn bench(file: &Path, set: &[String], o: &BenchOpts) -> Result<(String, gpu::bench::BenchReport), Failed> {
     let fail = |e: PipelineError| report(e.code(), e);
-    let mut bound = program(file, set)?.seeded(0).map_err(fail)?.in_dtype(o.dtype);
+    let program = program(file, set)?;
+    let bound = match &o.wrt {
+        None => program.seeded(0).map_err(fail)?,
+        Some(wrt) => {
+            let gradient = program.gradient(wrt).map_err(fail)?;
+            let drawn = gradient.forward().seeded(0).map_err(fail)?;
+            gradient.bind(drawn.inputs().clone(), None, 0).map_err(fail)?
+        }
+    };
+    let mut bound = bound.in_dtype(o.dtype);
     let target = match (o.target, o.backend) {
         (Some(t), _) => t.target(),
         (None, GpuArg::Wgpu) => cost::CPU,
         (None, GpuArg::Cuda) => cost::H200,
     };
     if o.optimize {
+        // A gradient program is priced as it runs: as one program.
         bound = bound.optimize(target, Mode::Inference);
     }
     let backend = match o.backend {

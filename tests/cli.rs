@@ -446,3 +446,43 @@ fn grad_writes_gradients_or_refuses_clearly() {
     assert!(!text.contains("output grad_w_k"), "{text}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// The seconds a bench row's median column gives (`1.053 s`, `72.066 ms`, `893.984 µs`).
+fn seconds(value: &str, unit: &str) -> f64 {
+    let v: f64 = value.parse().unwrap_or_else(|_| panic!("`{value}` is not a number"));
+    v * match unit {
+        "s" => 1.0,
+        "ms" => 1e-3,
+        "µs" => 1e-6,
+        "ns" => 1e-9,
+        other => panic!("unknown unit `{other}`"),
+    }
+}
+
+#[test]
+fn bench_times_the_gradient_program() {
+    let args = ["bench", "stdlib/mha.attn", "--set", "N=40", "--set", "H=2", "--set", "d=8"];
+    let run = |extra: &[&str]| {
+        let o = attnc(&[&args[..], &["--iters", "1", "--warmup", "1"], extra].concat());
+        assert!(o.status.success(), "{}", stderr(&o));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let backward = ["attention_lse", "attention_grad_q", "attention_grad_k", "attention_grad_v"];
+    let forward = run(&[]);
+    assert!(forward.contains("_attention "), "{forward}");
+    assert!(backward.iter().all(|k| !forward.contains(k)), "{forward}");
+    let step = run(&["--grad"]);
+    for kind in backward {
+        // kernel, median (value, unit), GFLOP, MB, roofline, of roof
+        let row = step.lines().find(|l| l.split_whitespace().next().is_some_and(|n| n.ends_with(kind)));
+        let cols: Vec<&str> = row.unwrap_or_else(|| panic!("no {kind} row in\n{step}")).split_whitespace().collect();
+        let t = seconds(cols[1], cols[2]);
+        let (gflop, mb): (f64, f64) = (cols[3].parse().unwrap(), cols[4].parse().unwrap());
+        assert!(t.is_finite() && t > 0.0, "{kind}: {t}");
+        assert!(gflop > 0.0 && mb > 0.0, "{kind}: {gflop} GFLOP, {mb} MB");
+    }
+    // The forward's own attention launch is part of the step, and so is its baseline.
+    assert!(step.contains("_attention ") && step.contains("all kernels per call"), "{step}");
+    let o = attnc(&[&args[..], &["--wrt", "x"]].concat());
+    assert!(!o.status.success() && stderr(&o).contains("--grad"), "{}", stderr(&o));
+}
