@@ -62,7 +62,7 @@ pub(super) fn row_at(base: usize, r: usize, #[comptime] v: RowView) -> usize {
 
 /// First key position (in the masks' shifted coordinates) that position `p` sees.
 #[cube]
-fn key_lo(p: usize, #[comptime] kind: u32, #[comptime] window: usize, #[comptime] block: usize) -> usize {
+pub(super) fn key_lo(p: usize, #[comptime] kind: u32, #[comptime] window: usize, #[comptime] block: usize) -> usize {
     let mut lo = 0usize;
     if comptime![window > 0] {
         if comptime![kind == MASK_CAUSAL] {
@@ -82,7 +82,7 @@ fn key_lo(p: usize, #[comptime] kind: u32, #[comptime] window: usize, #[comptime
 
 /// One past the last key position that position `p` sees (`inf` when unbounded).
 #[cube]
-fn key_hi(
+pub(super) fn key_hi(
     p: usize,
     #[comptime] kind: u32,
     #[comptime] window: usize,
@@ -100,9 +100,10 @@ fn key_hi(
     hi
 }
 
-/// A shifted key position as a key row, clamped to `0..=sk`.
+/// A shifted position as a row of a side whose positions start at `koff`
+/// (keys, or queries with their offset), clamped to `0..=sk`.
 #[cube]
-fn key_row_of(p: usize, #[comptime] koff: usize, #[comptime] sk: usize) -> usize {
+pub(super) fn key_row_of(p: usize, #[comptime] koff: usize, #[comptime] sk: usize) -> usize {
     let mut j = 0usize;
     if p > koff {
         j = p - koff;

@@ -19,8 +19,8 @@
 //! Mesa's compiler take minutes at d = 256), so every row of the other
 //! side counts against Mesa's loop bound (`KernelSpec::loop_trips`).
 
-use super::attention::{view_row, MASKED, M_INIT};
-use super::kernels::{self as k, shifted, visible, Stored};
+use super::attention::{key_hi, key_lo, key_row_of, view_row, MASKED, M_INIT};
+use super::kernels::{self as k, shifted, visible, Stored, MASK_CAUSAL, MASK_TOKEN_CAUSAL};
 use attnc_compiler::plan::{grad_chunk, RowView, ATTN_ROWS};
 use cubecl::prelude::*;
 
@@ -57,6 +57,94 @@ fn sees(i: usize, j: usize, #[comptime] g: Dims) -> bool {
     let qoff = comptime![if g.s == g.sk { 0 } else { g.sk }];
     let koff = comptime![if g.s == g.sk { 0 } else { g.s }];
     visible(shifted(i, qoff), shifted(j, koff), comptime![g.kind], comptime![g.window], comptime![g.block])
+}
+
+/// Tiles `lo .. hi` of the other side that a cube walks.
+#[derive(CubeType)]
+struct Tiles {
+    lo: usize,
+    hi: usize,
+}
+
+/// The tiles of `tile` rows holding rows `lo .. hi` (none when empty).
+#[cube]
+fn tiles_of(lo: usize, hi: usize, #[comptime] tile: usize) -> Tiles {
+    let t0 = lo / tile;
+    let mut t1 = (hi + comptime![tile - 1]) / tile;
+    if hi <= lo {
+        t1 = t0;
+    }
+    Tiles { lo: t0, hi: t1 }
+}
+
+/// The key tiles that some query row `q0 ..= q1` sees (a mask's band,
+/// as the forward's `setup` finds it): the others are never loaded.
+#[cube]
+fn key_tiles(q0: usize, q1: usize, #[comptime] g: Dims) -> Tiles {
+    let qoff = comptime![if g.s == g.sk { 0 } else { g.sk }];
+    let koff = comptime![if g.s == g.sk { 0 } else { g.s }];
+    let lo = key_lo(shifted(q0, qoff), comptime![g.kind], comptime![g.window], comptime![g.block]);
+    let hi =
+        key_hi(shifted(q1, qoff), comptime![g.kind], comptime![g.window], comptime![g.block], comptime![g.sk + koff]);
+    tiles_of(key_row_of(lo, koff, comptime![g.sk]), key_row_of(hi, koff, comptime![g.sk]), comptime![g.tile])
+}
+
+/// First query position that sees key position `p` (`visible`, inverted).
+#[cube]
+fn query_lo(p: usize, #[comptime] kind: u32, #[comptime] window: usize, #[comptime] block: usize) -> usize {
+    let mut lo = 0usize;
+    if comptime![kind == MASK_CAUSAL] {
+        lo = p;
+    } else if comptime![kind == MASK_TOKEN_CAUSAL] {
+        lo = p / block * block;
+    } else if comptime![window > 0] {
+        let m = p / block;
+        if m + 1 > window {
+            lo = (m + 1 - window) * block;
+        }
+    }
+    lo
+}
+
+/// One past the last query position that sees key position `p` (`inf` when unbounded).
+#[cube]
+fn query_hi(
+    p: usize,
+    #[comptime] kind: u32,
+    #[comptime] window: usize,
+    #[comptime] block: usize,
+    #[comptime] inf: usize,
+) -> usize {
+    let mut hi = inf.runtime();
+    if comptime![window > 0] {
+        if comptime![kind == MASK_CAUSAL] {
+            hi = p + comptime![window * block];
+        } else {
+            hi = (p / block + window) * block;
+        }
+    }
+    hi
+}
+
+/// The query tiles holding some query row that sees a key row `j0 ..= j1`.
+#[cube]
+fn query_tiles(j0: usize, j1: usize, #[comptime] g: Dims) -> Tiles {
+    let qoff = comptime![if g.s == g.sk { 0 } else { g.sk }];
+    let koff = comptime![if g.s == g.sk { 0 } else { g.s }];
+    let lo = query_lo(shifted(j0, koff), comptime![g.kind], comptime![g.window], comptime![g.block]);
+    let hi =
+        query_hi(shifted(j1, koff), comptime![g.kind], comptime![g.window], comptime![g.block], comptime![g.s + qoff]);
+    tiles_of(key_row_of(lo, qoff, comptime![g.s]), key_row_of(hi, qoff, comptime![g.s]), comptime![g.tile])
+}
+
+/// The first and last rows (of `n`) of this unit's cube.
+#[cube]
+fn cube_rows(#[comptime] n: usize, #[comptime] fold: usize) -> Array<usize> {
+    let mut a = Array::<usize>::new(2usize);
+    let r0 = k::cube_x(fold) * comptime![ATTN_ROWS];
+    a[0] = r0;
+    a[1] = min(r0 + comptime![ATTN_ROWS - 1], comptime![n - 1]);
+    a
 }
 
 /// Tile `t` (rows `t·rows ..`, clamped to the last of `n`) of `width`
@@ -237,7 +325,9 @@ pub fn lse(
     let mut kt = Shared::<[f32]>::new_slice(comptime![g.tile * g.d]);
     let mut m = f32::new(M_INIT);
     let mut l = f32::new(0.0);
-    for t in 0..comptime![g.sk.div_ceil(g.tile)] {
+    let rows = cube_rows(comptime![g.s], comptime![g.fold]);
+    let band = key_tiles(rows[0], rows[1], g);
+    for t in band.lo..band.hi {
         load_tile(kb, &mut kt, b, kh, t, kv, comptime![g.tile], comptime![g.d], comptime![g.sk]);
         sync_cube();
         for jj in 0..comptime![g.tile] {
@@ -285,7 +375,9 @@ pub fn grad_q(
     let mut dq = zeros(comptime![g.d]);
     let mut kt = Shared::<[f32]>::new_slice(comptime![g.tile * g.d]);
     let mut vt = Shared::<[f32]>::new_slice(comptime![g.tile * g.e]);
-    for t in 0..comptime![g.sk.div_ceil(g.tile)] {
+    let rows = cube_rows(comptime![g.s], comptime![g.fold]);
+    let band = key_tiles(rows[0], rows[1], g);
+    for t in band.lo..band.hi {
         load_tile(kb, &mut kt, b, kh, t, comptime![views[1]], comptime![g.tile], comptime![g.d], comptime![g.sk]);
         load_tile(v, &mut vt, b, kh, t, comptime![views[2]], comptime![g.tile], comptime![g.e], comptime![g.sk]);
         sync_cube();
@@ -342,9 +434,11 @@ pub fn grad_kv(
     let mut dt = Shared::<[f32]>::new_slice(comptime![g.tile * g.e]);
     // Per query row of the tile: its log-sum-exp, then (dK) its D_i.
     let mut st = Shared::<[f32]>::new_slice(comptime![2 * g.tile]);
+    let rows = cube_rows(comptime![g.sk], comptime![g.fold]);
+    let band = query_tiles(rows[0], rows[1], g);
     for hq in 0..comptime![g.h / g.hk] {
         let hi = kh * comptime![g.h / g.hk] + hq;
-        for t in 0..comptime![g.s.div_ceil(g.tile)] {
+        for t in band.lo..band.hi {
             load_tile(q, &mut qt, b, hi, t, comptime![views[0]], comptime![g.tile], comptime![g.d], comptime![g.s]);
             load_tile(dout, &mut dt, b, hi, t, comptime![views[4]], comptime![g.tile], comptime![g.e], comptime![g.s]);
             if (UNIT_POS as usize) < comptime![g.tile] {
