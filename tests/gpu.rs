@@ -554,6 +554,11 @@ fn attention_gradients(dev: &Dev) {
         s(2, 2, 70, 45, 256, "causal", None, 1),
         s(3, 1, 200, 200, 24, "token_causal", Some(5), 4),
         s(2, 1, 130, 130, 40, "none", None, 1),
+        // Windows against more keys than queries: the bands of tiles the
+        // backward walks (`key_tiles`, `query_tiles`) at every mask's edges.
+        s(2, 1, 150, 400, 16, "causal", Some(30), 1),
+        s(1, 1, 92, 260, 8, "token_causal", Some(3), 4),
+        s(1, 1, 100, 332, 8, "none", Some(2), 4),
     ];
     for (i, c) in cases.iter().enumerate() {
         let spec = sized_spec(c);

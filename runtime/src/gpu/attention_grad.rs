@@ -11,7 +11,9 @@
 //! pair from the saved log-sum-exp, `P_ij = exp(scale·q_i·k_j − lse_i)`;
 //! with `D_i = dO_i · O_i` and `dS_ij = P_ij (dO_i · v_j − D_i)`:
 //! `dQ_i = scale Σ_j dS_ij k_j`, `dK_j = scale Σ_i dS_ij q_i`,
-//! `dV_j = Σ_i P_ij dO_i`. Nothing of size rows × keys is stored, and every
+//! `dV_j = Σ_i P_ij dO_i`. A cube walks only the tiles its rows can see
+//! through the mask (`key_tiles`, and `query_tiles`, the mask inverted, for
+//! a cube of key rows). Nothing of size rows × keys is stored, and every
 //! sum runs in one unit in a fixed order: results are deterministic.
 //!
 //! Loops over channels are unrolled (past 64 channels, in steps of
