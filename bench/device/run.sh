@@ -101,4 +101,21 @@ echo "cuda tf32 vs interpreter: iha: relative error $err" | tee -a "$log"
 echo "== bench tf32 stdlib/mha.attn" | tee -a "$log"
 timeout 120 "$BIN" bench stdlib/mha.attn --set B=16 --set H=4 --set d=128 --set N=4096 --backend cuda --dtype tf32 \
   --iters 5 --warmup 1 2>&1 | tee -a "$log" || status=1
+# Gradients (issue "Training"): the gradient program on CUDA against the
+# float64 interpreter, every gradient, then a training step timed.
+while read -r spec sets; do
+  "$BIN" grad "stdlib/$spec.attn" --seed 0 $sets --out "$OUT/$spec-grad-ref.safetensors" --dtype f64 2>>"$log" || status=1
+  "$BIN" grad "stdlib/$spec.attn" --seed 0 $sets --backend cuda --out "$OUT/$spec-grad.safetensors" 2>>"$log" || status=1
+  for key in $(python3 -c "import json,struct,sys; b=open(sys.argv[1],'rb').read(); n=struct.unpack('<Q',b[:8])[0]; print(' '.join(k for k in json.loads(b[8:8+n]) if k.startswith('grad_')))" "$OUT/$spec-grad-ref.safetensors"); do
+    err=$(compare "$OUT/$spec-grad.safetensors" "$OUT/$spec-grad-ref.safetensors" "$key" 2>&1)
+    echo "cuda grad vs interpreter: $spec $sets: $key relative error $err" | tee -a "$log"
+  done
+done <<'CASES'
+mha --set H=4 --set d=64 --set N=700
+gqa --set H=8 --set d=32 --set N=300
+iha --set H=4 --set P=3 --set d=32 --set N=200 --set mask=token_causal --set window=16
+CASES
+echo "== bench --grad stdlib/mha.attn" | tee -a "$log"
+timeout 200 "$BIN" bench stdlib/mha.attn --set H=8 --set d=64 --set N=2048 --grad --backend cuda --iters 5 --warmup 1 \
+  2>&1 | tee -a "$log" || status=1
 exit $status
