@@ -110,7 +110,9 @@ def _exchangeable(name: str, value):
     speak DLPack (PyTorch, JAX, CuPy on the host, ...) as they are; anything
     else through NumPy, which must find real numbers in it."""
     if hasattr(value, "__dlpack__") and not isinstance(value, np.ndarray):
-        return value
+        # `run` is not differentiable (see `attnc.torch`); PyTorch exports
+        # no tensor that requires grad.
+        return value.detach() if getattr(value, "requires_grad", False) else value
     array = np.asarray(value)
     if array.dtype.kind not in "biuf":
         error = InputError(f"tensor `{name}` has dtype {array.dtype}, but the spec takes real numbers")

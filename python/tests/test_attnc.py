@@ -132,6 +132,8 @@ def test_inputs_are_read_in_place_whatever_their_layout_and_dtype():
     b = np.array([[True, False, True], [False, False, True]])
     assert same_bits(grpo.run(dtype="f64", rewards=b)["advantages"],
                      grpo.run(dtype="f64", rewards=b.astype(np.float64))["advantages"])
+    tracked = torch.tensor(r, dtype=torch.float64, requires_grad=True)
+    assert same_bits(grpo.run(dtype="f64", rewards=tracked)["advantages"], ref)
     with pytest.raises(attnc.InputError) as info:
         grpo.run(rewards=torch.zeros(2, 3, dtype=torch.complex64))
     assert info.value.tensor == "rewards" and "real numbers" in str(info.value), str(info.value)
