@@ -105,6 +105,10 @@ def compile(spec: Union[str, "os.PathLike[str]"], **params) -> "Program":
     return Program(_attnc.compile(name, text, settings))
 
 
+# DLPack device types in host memory: CPU, CUDA pinned, CUDA managed.
+_HOST = (1, 3, 13)
+
+
 def _exchangeable(name: str, value):
     """An input as the native layer reads it (through DLPack): objects that
     speak DLPack (PyTorch, JAX, CuPy on the host, ...) as they are; anything
@@ -112,7 +116,12 @@ def _exchangeable(name: str, value):
     if hasattr(value, "__dlpack__") and not isinstance(value, np.ndarray):
         # `run` is not differentiable (see `attnc.torch`); PyTorch exports
         # no tensor that requires grad.
-        return value.detach() if getattr(value, "requires_grad", False) else value
+        if getattr(value, "requires_grad", False):
+            value = value.detach()
+        # Device memory (a CUDA tensor) crosses through the host: one copy.
+        if hasattr(value, "__dlpack_device__") and value.__dlpack_device__()[0] not in _HOST and hasattr(value, "cpu"):
+            value = value.cpu()
+        return value
     array = np.asarray(value)
     if array.dtype.kind not in "biuf":
         error = InputError(f"tensor `{name}` has dtype {array.dtype}, but the spec takes real numbers")

@@ -132,6 +132,20 @@ def test_inputs_are_read_in_place_whatever_their_layout_and_dtype():
     b = np.array([[True, False, True], [False, False, True]])
     assert same_bits(grpo.run(dtype="f64", rewards=b)["advantages"],
                      grpo.run(dtype="f64", rewards=b.astype(np.float64))["advantages"])
+    class OnDevice:  # a device tensor as DLPack describes it (no CUDA here)
+        def __init__(self, t):
+            self.t = t
+
+        def __dlpack_device__(self):
+            return (2, 0)  # kDLCUDA
+
+        def __dlpack__(self, **kwargs):
+            raise AssertionError("device memory is not read in place")
+
+        def cpu(self):
+            return self.t
+
+    assert same_bits(grpo.run(dtype="f64", rewards=OnDevice(torch.tensor(r, dtype=torch.int32)))["advantages"], ref)
     tracked = torch.tensor(r, dtype=torch.float64, requires_grad=True)
     assert same_bits(grpo.run(dtype="f64", rewards=tracked)["advantages"], ref)
     with pytest.raises(attnc.InputError) as info:
