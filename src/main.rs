@@ -534,11 +534,7 @@ fn bench(file: &Path, set: &[String], o: &BenchOpts) -> Result<(String, gpu::ben
     let program = program(file, set)?;
     let bound = match &o.wrt {
         None => program.seeded(0).map_err(fail)?,
-        Some(wrt) => {
-            let gradient = program.gradient(wrt).map_err(fail)?;
-            let drawn = gradient.forward().seeded(0).map_err(fail)?;
-            gradient.bind(drawn.inputs().clone(), None, 0).map_err(fail)?
-        }
+        Some(wrt) => program.gradient(wrt).map_err(fail)?.seeded(0, None).map_err(fail)?,
     };
     let mut bound = bound.in_dtype(o.dtype);
     let target = match (o.target, o.backend) {
@@ -623,10 +619,7 @@ fn grad(
     let cotangents = files.cotangents.map(io::read_tensors).transpose().map_err(fail)?;
     let bound = match (files.inputs, seed) {
         (Some(path), _) => gradient.bind(io::read_tensors(path).map_err(fail)?, cotangents, 0).map_err(pfail)?,
-        (None, Some(s)) => {
-            let drawn = gradient.forward().seeded(s).map_err(pfail)?;
-            gradient.bind(drawn.inputs().clone(), cotangents, s).map_err(pfail)?
-        }
+        (None, Some(s)) => gradient.seeded(s, cotangents).map_err(pfail)?,
         (None, None) => unreachable!("clap requires --inputs or --seed"),
     };
     let backend = match backend {

@@ -133,6 +133,13 @@ def _exchangeable(name: str, value):
     return array
 
 
+def _types(dtype: Optional[str], out: Optional[str]) -> Tuple[str, str]:
+    """The kernels' dtype (default f32) and the outputs' element type
+    (default: float64 for ``dtype="f64"``, else float32)."""
+    dtype = dtype or "f32"
+    return dtype, out or ("f64" if dtype == "f64" else "f32")
+
+
 def _inputs(tensors) -> List[Tuple[str, object]]:
     return [(n, _exchangeable(n, v)) for n, v in tensors.items()]
 
@@ -184,8 +191,7 @@ class Program:
     def _run(self, tensors, backend, dtype, optimize=False, out=None):
         """The native outputs (DLPack producers), in element type ``out``
         (default: float64 for ``dtype="f64"``, else float32)."""
-        dtype = dtype or "f32"
-        out = out or ("f64" if dtype == "f64" else "f32")
+        dtype, out = _types(dtype, out)
         return self._native.run(_inputs(tensors), backend, dtype, optimize, out)
 
     def grad(self, cotangents, wrt=None, backend: str = "interp", dtype: Optional[str] = None, **tensors):
@@ -199,8 +205,7 @@ class Program:
     def _grad(self, cotangents, wrt, backend, dtype, tensors, out=None):
         if isinstance(wrt, str):
             wrt = [wrt]
-        dtype = dtype or "f32"
-        out = out or ("f64" if dtype == "f64" else "f32")
+        dtype, out = _types(dtype, out)
         return self._native.grad(_inputs(tensors), _inputs(cotangents), list(wrt or []), backend, dtype, out)
 
     def emit(self, target: str = "wgsl", dtype: Optional[str] = None, optimize: bool = False):

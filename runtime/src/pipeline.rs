@@ -241,6 +241,14 @@ impl Gradient {
         &self.forward
     }
 
+    /// The forward's inputs drawn with `seed` from the spec's distributions
+    /// at the default dims (as `attnc grad --seed` draws them), and the
+    /// cotangents as [`Gradient::bind`] takes them.
+    pub fn seeded(&self, seed: u64, cotangents: Option<BTreeMap<String, Tensor>>) -> Result<Bound, Error> {
+        let drawn = self.forward.seeded(seed)?;
+        self.bind(drawn.inputs, cotangents, seed)
+    }
+
     /// Bind the forward inputs (dims from their shapes) and the cotangents,
     /// named like the outputs; without `cotangents`, they are drawn with
     /// `seed` (standard normal, as `--seed` draws `cot_<output>`).

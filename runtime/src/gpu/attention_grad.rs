@@ -52,12 +52,24 @@ pub struct Dims {
     pub fold: usize,
 }
 
+impl Dims {
+    /// The masks' position of query row 0 and of key row 0: the queries are
+    /// the last `s` of `sk` positions (`Mask::visible`), so with unequal
+    /// lengths query row `i` is position `i + sk` against key `j + s`.
+    fn offsets(&self) -> (usize, usize) {
+        if self.s == self.sk {
+            (0, 0)
+        } else {
+            (self.sk, self.s)
+        }
+    }
+}
+
 /// Whether query row `i` sees key row `j` (`Mask::visible`: the queries
 /// are the last `s` of `sk` positions).
 #[cube]
 fn sees(i: usize, j: usize, #[comptime] g: Dims) -> bool {
-    let qoff = comptime![if g.s == g.sk { 0 } else { g.sk }];
-    let koff = comptime![if g.s == g.sk { 0 } else { g.s }];
+    let (qoff, koff) = comptime![g.offsets()];
     visible(shifted(i, qoff), shifted(j, koff), comptime![g.kind], comptime![g.window], comptime![g.block])
 }
 
@@ -83,8 +95,7 @@ fn tiles_of(lo: usize, hi: usize, #[comptime] tile: usize) -> Tiles {
 /// as the forward's `setup` finds it): the others are never loaded.
 #[cube]
 fn key_tiles(q0: usize, q1: usize, #[comptime] g: Dims) -> Tiles {
-    let qoff = comptime![if g.s == g.sk { 0 } else { g.sk }];
-    let koff = comptime![if g.s == g.sk { 0 } else { g.s }];
+    let (qoff, koff) = comptime![g.offsets()];
     let lo = key_lo(shifted(q0, qoff), comptime![g.kind], comptime![g.window], comptime![g.block]);
     let hi =
         key_hi(shifted(q1, qoff), comptime![g.kind], comptime![g.window], comptime![g.block], comptime![g.sk + koff]);
@@ -131,8 +142,7 @@ fn query_hi(
 /// The query tiles holding some query row that sees a key row `j0 ..= j1`.
 #[cube]
 fn query_tiles(j0: usize, j1: usize, #[comptime] g: Dims) -> Tiles {
-    let qoff = comptime![if g.s == g.sk { 0 } else { g.sk }];
-    let koff = comptime![if g.s == g.sk { 0 } else { g.s }];
+    let (qoff, koff) = comptime![g.offsets()];
     let lo = query_lo(shifted(j0, koff), comptime![g.kind], comptime![g.window], comptime![g.block]);
     let hi =
         query_hi(shifted(j1, koff), comptime![g.kind], comptime![g.window], comptime![g.block], comptime![g.s + qoff]);
