@@ -4,6 +4,7 @@
 
 mod common;
 
+use attnc_compiler::ir::Op;
 use attnc_compiler::plan::{self, group::GroupStep};
 use attnc_runtime::bind;
 use attnc_runtime::gpu::emit;
@@ -85,6 +86,16 @@ fn reward_estimators_are_one_group_pass_in_cumulative_count_form() {
         assert_eq!(kinds.iter().filter(|k| **k == "group").count(), want, "{spec}: {kinds:?}");
         if spec != "gdpo" {
             assert_eq!(kinds, ["group"], "{spec}");
+            // What the one launch reads and writes is stored (in the plan's
+            // dtype); every value computed between stays in its registers.
+            let outputs: Vec<usize> = c.program.outputs.iter().map(|(_, id)| id.0 as usize).collect();
+            for (i, node) in c.program.nodes.iter().enumerate() {
+                if matches!(node.op, Op::Scalar { .. } | Op::Constant { .. }) {
+                    continue; // uploaded constants (stored) or folded into the launch
+                }
+                let leaf = matches!(node.op, Op::Input { .. });
+                assert_eq!(p.stored[i], leaf || outputs.contains(&i), "{spec}: node {i} {:?}", node.op);
+            }
         }
     }
     for base in ["grpo", "maxrl", "mean"] {
@@ -377,6 +388,10 @@ fn constant_factors_fold_into_the_gemm_epilogue() {
         assert_eq!(p.launches.iter().map(|l| l.spec.kind()).collect::<Vec<_>>(), kinds, "{expr}");
         let plan::KernelSpec::MatMul { scale: got, .. } = p.launches[0].spec else { unreachable!() };
         assert_eq!(got.map(f64::from_bits), scale, "{expr}");
+        // A folded factor is no buffer's value: the same-dtype reference
+        // does not round it.
+        let factor = c.program.nodes.iter().position(|n| matches!(n.op, Op::Scalar { .. })).unwrap();
+        assert_eq!(p.stored[factor], scale.is_none(), "{expr}");
     }
 }
 

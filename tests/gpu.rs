@@ -48,9 +48,10 @@ impl Dev {
         Dev { gpu: f(self.gpu), dtype: self.dtype }
     }
 
-    /// The same-dtype reference, for half precision and TF32.
+    /// The same-dtype reference for half precision and TF32: rounded where
+    /// this device's plan of `program` stores values.
     fn same(&self, program: &Program, tensors: &[Tensor], dims: &DimValues) -> Option<Vec<Tensor>> {
-        (self.dtype != Dtype::F32).then(|| interp::evaluate_rounded(program, tensors, dims, self.dtype))
+        (self.dtype != Dtype::F32).then(|| interp::evaluate_planned(program, &self.plan(program, dims), tensors))
     }
 }
 
@@ -86,9 +87,9 @@ fn seeded(c: &attnc_compiler::Compiled, seed: u64) -> BTreeMap<String, Tensor> {
 fn check_spec(dev: &Dev, c: &attnc_compiler::Compiled, inputs: &BTreeMap<String, Tensor>, optimize: bool, what: &str) {
     let (tensors, dims) = bind::bind_inputs(&c.program, inputs.clone(), &Default::default()).expect("inputs bind");
     let want = interp::evaluate(&c.program, &tensors, &dims);
-    let same = dev.same(&c.program, &tensors, &dims);
     let program =
         if optimize { opt::optimize(&c.program, &dims, &Config::default()).chosen } else { c.program.clone() };
+    let same = dev.same(&program, &tensors, &dims);
     let (got, _) = dev.run(&dev.plan(&program, &dims), inputs).unwrap_or_else(|e| panic!("{what}: {e}"));
     for (i, ((name, _), (g, w))) in c.program.outputs.iter().zip(got.iter().zip(&want)).enumerate() {
         assert_eq!(g.shape, w.shape, "{what}: output {name} shape");
@@ -679,6 +680,25 @@ fn decomp() -> impl Strategy<Value = Decomp> {
         })
 }
 
+/// Cases that failed once, kept as they were drawn.
+/// - A group statistic broadcast to every sample (`y0`) carries one rounding
+///   of the inputs, amplified by the group sum, into all 65 outputs: the
+///   half precision rule held it against a reference that also rounded
+///   where the kernel keeps f32, whose roundings cancelled by chance.
+fn found_decompositions() -> Vec<Decomp> {
+    vec![Decomp {
+        k: 10,
+        b: 1,
+        g: 65,
+        stat: "var",
+        expr: 2,
+        red: "count",
+        stat2: "sum",
+        loo: true,
+        seed: 12317138568026621613,
+    }]
+}
+
 fn decomposition(gpu: &Dev, d: &Decomp) {
     let expr = [
         "(t - p) / (s + 1)",
@@ -769,6 +789,12 @@ macro_rules! backend_tests {
                 fn random_configs_match_the_interpreter(c in cfg()) {
                     random_config(&device($make, $dtype), &c);
                 }
+            }
+
+            #[test]
+            fn level_decompositions_proptest_found_match_the_interpreter() {
+                let dev = device($make, $dtype);
+                found_decompositions().iter().for_each(|d| decomposition(&dev, d));
             }
 
             proptest! {
@@ -893,7 +919,7 @@ fn half_rule_needs_rounding(make: Make, dtype: Dtype) {
     let inputs = seeded(&c, 17);
     let (tensors, dims) = bind::bind_inputs(&c.program, inputs.clone(), &Default::default()).unwrap();
     let want = &interp::evaluate(&c.program, &tensors, &dims)[0];
-    let same = &interp::evaluate_rounded(&c.program, &tensors, &dims, dtype)[0];
+    let same = &device(make, dtype).same(&c.program, &tensors, &dims).unwrap()[0];
     let unrounded = &interp::evaluate_rounded(&c.program, &tensors, &dims, Dtype::F32)[0];
     for fragments in [false, true] {
         let dev = device(make, dtype).map(|g| if fragments { g.with_software_fragments() } else { g });

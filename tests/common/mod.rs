@@ -77,7 +77,7 @@ fn diff(a: &[f64], b: &[f64]) -> Vec<f64> {
 /// FlashAttention's rule for half precision: a kernel storing tensors in
 /// `dtype` is as accurate as the format allows when its error against the
 /// float64 result `want` is at most twice the error of `same`, a reference
-/// that rounds like a `dtype` computation (`interp::evaluate_rounded`), plus
+/// that rounds where a `dtype` plan stores (`interp::evaluate_planned`), plus
 /// an absolute term of a quarter of the format's unit roundoff times the
 /// result's size (two unit roundoffs for results under 64 elements) — both
 /// in the largest element and in the 2-norm. Returns why it fails, if it does.

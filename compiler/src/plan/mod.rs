@@ -64,6 +64,13 @@ pub struct Plan {
     pub outputs: Vec<(String, usize)>,
     /// What every buffer stores (`plan` gives f32; see [`Plan::in_dtype`]).
     pub dtype: Dtype,
+    /// For each node of the planned program: whether its value is in a
+    /// buffer that a launch reads or writes, so stored in `dtype`. Other
+    /// values live in a fused launch's registers (at f32) or are folded into
+    /// one as constants. The same-dtype reference rounds where this says
+    /// (`interp::evaluate_planned`).
+    #[serde(skip)]
+    pub stored: Vec<bool>,
 }
 
 impl Plan {
@@ -714,7 +721,10 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
         pl.vals.push(Val::At { buf: out, layout: out_layout });
     }
     let outputs: Vec<(String, usize)> = p.outputs.iter().map(|(n, id)| (n.clone(), pl.contiguous(*id))).collect();
-    let Planner { buffers, mut launches, .. } = pl;
+    let Planner { buffers, mut launches, vals, .. } = pl;
+    let bound =
+        |buf: usize| launches.iter().any(|l| l.bindings.contains(&buf)) || outputs.iter().any(|(_, o)| *o == buf);
+    let stored = vals.iter().map(|v| matches!(v, Val::At { buf, .. } if bound(*buf))).collect();
     // Weight preparation first (it reads only weights, constants and earlier
     // preparation), then the per-call launches, each in planning order.
     launches.sort_by_key(|l| !l.prepare);
@@ -735,5 +745,5 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
             launches[last].frees.push(b.id);
         }
     }
-    Plan { spec: p.name.clone(), dims: dims.clone(), buffers, launches, outputs, dtype: Dtype::F32 }
+    Plan { spec: p.name.clone(), dims: dims.clone(), buffers, launches, outputs, dtype: Dtype::F32, stored }
 }

@@ -7,43 +7,68 @@ mod backward;
 use crate::tensor::Tensor;
 use attnc_compiler::ir::*;
 pub use attnc_compiler::ir::{concrete, DimValues};
-use attnc_compiler::plan::Dtype;
+use attnc_compiler::plan::{Dtype, Plan};
 
 /// Evaluate `program` on `inputs` (in declaration order); returns the outputs
 /// in declaration order.
 pub fn evaluate(program: &Program, inputs: &[Tensor], dims: &DimValues) -> Vec<Tensor> {
-    evaluate_with(program, inputs, dims, &Rounding { store: &|x| x, operand: None })
+    evaluate_with(program, inputs, dims, &Rounding { dtype: None, stored: None })
 }
 
 /// The same-dtype reference for kernels that store tensors in `dtype`
 /// (FlashAttention's test reference): every input and every operation's
 /// result rounded to `dtype`, attention's probabilities rounded before they
-/// weigh the values; products and softmax statistics stay in float64. Half
-/// precision kernels are held to twice this reference's error against
-/// [`evaluate`] (see the README's "Half precision"). It knows nothing of
-/// the kernels: it rounds wherever a tensor could be stored.
+/// weigh the values; products and softmax statistics stay in float64. It
+/// knows nothing of the kernels: it rounds wherever a tensor could be
+/// stored. [`evaluate_planned`] rounds where a plan stores.
 /// For `tf32` (f32 storage), GEMM operands are rounded to TF32 as the
 /// tensor cores read them.
 pub fn evaluate_rounded(program: &Program, inputs: &[Tensor], dims: &DimValues, dtype: Dtype) -> Vec<Tensor> {
-    let tf32 = |x| crate::dtype::round_operand(dtype, x);
-    let rounding =
-        Rounding { store: &|x| crate::dtype::round(dtype, x), operand: (dtype == Dtype::Tf32).then_some(&tf32) };
-    evaluate_with(program, inputs, dims, &rounding)
+    evaluate_with(program, inputs, dims, &Rounding { dtype: Some(dtype), stored: None })
 }
 
-/// Where a rounded evaluation rounds: every stored value, and GEMM operands
-/// where they are read in a narrower type than they are stored.
+/// The same-dtype reference for `plan`'s kernels, which runs `program` in
+/// `plan.dtype`: as [`evaluate_rounded`], but a node's value is rounded only
+/// where the plan stores it (`Plan::stored`); values that a fused launch
+/// keeps in registers (group kernels, GEMM epilogues) stay in float64, as
+/// the kernels keep them in f32. Half precision kernels are held to twice
+/// this reference's error against [`evaluate`] (see the README's "Half
+/// precision"). Rounding where the kernels do not would let the reference's
+/// extra roundings cancel by chance where an output is one value broadcast
+/// (a group statistic), and so hold the kernels to an error no computation
+/// that rounds once could meet.
+pub fn evaluate_planned(program: &Program, plan: &Plan, inputs: &[Tensor]) -> Vec<Tensor> {
+    assert_eq!(plan.stored.len(), program.nodes.len(), "the plan is of another program");
+    evaluate_with(program, inputs, &plan.dims, &Rounding { dtype: Some(plan.dtype), stored: Some(&plan.stored) })
+}
+
+/// Where a rounded evaluation rounds: stored values (every node's, or
+/// those `stored` marks) to `dtype`, and GEMM operands where they are read
+/// in a narrower type than they are stored (TF32).
 struct Rounding<'a> {
-    store: &'a dyn Fn(f64) -> f64,
-    operand: Option<&'a dyn Fn(f64) -> f64>,
+    dtype: Option<Dtype>,
+    stored: Option<&'a [bool]>,
+}
+
+impl Rounding<'_> {
+    fn store(&self, x: f64) -> f64 {
+        self.dtype.map_or(x, |d| crate::dtype::round(d, x))
+    }
+
+    fn rounds_operands(&self) -> bool {
+        self.dtype == Some(Dtype::Tf32)
+    }
 }
 
 fn evaluate_with(program: &Program, inputs: &[Tensor], dims: &DimValues, rounding: &Rounding) -> Vec<Tensor> {
-    let round = rounding.store;
+    let round = &|x| rounding.store(x);
     fn operand<'t>(t: &'t Tensor, rounding: &Rounding) -> std::borrow::Cow<'t, Tensor> {
-        match rounding.operand {
-            Some(r) => std::borrow::Cow::Owned(Tensor::new(t.shape.clone(), t.data.iter().map(|x| r(*x)).collect())),
-            None => std::borrow::Cow::Borrowed(t),
+        match rounding.rounds_operands() {
+            true => std::borrow::Cow::Owned(Tensor::new(
+                t.shape.clone(),
+                t.data.iter().map(|x| crate::dtype::round_operand(Dtype::Tf32, *x)).collect(),
+            )),
+            false => std::borrow::Cow::Borrowed(t),
         }
     }
     let mut values: Vec<Tensor> = Vec::with_capacity(program.nodes.len());
@@ -95,7 +120,9 @@ fn evaluate_with(program: &Program, inputs: &[Tensor], dims: &DimValues, roundin
         };
         debug_assert_eq!(out.shape, concrete(&node.shape, dims), "interpreter produced a shape other than the IR's");
         let mut out = out;
-        out.data.iter_mut().for_each(|x| *x = round(*x));
+        if rounding.stored.is_none_or(|s| s[values.len()]) {
+            out.data.iter_mut().for_each(|x| *x = round(*x));
+        }
         values.push(out);
     }
     program.outputs.iter().map(|(_, id)| values[id.0 as usize].clone()).collect()
