@@ -55,20 +55,21 @@ impl Rounding<'_> {
         self.dtype.map_or(x, |d| crate::dtype::round(d, x))
     }
 
-    fn rounds_operands(&self) -> bool {
-        self.dtype == Some(Dtype::Tf32)
+    /// The type GEMM operands are read in, where narrower than stored.
+    fn operand_dtype(&self) -> Option<Dtype> {
+        self.dtype.filter(|d| *d == Dtype::Tf32)
     }
 }
 
 fn evaluate_with(program: &Program, inputs: &[Tensor], dims: &DimValues, rounding: &Rounding) -> Vec<Tensor> {
     let round = &|x| rounding.store(x);
     fn operand<'t>(t: &'t Tensor, rounding: &Rounding) -> std::borrow::Cow<'t, Tensor> {
-        match rounding.rounds_operands() {
-            true => std::borrow::Cow::Owned(Tensor::new(
+        match rounding.operand_dtype() {
+            Some(d) => std::borrow::Cow::Owned(Tensor::new(
                 t.shape.clone(),
-                t.data.iter().map(|x| crate::dtype::round_operand(Dtype::Tf32, *x)).collect(),
+                t.data.iter().map(|x| crate::dtype::round_operand(d, *x)).collect(),
             )),
-            false => std::borrow::Cow::Borrowed(t),
+            None => std::borrow::Cow::Borrowed(t),
         }
     }
     let mut values: Vec<Tensor> = Vec::with_capacity(program.nodes.len());
