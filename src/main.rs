@@ -6,7 +6,7 @@ use attnc_compiler::opt::{self, cost, cost::Mode, cost::Target};
 use attnc_compiler::plan;
 use attnc_compiler::{render, Code, Compiled, Diagnostic};
 use attnc_runtime::io::FileDtype;
-use attnc_runtime::{bind, gpu, io, RunError, Tensor};
+use attnc_runtime::{bind, gpu, io, nvidia, RunError, Tensor};
 use clap::{Parser, Subcommand, ValueEnum};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -102,6 +102,10 @@ enum Command {
         /// With --grad: the inputs to differentiate by, comma-separated (default: every continuous input)
         #[arg(long, value_delimiter = ',', value_name = "NAME,...", requires = "grad")]
         wrt: Vec<String>,
+        /// CUDA architecture the resource table (registers, spills, occupancy) is computed for,
+        /// when NVIDIA's compilers are found (ATTNC_CUDA_TOOLS, CUDA_HOME or PATH)
+        #[arg(long, value_enum, default_value_t = ArchArg::Sm90)]
+        arch: ArchArg,
     },
     /// Time the generated kernels on a device, next to their roofline
     Bench {
@@ -247,6 +251,14 @@ enum GpuArg {
 }
 
 #[derive(Clone, Copy, ValueEnum)]
+enum ArchArg {
+    #[value(name = "sm_80")]
+    Sm80,
+    #[value(name = "sm_90")]
+    Sm90,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
 enum SourceArg {
     /// WGSL for wgpu/WebGPU
     Wgsl,
@@ -349,9 +361,13 @@ fn main() -> ExitCode {
             let limits = Limits { memory_budget, max_flops };
             run(&file, inputs.as_deref(), seed, &out, &set, dtype, opt, backend, check_inputs, limits)
         }
-        Command::Compile { file, set, target, out, optimize, dtype, grad, wrt } => {
+        Command::Compile { file, set, target, out, optimize, dtype, grad, wrt, arch } => {
             let wrt = grad.then_some(&wrt[..]);
-            compile(&file, &set, target, &out, optimize, dtype.dtype(), wrt)
+            let arch = match arch {
+                ArchArg::Sm80 => nvidia::Arch::Sm80,
+                ArchArg::Sm90 => nvidia::Arch::Sm90,
+            };
+            compile(&file, &set, target, &out, optimize, dtype.dtype(), wrt, arch)
         }
         Command::Bench { file, set, backend, iters, warmup, target, optimize, sweep, plot, dtype, grad, wrt } => {
             let wrt = grad.then_some(wrt);
@@ -491,6 +507,7 @@ fn compile(
     optimize: bool,
     dtype: plan::Dtype,
     grad: Option<&[String]>,
+    arch: nvidia::Arch,
 ) -> Result<(), Failed> {
     let fail = |e: PipelineError| report(e.code(), e);
     let mut p = program(file, set)?;
@@ -506,7 +523,10 @@ fn compile(
         SourceArg::Cuda => gpu::emit::Target::Cuda,
     };
     // Everything is generated before anything is written.
-    let (files, manifest) = bound.emit(target).map_err(fail)?;
+    let (files, mut manifest) = bound.emit(target).map_err(fail)?;
+    if target == gpu::emit::Target::Cuda {
+        cuda_resources(&files, &mut manifest, arch)?;
+    }
     let manifest = serde_json::to_string_pretty(&manifest).expect("the manifest serialises") + "\n";
     std::fs::create_dir_all(out)
         .map_err(|e| report(Code::TensorFile, format_args!("cannot create `{}`: {e}", out.display())))?;
@@ -514,6 +534,35 @@ fn compile(
         io::write_atomic(&out.join(name), text.as_bytes()).map_err(|e| report(e.code(), e))?;
     }
     eprintln!("wrote {} kernels and manifest.json to {}", files.len(), out.display());
+    Ok(())
+}
+
+/// Compile the CUDA kernels with NVRTC and ptxas where they are found: a
+/// resource table on stdout and in the manifest; a kernel they reject is an
+/// error (nothing is written). Without them, one line says so.
+fn cuda_resources(
+    files: &[(String, String)],
+    manifest: &mut gpu::emit::Manifest,
+    arch: nvidia::Arch,
+) -> Result<(), Failed> {
+    let tools = match nvidia::Tools::find() {
+        Ok(tools) => tools,
+        Err(e) => {
+            eprintln!("note: no resource table: {e}");
+            return Ok(());
+        }
+    };
+    let sources: Vec<_> = files
+        .iter()
+        .zip(&manifest.launches)
+        .map(|((_, text), l)| (l.entry.as_str(), text.as_str(), l.threads(), l.shared_memory_bytes as u32))
+        .collect();
+    let resources = nvidia::check_sources(&tools, &sources, arch).map_err(|e| report(Code::Backend, e))?;
+    let names: Vec<&str> = files.iter().map(|(n, _)| n.as_str()).collect();
+    print!("{}", nvidia::render_table(&names, &resources));
+    for (l, r) in manifest.launches.iter_mut().zip(resources) {
+        l.resources = Some(r);
+    }
     Ok(())
 }
 

@@ -287,8 +287,8 @@ fn attention_tiles_stay_within_their_register_and_mask_bounds() {
         }
     }
     // The sizes benchmarked: d = 64 in vectors of 4, N = 1024.
-    assert_eq!(AttnTiles::new(16, 16, 1024, 1024, false, 0), AttnTiles { unit_rows: 8, key_tile: 8 });
-    assert_eq!(AttnTiles::new(16, 16, 1024, 1024, true, 0), AttnTiles { unit_rows: 4, key_tile: 16 });
+    assert_eq!(AttnTiles::new(16, 16, 1024, 1024, false, 0), AttnTiles { unit_rows: 8, key_tile: 8, lanes: 1 });
+    assert_eq!(AttnTiles::new(16, 16, 1024, 1024, true, 0), AttnTiles { unit_rows: 4, key_tile: 16, lanes: 1 });
 }
 
 /// The plan's layouts read exactly what the layout operations compute: a

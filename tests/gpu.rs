@@ -271,6 +271,33 @@ fn size_tier(gpu: &Dev) {
     }
 }
 
+/// Attention tiled within a GPU's register file (what CUDA runs in f32,
+/// tf32 and past the fragment kernel's heads: several lanes per query row,
+/// `attention_split.rs`), forced on this device: every lanes-per-row width
+/// (1, 2, 4, 8 for d = 8 … 256), vectors of 4 and 1, thousands of rows,
+/// unequal lengths, GQA and MQA, every mask and window; and every stdlib spec
+/// through its layouts (IHA's interleaved pseudo-heads).
+fn register_tiles(make: Make, dtype: Dtype) {
+    let dev = device(make, dtype).map(|g| g.with_register_tiles());
+    let s = |h, hk, m, n, d, mask, window, block| Sized { h, hk, m, n, d, mask, window, block };
+    let cases = [
+        s(1, 1, 1536, 1536, 64, "causal", None, 1),
+        s(2, 1, 700, 700, 128, "none", None, 1),
+        s(1, 1, 400, 400, 256, "causal", Some(150), 1),
+        s(1, 1, 777, 777, 8, "none", Some(100), 1),
+        s(1, 1, 612, 612, 40, "token_causal", Some(40), 3),
+        s(1, 1, 600, 600, 59, "token_causal", None, 4),
+        s(2, 2, 1, 3000, 64, "causal", None, 1),
+        s(4, 1, 70, 2500, 64, "causal", Some(500), 1),
+        s(2, 2, 1200, 300, 48, "causal", None, 1),
+        s(1, 1, 1200, 333, 16, "none", None, 1),
+    ];
+    for (i, c) in cases.iter().enumerate() {
+        run_sized(&dev, c, 300 + i as u64);
+    }
+    stdlib_specs(&dev);
+}
+
 /// The reproduction and IHA at real sizes: P up to 8, both
 /// collapses, RoPE, through the whole spec (projections, mixing, collapse).
 fn stdlib_at_real_sizes(gpu: &Dev) {
@@ -749,6 +776,11 @@ macro_rules! backend_tests {
             #[test]
             fn attention_size_tier_matches_the_interpreter_row_by_row() {
                 size_tier(&device($make, $dtype));
+            }
+
+            #[test]
+            fn register_tiled_attention_matches_the_interpreter() {
+                register_tiles($make, $dtype);
             }
 
             #[test]

@@ -6,6 +6,7 @@ pub mod dtype;
 mod error;
 pub mod interp;
 pub mod io;
+pub mod nvidia;
 pub mod rng;
 pub mod tensor;
 

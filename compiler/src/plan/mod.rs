@@ -546,6 +546,7 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
                     v: vv,
                     out,
                     fragments: false,
+                    split: 0,
                 };
                 (spec, vec![bq, bk, bv])
             }

@@ -75,6 +75,12 @@ pub enum KernelSpec {
         /// [`frag_key_tile`], whichever kernel runs it.
         #[serde(skip_serializing_if = "std::ops::Not::not")]
         fragments: bool,
+        /// Tiled within a GPU's register file ([`KernelSpec::fit_registers`]):
+        /// this many units (lanes of one plane) share each query row, each
+        /// holding a slice of its channels; 0 is the CPU drivers' tiling
+        /// (several whole rows per unit).
+        #[serde(default, skip_serializing_if = "is_zero")]
+        split: usize,
     },
     /// The log-sum-exp of each query row's scaled visible scores (what
     /// attention's backward saves), `NO_KEYS` for a row that sees none:
@@ -153,7 +159,7 @@ impl KernelSpec {
     pub fn grid(&self) -> ((u32, u32, u32), (u32, u32, u32)) {
         let units = match self {
             KernelSpec::MatMul { .. } => GEMM_UNITS,
-            KernelSpec::Attention { .. } => ATTN_ROWS,
+            KernelSpec::Attention { .. } => self.attention_tiles().units(),
             KernelSpec::Group { .. } | KernelSpec::Contract { .. } => GROUP_UNITS,
             KernelSpec::AttentionLse { .. } | KernelSpec::AttentionGrad { .. } => ATTN_ROWS,
             _ => 256,
@@ -184,7 +190,7 @@ impl KernelSpec {
                 (x, rows.div_ceil(GEMM_UNITS * GEMM_ROWS))
             }
             KernelSpec::Attention { shape: AttnShape { batch, h, s, .. }, .. } => {
-                (s.div_ceil(ATTN_ROWS * self.attention_tiles().unit_rows), batch * h)
+                (s.div_ceil(self.attention_tiles().cube_rows()), batch * h)
             }
             KernelSpec::Group { groups, .. } => (*groups, 1),
             KernelSpec::Contract { o1, o2, .. } => (o1 * o2, 1),
@@ -268,13 +274,42 @@ impl KernelSpec {
         }
     }
 
+    /// This launch tiled to fit a GPU's register file: scalar attention
+    /// (not on fragments) gives each query row `split` lanes, each holding
+    /// `1/split` of the row's query and output channels, so that a unit
+    /// holds at most [`REGISTER_FLOATS`] of them; every other launch is
+    /// unchanged (GEMMs and fragment kernels already fit).
+    /// The lanes sharing a row are lanes of one plane: at most `plane`.
+    pub fn fit_registers(&self, plane: usize) -> KernelSpec {
+        let mut spec = self.clone();
+        let lanes = self.line_size();
+        if let KernelSpec::Attention { shape: AttnShape { d, e, .. }, fragments: false, ref mut split, .. } = spec {
+            let (dl, el) = (d / lanes, e / lanes);
+            *split = [1, 2, 4, 8]
+                .into_iter()
+                .filter(|g| dl % g == 0 && el % g == 0 && *g <= plane.max(1))
+                .find(|g| (d + e) / g <= REGISTER_FLOATS)
+                .unwrap_or_else(|| {
+                    [8, 4, 2, 1]
+                        .into_iter()
+                        .find(|g| dl % g == 0 && el % g == 0 && *g <= plane.max(1))
+                        .expect("1 divides")
+                });
+        }
+        spec
+    }
+
     /// The tiling of an attention launch (any other launch: a single unit row
     /// and key tile, unused).
     pub fn attention_tiles(&self) -> AttnTiles {
         match *self {
+            KernelSpec::Attention { split: lanes @ 1.., shape: AttnShape { sk, .. }, .. } => {
+                AttnTiles { unit_rows: 1, key_tile: REGISTER_KEY_TILE.min(sk.next_power_of_two().max(4)), lanes }
+            }
             KernelSpec::Attention { fragments: true, shape: AttnShape { d, e, .. }, .. } => AttnTiles {
                 unit_rows: 1,
                 key_tile: frag_key_tile(d, e, self.line_size()).expect("tiled for fragments where they fit"),
+                lanes: 1,
             },
             KernelSpec::Attention { shape: AttnShape { s, sk, d, e, mask, window, block, .. }, .. } => {
                 let l = self.line_size();
@@ -287,7 +322,7 @@ impl KernelSpec {
                     window.unwrap_or(0) * block,
                 )
             }
-            _ => AttnTiles { unit_rows: 1, key_tile: 1 },
+            _ => AttnTiles { unit_rows: 1, key_tile: 1, lanes: 1 },
         }
     }
 
@@ -463,6 +498,44 @@ pub struct AttnTiles {
     pub unit_rows: usize,
     /// Key rows per tile (one softmax rescale each).
     pub key_tile: usize,
+    /// Units sharing a query row, each with a slice of its channels
+    /// (register tiling; 1 otherwise).
+    pub lanes: usize,
+}
+
+impl AttnTiles {
+    /// Query rows per cube.
+    pub fn cube_rows(&self) -> usize {
+        if self.lanes > 1 {
+            (REGISTER_UNITS / self.lanes).min(ATTN_ROWS)
+        } else {
+            ATTN_ROWS * self.unit_rows
+        }
+    }
+
+    /// Units per cube.
+    pub fn units(&self) -> usize {
+        if self.lanes > 1 {
+            self.cube_rows() * self.lanes
+        } else {
+            ATTN_ROWS
+        }
+    }
+}
+
+/// Units per cube of register-tiled attention at most: CUDA gives a thread
+/// of a block of `n` threads at most `65536 / n` registers (255 up to 256
+/// threads), so wider rows (more lanes each) mean fewer rows per cube.
+pub const REGISTER_UNITS: usize = 256;
+/// Query and output floats a unit of register-tiled attention holds at
+/// most ([`KernelSpec::fit_registers`]): with the key tile's scores and the
+/// addresses, well inside the 255 registers a CUDA thread may use.
+pub const REGISTER_FLOATS: usize = 64;
+/// Key rows per tile of register-tiled attention.
+pub const REGISTER_KEY_TILE: usize = 8;
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 impl AttnTiles {
@@ -488,7 +561,7 @@ impl AttnTiles {
             rows = rows.min(pow2_floor(window_rows / ATTN_ROWS));
         }
         let key_tile = pow2_floor((2048 / (rows * width)).clamp(4, 32)).min(sk.next_power_of_two().max(4));
-        AttnTiles { unit_rows: rows, key_tile }
+        AttnTiles { unit_rows: rows, key_tile, lanes: 1 }
     }
 }
 

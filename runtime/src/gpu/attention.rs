@@ -117,7 +117,12 @@ pub(super) fn key_row_of(p: usize, #[comptime] koff: usize, #[comptime] sk: usiz
 /// This cube's query tile; causal cubes in reverse, since later query tiles
 /// see more keys and should start first.
 #[cube]
-fn query_tile(#[comptime] s: usize, #[comptime] bq: usize, #[comptime] kind: u32, #[comptime] fold: usize) -> usize {
+pub(super) fn query_tile(
+    #[comptime] s: usize,
+    #[comptime] bq: usize,
+    #[comptime] kind: u32,
+    #[comptime] fold: usize,
+) -> usize {
     let mut qt = k::cube_x(fold);
     if comptime![kind != MASK_NONE] {
         qt = comptime![s.div_ceil(bq) - 1] - qt;
@@ -216,7 +221,7 @@ pub(super) fn masked_tile(set: &Array<usize>, t: usize) -> usize {
 /// Vector offset of key row `k0 + jj` (clamped to the last) in view `v`, from
 /// the offset `base` of row 0 of the head.
 #[cube]
-fn key_row(
+pub(super) fn key_row(
     k0: usize,
     base: usize,
     #[comptime] jj: usize,

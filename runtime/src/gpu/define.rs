@@ -4,7 +4,7 @@
 //! is the same in debug and release builds.
 
 use super::kernels::{self as k, Stored};
-use super::{attention, attention_grad, gemm, mma};
+use super::{attention, attention_grad, attention_split, gemm, mma};
 use attnc_compiler::ir::{AttnArg, BinaryOp, MaskKind, ReduceKind, UnaryOp};
 use attnc_compiler::plan::group::{GroupStep, MapOp};
 use attnc_compiler::plan::{
@@ -342,6 +342,11 @@ impl IrKernel {
                         let (q, kb, v, hardware) = (&bufs[0], &bufs[1], &bufs[2], self.mma == Mma::Hardware);
                         return mma::build_attention::<N>(
                             scope, q, kb, v, &mut out, scale, &shape, lanes, hardware, self.dtype,
+                        );
+                    }
+                    if matches!(self.spec, KernelSpec::Attention { split: 1.., .. }) {
+                        return attention_split::build::<N>(
+                            scope, &bufs[0], &bufs[1], &bufs[2], &mut out, scale, &shape, lanes,
                         );
                     }
                     attention::build::<N>(

@@ -66,6 +66,21 @@ pub fn offline_properties(target: Target) -> Arc<DeviceProperties> {
     ))
 }
 
+/// The C++ compiler's options as cubecl-cuda 0.11.3 sets them on a device
+/// of compute capability 8.0 or later (`CudaRuntime`'s client setup): fast
+/// math, `dp4a`, `__grid_constant__` and the fast `tanh`. Its sm_90 extras
+/// (clusters, `elect.sync`) change no kernel attnc emits, so `--backend
+/// cuda` compiles the text `attnc compile --target cuda` writes.
+fn cuda_options() -> cubecl_cpp::shared::CompilationOptions {
+    let mut options = cubecl_cpp::shared::CompilationOptions::default();
+    let features = &mut options.supports_features;
+    features.fast_math = true;
+    features.dp4a = true;
+    features.grid_constants = true;
+    features.fast_tanh = true;
+    options
+}
+
 /// Source text of one launch's kernel, the bytes of dynamic shared memory it
 /// needs (CUDA), and the plane width it relies on.
 pub fn kernel_source(
@@ -91,7 +106,7 @@ pub fn kernel_source(
         }
         Target::Cuda => {
             let k = cubecl_cpp::shared::CppCompiler::<cubecl_cpp::target::Cuda>::default()
-                .compile(def, &cubecl_cpp::shared::CompilationOptions::default())
+                .compile(def, &cuda_options())
                 .map_err(|e| format!("{e:?}"))?;
             Ok((canonical_names(&host_compatible(&k.source)), k.shared_memory_size, plane))
         }
@@ -193,6 +208,37 @@ pub struct LaunchInfo {
     /// Lanes of a plane (subgroup, warp) that share rows by broadcasts: the
     /// device's planes must be at least this wide (1: no plane operations).
     pub plane_width: u32,
+    /// CUDA only, where NVIDIA's compilers were found: what ptxas reports
+    /// and the occupancy it gives (`attnc compile --arch`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resources: Option<crate::nvidia::LaunchResources>,
+    /// Attention tiled within the register file (CUDA): the tiling and why.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tiling: Option<String>,
+}
+
+/// What register tiling an attention launch has, and why (the manifest's `tiling`).
+fn tiling(spec: &KernelSpec) -> Option<String> {
+    let KernelSpec::Attention { split: lanes @ 1.., shape, .. } = spec else { return None };
+    let t = spec.attention_tiles();
+    Some(format!(
+        "registers: {lanes} lane(s) share each query row, each holding {} of its {} query and output floats \
+         (at most {} per unit, so CUDA's 255 registers hold them with the scores of a key tile); {} rows and {} \
+         threads per cube; key tiles of {} rows",
+        (shape.d + shape.e) / lanes,
+        shape.d + shape.e,
+        attnc_compiler::plan::REGISTER_FLOATS,
+        t.cube_rows(),
+        t.units(),
+        t.key_tile
+    ))
+}
+
+impl LaunchInfo {
+    /// Threads per block.
+    pub fn threads(&self) -> u32 {
+        self.workgroup_size.iter().product()
+    }
 }
 
 #[derive(Serialize)]
@@ -217,7 +263,8 @@ exactly the listed grid. Buffers with role \
 `input` hold the named tensors, `constant` buffers hold the listed values, `temp` buffers are allocated \
 with `len` elements and written by the launch that binds them last. Run the launches in order; \
 `outputs` names the buffers to read back. CUDA kernels take their buffers as pointer arguments in the \
-same order and `shared_memory_bytes` of dynamic shared memory.";
+same order, then the `info` struct by value (a `__grid_constant__` parameter, as cubecl-cuda passes it on \
+sm_70 and later), and `shared_memory_bytes` of dynamic shared memory.";
 
 /// The declaration of the `info` struct in emitted source, on one line.
 fn info_struct(source: &str) -> String {
@@ -239,6 +286,12 @@ pub fn emit(plan: &Plan, target: Target) -> Result<(Vec<(String, String)>, Manif
     let mut files = vec![];
     let mut launches = vec![];
     for (i, l) in plan.launches.iter().enumerate() {
+        // CUDA's kernels are tiled within the register file; WGSL keeps the plan's tiles.
+        let spec = match target {
+            Target::Cuda => l.spec.fit_registers(32),
+            Target::Wgsl => l.spec.clone(),
+        };
+        let l = &attnc_compiler::plan::Launch { spec, ..l.clone() };
         let (source, shared, plane_width) = kernel_source(&l.name, &l.spec, plan.dtype, target)?;
         let info_struct = info_struct(&source);
         let shared = shared.max(match l.spec {
@@ -280,7 +333,7 @@ pub fn emit(plan: &Plan, target: Target) -> Result<(Vec<(String, String)>, Manif
                 attnc_compiler::plan::GEMM_COLS / l.spec.line_size(),
             ),
             KernelSpec::Attention { .. } => {
-                format!("[ceil(s / {}), batch * h, 1]", ATTN_ROWS * l.spec.attention_tiles().unit_rows)
+                format!("[ceil(s / {}), batch * h, 1]", l.spec.attention_tiles().cube_rows())
             }
             KernelSpec::Group { .. } => "[groups, 1, 1]".to_string(),
             KernelSpec::Contract { .. } => "[o1 * o2, 1, 1] (a cube per output element)".to_string(),
@@ -314,6 +367,8 @@ pub fn emit(plan: &Plan, target: Target) -> Result<(Vec<(String, String)>, Manif
             line_size: l.spec.line_size(),
             prepare: l.prepare,
             plane_width,
+            resources: None,
+            tiling: tiling(&l.spec),
         });
     }
     let manifest = Manifest {

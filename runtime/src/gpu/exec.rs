@@ -45,6 +45,9 @@ pub struct Gpu {
     staged: Option<bool>,
     /// Fragment kernels with fragments in software wherever a spec allows them.
     software_fragments: bool,
+    /// Launches tiled within a GPU's register file (`KernelSpec::fit_registers`):
+    /// on for CUDA, off for wgpu (lavapipe's units are CPU vectors).
+    register_tiles: bool,
 }
 
 /// A kernel whose source was generated earlier (by `attnc compile`).
@@ -125,6 +128,7 @@ impl Gpu {
             plane: None,
             staged: None,
             software_fragments: false,
+            register_tiles: false,
         })
     }
 
@@ -149,6 +153,7 @@ impl Gpu {
                 plane: None,
                 staged: None,
                 software_fragments: false,
+                register_tiles: true,
             })
         }
         #[cfg(not(feature = "cuda"))]
@@ -183,6 +188,21 @@ impl Gpu {
         self
     }
 
+    /// Kernels tiled within a GPU's register file, as CUDA runs them
+    /// (`attention_split.rs`): their logic, checked on any device.
+    pub fn with_register_tiles(mut self) -> Gpu {
+        self.register_tiles = true;
+        self
+    }
+
+    /// `spec` as this device runs it.
+    fn tiled(&self, spec: &KernelSpec) -> KernelSpec {
+        match self.register_tiles {
+            true => spec.fit_registers(super::define::plane_width(self.client.properties()) as usize),
+            false => spec.clone(),
+        }
+    }
+
     /// Whether this is one of Mesa's CPU drivers, which bound loop iterations.
     pub fn bounds_loops(&self) -> bool {
         super::define::mesa_cpu(&self.adapter)
@@ -214,7 +234,7 @@ impl Gpu {
             return Ok(());
         }
         for l in &plan.launches {
-            let trips = l.spec.loop_trips();
+            let trips = self.tiled(&l.spec).loop_trips();
             if trips > LOOP_TRIPS_CPU {
                 return Err(GpuError::LoopLimit { kernel: l.name.clone(), trips, limit: LOOP_TRIPS_CPU });
             }
@@ -341,6 +361,7 @@ impl Gpu {
     }
 
     fn launch(&self, name: &str, spec: &KernelSpec, bindings: &[usize], plan: &Plan, handles: &[Option<Handle>]) {
+        let spec = &self.tiled(spec);
         let mut kernel = IrKernel::new(
             name,
             spec,

@@ -10,6 +10,7 @@
 
 pub mod attention;
 pub mod attention_grad;
+pub mod attention_split;
 pub mod baseline;
 pub mod bench;
 pub mod define;

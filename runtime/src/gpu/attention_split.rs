@@ -1,0 +1,222 @@
+//! Attention tiled within a GPU's register file (`KernelSpec::fit_registers`):
+//! what CUDA runs in f32 and tf32, and in half precision past the
+//! fragment kernel's head widths.
+//!
+//! The CPU drivers' kernel (`attention.rs`) gives a unit several whole query
+//! rows and unrolls whole key tiles: right for lavapipe, where a unit's
+//! values are LLVM vectors, but on a GPU a unit holding `d + e` floats per
+//! row spills past 255 registers (85 KB of local memory per kernel at
+//! d = 128, measured with ptxas). Here `g` consecutive lanes of a plane
+//! share each query row, each holding `1/g` of its query and output
+//! channels (at most `plan::REGISTER_FLOATS` floats). Per key row a lane
+//! multiplies its channels and the row's lanes sum their parts with `log2 g`
+//! butterfly shuffles, so every lane of the row holds the whole score and
+//! runs the same online softmax; each lane accumulates its own output
+//! channels. A cube is 64 query rows (32 at eight lanes a row, so that a
+//! cube of at most 256 threads may use 255 registers each); key tiles,
+//! masks, the tiles visited and the heaviest-first order are the CPU
+//! kernel's (`attention::setup`), so what a mask means is written once.
+
+use super::attention::{
+    inverse_sum, key_row, mask_score, masked_tile, query_tile, setup, softmax_state, view_row, Shape, ROW_I, ROW_OUT,
+    ROW_Q, SET_FULL0, SET_FULL1, SET_K, SET_MASKED, SET_V,
+};
+use super::kernels::{self as k, Stored, MASK_NONE};
+use attnc_compiler::plan::RowView;
+use cubecl::prelude::*;
+
+/// This unit's query row and its slice (`ROW_*` slots, then the slice).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn lane_slots(
+    #[comptime] h: usize,
+    #[comptime] s: usize,
+    #[comptime] bq: usize,
+    #[comptime] kind: u32,
+    #[comptime] g: usize,
+    #[comptime] views: [RowView; 4],
+    #[comptime] fold: usize,
+) -> Array<usize> {
+    let mut a = Array::<usize>::new(4usize);
+    let bh = k::cube_y(fold);
+    let unit = UNIT_POS as usize;
+    let i = query_tile(s, bq, kind, fold) * bq + unit / g;
+    let row = min(i, comptime![s - 1]);
+    a[ROW_Q] = view_row(bh / h, bh % h, row, comptime![views[0]]);
+    a[ROW_OUT] = view_row(bh / h, bh % h, row, comptime![views[3]]);
+    a[ROW_I] = i;
+    a[3] = unit % g;
+    a
+}
+
+/// `v` plus lane `lane ^ mask`'s `v`: one butterfly step of a sum over the
+/// lanes sharing a row.
+#[cube]
+fn xor_add(v: f32, #[comptime] mask: u32) -> f32 {
+    v + plane_shuffle_xor(v, mask)
+}
+
+/// The `n` vectors of this lane's slice of the row at `row`.
+#[cube]
+fn load_slice<N: Size>(
+    x: &[Vector<Stored, N>],
+    row: usize,
+    part: usize,
+    #[comptime] n: usize,
+    scale: f32,
+) -> Array<Vector<f32, N>> {
+    let mut a = Array::<Vector<f32, N>>::new(n);
+    let base = row + part * n;
+    #[unroll]
+    for c in 0..n {
+        a[c] = Vector::<f32, N>::cast_from(x[base + c]) * Vector::new(scale);
+    }
+    a
+}
+
+/// `acc + q · x[at .. at + n]`.
+#[cube]
+fn dot_slice<N: Size>(q: &Array<Vector<f32, N>>, x: &[Vector<Stored, N>], at: usize, #[comptime] n: usize) -> f32 {
+    let mut acc = f32::new(0.0);
+    #[unroll]
+    for c in 0..n {
+        acc += q[c].dot(Vector::<f32, N>::cast_from(x[at + c]));
+    }
+    acc
+}
+
+/// `acc · corr + p · x[at .. at + n]`, in place.
+#[cube]
+fn axpy_slice<N: Size>(
+    acc: &mut Array<Vector<f32, N>>,
+    x: &[Vector<Stored, N>],
+    at: usize,
+    p: f32,
+    #[comptime] n: usize,
+) {
+    #[unroll]
+    for c in 0..n {
+        acc[c] += Vector::new(p) * Vector::<f32, N>::cast_from(x[at + c]);
+    }
+}
+
+/// `acc · corr`, in place.
+#[cube]
+fn rescale<N: Size>(acc: &mut Array<Vector<f32, N>>, corr: f32, #[comptime] n: usize) {
+    #[unroll]
+    for c in 0..n {
+        acc[c] *= Vector::new(corr);
+    }
+}
+
+/// `out = acc / l` for this lane's slice of a row inside the queries.
+#[cube]
+fn store_slice<N: Size>(
+    out: &mut [Vector<Stored, N>],
+    acc: &Array<Vector<f32, N>>,
+    state: &Array<f32>,
+    rows: &Array<usize>,
+    #[comptime] s: usize,
+    #[comptime] n: usize,
+) {
+    if rows[ROW_I] < s {
+        let inv = inverse_sum(state);
+        let base = rows[ROW_OUT] + rows[3] * n;
+        #[unroll]
+        for c in 0..n {
+            out[base + c] = Vector::<Stored, N>::cast_from(acc[c] * Vector::new(inv));
+        }
+    }
+}
+
+/// Emit the kernel body for vectors of `N` (`lanes` floats).
+#[allow(clippy::too_many_arguments)]
+pub fn build<N: Size>(
+    scope: &Scope,
+    q: &NativeExpand<[Vector<Stored, N>]>,
+    kb: &NativeExpand<[Vector<Stored, N>]>,
+    v: &NativeExpand<[Vector<Stored, N>]>,
+    out: &mut NativeExpand<[Vector<Stored, N>]>,
+    scale: NativeExpand<f32>,
+    a: &Shape,
+    lanes: usize,
+) {
+    let g = a.tiles.lanes;
+    let (dg, eg) = (a.d / lanes / g, a.e / lanes / g);
+    let (bk, bq) = (a.tiles.key_tile, a.tiles.cube_rows());
+    let set = setup::expand(scope, a.h, a.hk, a.s, a.sk, bq, bk, a.kind, a.window, a.block, a.views, a.fold);
+    let rows = lane_slots::expand(scope, a.h, a.s, bq, a.kind, g, a.views, a.fold);
+    let part = k::uget::expand(scope, &rows, 3);
+    let qr = load_slice::expand::<N>(scope, q, k::uget::expand(scope, &rows, ROW_Q), part, dg, scale);
+    let acc = k::vzeros::expand::<N>(scope, eg);
+    let state = softmax_state::expand(scope);
+    let body = Body { a, set: &set, rows: &rows, part, qr: &qr, acc: &acc, state: &state, kb, v, g, dg, eg, bk };
+    let full = RangeExpand::new(k::uget::expand(scope, &set, SET_FULL0), k::uget::expand(scope, &set, SET_FULL1));
+    for_expand(scope, full, false, |scope, kt| body.tile(scope, k::mul_const::expand(scope, kt, bk), false));
+    if !(a.kind == MASK_NONE && a.window == 0 && a.sk % bk == 0) {
+        let masked = RangeExpand::new(NativeExpand::from_lit(scope, 0usize), k::uget::expand(scope, &set, SET_MASKED));
+        for_expand(scope, masked, false, |scope, t| {
+            let kt = masked_tile::expand(scope, &set, t);
+            body.tile(scope, k::mul_const::expand(scope, kt, bk), true)
+        });
+    }
+    store_slice::expand::<N>(scope, out, &acc, &state, &rows, a.s, eg);
+}
+
+/// What every key tile of a unit reads and updates.
+struct Body<'a, N: Size> {
+    a: &'a Shape,
+    set: &'a NativeExpand<Array<usize>>,
+    rows: &'a NativeExpand<Array<usize>>,
+    part: NativeExpand<usize>,
+    qr: &'a NativeExpand<Array<Vector<f32, N>>>,
+    acc: &'a NativeExpand<Array<Vector<f32, N>>>,
+    state: &'a NativeExpand<Array<f32>>,
+    kb: &'a NativeExpand<[Vector<Stored, N>]>,
+    v: &'a NativeExpand<[Vector<Stored, N>]>,
+    g: usize,
+    dg: usize,
+    eg: usize,
+    bk: usize,
+}
+
+impl<N: Size> Body<'_, N> {
+    /// One key tile starting at key row `k0`: the tile's scores (each a
+    /// sum over the row's lanes), one rescale, then the value rows.
+    fn tile(&self, scope: &Scope, k0: NativeExpand<usize>, masked: bool) {
+        let a = self.a;
+        let k_base = k::uget::expand(scope, self.set, SET_K);
+        let v_base = k::uget::expand(scope, self.set, SET_V);
+        let i = k::uget::expand(scope, self.rows, ROW_I);
+        let k_part = k::mul_const::expand(scope, self.part, self.dg);
+        let v_part = k::mul_const::expand(scope, self.part, self.eg);
+        let mut scores = Vec::with_capacity(self.bk);
+        for jj in 0..self.bk {
+            let row = key_row::expand(scope, k0, k_base, jj, a.sk, masked, a.views[1]);
+            let at = k::add_index::expand(scope, row, k_part);
+            let dot = dot_slice::expand::<N>(scope, self.qr, self.kb, at, self.dg);
+            // The row's lanes (consecutive, `g` a power of two) sum their parts.
+            let mut dot = (0..self.g.trailing_zeros()).fold(dot, |v, b| xor_add::expand(scope, v, 1 << b));
+            if masked {
+                dot = mask_score::expand(scope, dot, i, k0, jj, a.s, a.sk, a.kind, a.window, a.block);
+            }
+            scores.push(dot);
+        }
+        let m_old = k::fget::expand(scope, self.state, 0);
+        let m_new = scores.iter().fold(m_old, |m, s| k::fmax::expand(scope, m, *s));
+        let corr = k::exp_diff::expand(scope, m_old, m_new);
+        let mut l = k::fmul::expand(scope, k::fget::expand(scope, self.state, 1), corr);
+        let mut acc = *self.acc;
+        rescale::expand::<N>(scope, &mut acc, corr, self.eg);
+        for (jj, score) in scores.into_iter().enumerate() {
+            let p = k::exp_diff::expand(scope, score, m_new);
+            l = k::fadd::expand(scope, l, p);
+            let row = key_row::expand(scope, k0, v_base, jj, a.sk, masked, a.views[2]);
+            let at = k::add_index::expand(scope, row, v_part);
+            axpy_slice::expand::<N>(scope, &mut acc, self.v, at, p, self.eg);
+        }
+        let mut state = *self.state;
+        k::fset::expand(scope, &mut state, 0, m_new);
+        k::fset::expand(scope, &mut state, 1, l);
+    }
+}

@@ -1,0 +1,290 @@
+//! NVIDIA's compilers as CI's GPU stand-in: every CUDA kernel attnc emits is
+//! compiled with NVRTC (cubecl-cuda's options) to PTX for sm_80 and sm_90,
+//! then assembled by `ptxas -v`. A kernel fails the gate on a compile error,
+//! on any spill store or load, on shared memory past what a block gets
+//! without opt-in, and (f16, bf16, tf32) where it should multiply on tensor
+//! cores but has no `mma` in its PTX or no `HMMA` in its SASS.
+//!
+//! The matrix: every stdlib spec × {f32, tf32, f16, bf16} × {forward,
+//! gradient program} at the specs' default sizes, and the sizes users run.
+//! Without the compilers the test fails, saying how to install them
+//! (`.ci/run` does; see the README).
+
+mod common;
+
+use attnc_compiler::plan::{self, Dtype};
+use attnc_runtime::bind;
+use attnc_runtime::gpu::emit;
+use attnc_runtime::nvidia::{self, Arch, Tools};
+use common::*;
+
+const DTYPES: [Dtype; 4] = [Dtype::F32, Dtype::Tf32, Dtype::F16, Dtype::Bf16];
+
+/// One program of the matrix: a stdlib spec at some sizes, forward or its
+/// gradient program.
+struct Case {
+    spec: &'static str,
+    sets: Vec<(&'static str, String)>,
+    grad: bool,
+}
+
+fn case(spec: &'static str, sets: &[(&'static str, &str)], grad: bool) -> Case {
+    Case { spec, sets: sets.iter().map(|(k, v)| (*k, v.to_string())).collect(), grad }
+}
+
+/// The sizes users run (issue 25's list).
+fn users_sizes() -> Vec<Case> {
+    vec![
+        case("mha", &[("H", "8"), ("N", "4096"), ("d", "128")], false),
+        case("mha", &[("H", "2"), ("N", "2048"), ("d", "256")], false),
+        case("gqa", &[("H", "8"), ("H_kv", "2"), ("N", "4096"), ("d", "128")], false),
+        case("mqa", &[("H", "8"), ("N", "4096"), ("d", "128")], false),
+        case("iha", &[("H", "8"), ("N", "2048"), ("P", "4"), ("d", "64")], false),
+        // A decode step: one token.
+        case("mha", &[("H", "32"), ("N", "1"), ("d", "128")], false),
+        case("mha", &[("H", "8"), ("N", "2048"), ("d", "128")], true),
+        case("iha", &[("H", "8"), ("N", "1024"), ("P", "2"), ("d", "64")], true),
+    ]
+}
+
+/// Every stdlib spec, and the gradient program of each that has one (an
+/// estimator of binary or integer rewards has no continuous input: `attnc
+/// compile --grad` refuses it).
+fn default_sizes() -> Vec<Case> {
+    let names: Vec<&'static str> = stdlib_names().into_iter().map(|n| &*Box::leak(n.into_boxed_str())).collect();
+    let differentiable = |s: &str| attnc_compiler::grad::differentiate(&compile_stdlib(s, &[]).program, &[]).is_ok();
+    let mut cases: Vec<Case> = names.iter().map(|s| case(s, &[], false)).collect();
+    cases.extend(names.iter().filter(|s| differentiable(s)).map(|s| case(s, &[], true)));
+    assert!(cases.len() >= 16, "most stdlib specs have gradient programs");
+    cases
+}
+
+/// Every launch of `c` in `dtype`: (file name, entry, source, threads,
+/// dynamic shared memory, whether it multiplies fragments).
+fn kernels(c: &Case, dtype: Dtype) -> Vec<(String, String, String, u32, u32, bool)> {
+    let compiled = compile_stdlib(c.spec, &c.sets);
+    let program = if c.grad {
+        attnc_compiler::grad::differentiate(&compiled.program, &[]).expect("differentiable")
+    } else {
+        compiled.program
+    };
+    let dims = bind::default_dims(&program).expect("default dims");
+    let p = plan::plan(&program, &dims).in_dtype(dtype);
+    let fragments: Vec<bool> = p.launches.iter().map(|l| l.spec.fragments()).collect();
+    let (files, manifest) = emit::emit(&p, emit::Target::Cuda).expect("CUDA emission");
+    files
+        .into_iter()
+        .zip(manifest.launches)
+        .zip(fragments)
+        .map(|(((file, source), l), frag)| {
+            (file, l.entry.clone(), source, l.threads(), l.shared_memory_bytes as u32, frag)
+        })
+        .collect()
+}
+
+/// Kernels known to spill today: kind (in the file name), the most bytes
+/// they may spill, and the programs they are in (a substring of the case's
+/// description; the first entry that matches counts). Every other spill
+/// fails the gate, and so does one of these past its bound.
+///
+/// FIXME(issue 29): attention's backward holds a query or key row, its
+/// accumulator and the other operand's row per unit (192 floats at d = 64)
+/// and spills tens of bytes at 255 registers; past 64 channels its chunked
+/// channel loops index register arrays at run time, and at d = 128 it spills
+/// kilobytes. The TF32 GEMM reading an operand transposed (`xᵀ·dy`, only in
+/// gradient programs) spills 8 bytes, and the f16 fragment attention of MQA
+/// at d = 128 spills 16 on sm_90.
+const KNOWN_SPILLS: &[(&str, u32, &str)] = &[
+    ("attention_grad_q", 4500, "--grad [H=8 N=2048 d=128]"),
+    ("attention_grad_k", 4000, "--grad [H=8 N=2048 d=128]"),
+    ("attention_grad_v", 800, "--grad [H=8 N=2048 d=128]"),
+    ("attention_grad_q", 160, "--grad ["),
+    ("attention_grad_k", 160, "--grad ["),
+    ("matmul", 16, "--grad [] tf32"),
+    ("matmul", 16, "--grad [H=8 N=2048 d=128] tf32"),
+    ("matmul", 16, "--grad [H=8 N=1024 P=2 d=64] tf32"),
+    ("attention", 32, "mqa [H=8 N=4096 d=128] f16"),
+];
+
+fn tools() -> Tools {
+    Tools::find().unwrap_or_else(|e| panic!("this test compiles CUDA with NVIDIA's compilers: {e}"))
+}
+
+/// Compile every kernel of `cases` in every dtype for both architectures
+/// (all at once, so kernels the matrix repeats compile once) and return one
+/// line per problem, and the number of kernels checked.
+fn gate(cases: &[Case]) -> (Vec<String>, usize) {
+    let tools = tools();
+    assert!(tools.reads_sass(), "cuobjdump was not found: {}", nvidia::INSTALL_HINT);
+    // (what, file, entry, source, threads, dynamic shared, tensor cores expected),
+    // emitted on every core.
+    let jobs: Vec<(&Case, Dtype)> = cases.iter().flat_map(|c| DTYPES.map(|d| (c, d))).collect();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let emitted = std::sync::Mutex::new(vec![vec![]; jobs.len()]);
+    std::thread::scope(|scope| {
+        for _ in 0..std::thread::available_parallelism().map_or(2, |n| n.get()) {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some((c, dtype)) = jobs.get(i) else { break };
+                let what = format!(
+                    "{}{} [{}] {}",
+                    c.spec,
+                    if c.grad { " --grad" } else { "" },
+                    c.sets.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" "),
+                    dtype.name()
+                );
+                let ks: Vec<_> = kernels(c, *dtype)
+                    .into_iter()
+                    .map(|(file, entry, source, threads, shared, frag)| {
+                        (what.clone(), file, entry, source, threads, shared, frag && *dtype != Dtype::F32)
+                    })
+                    .collect();
+                emitted.lock().unwrap()[i] = ks;
+            });
+        }
+    });
+    let all: Vec<_> = emitted.into_inner().unwrap().into_iter().flatten().collect();
+    let sources: Vec<_> = all.iter().map(|k| (k.2.as_str(), k.3.as_str(), k.4, k.5)).collect();
+    let mut problems = vec![];
+    let mut known_spills = 0;
+    for arch in Arch::ALL {
+        let limit = arch.limits().shared_per_block;
+        let rs = nvidia::check_sources(&tools, &sources, arch).unwrap_or_else(|e| panic!("{e}"));
+        for (k, r) in all.iter().zip(rs) {
+            let at = format!("{} {} {}", k.0, k.1, arch.name());
+            let known = KNOWN_SPILLS.iter().find(|(kind, _, why)| k.1.contains(kind) && k.0.contains(why));
+            if let Some((kind, bound, _)) = known.filter(|_| r.spill_stores > 0 || r.spill_loads > 0) {
+                // FIXME(issue 29): the backward's kernels are rewritten there.
+                known_spills += 1;
+                if r.spill_stores.max(r.spill_loads) > *bound {
+                    problems.push(format!(
+                        "{at}: spills {} bytes stored, {} loaded, past the {bound} known for {kind}",
+                        r.spill_stores, r.spill_loads
+                    ));
+                }
+            } else if r.spill_stores > 0 || r.spill_loads > 0 {
+                problems.push(format!(
+                    "{at}: spills {} bytes stored, {} loaded ({} registers)",
+                    r.spill_stores, r.spill_loads, r.registers
+                ));
+            }
+            if r.static_shared + r.dynamic_shared > limit {
+                problems.push(format!(
+                    "{at}: {} bytes of shared memory, over the {limit} a block gets without opt-in",
+                    r.static_shared + r.dynamic_shared
+                ));
+            }
+            if k.6 && !(r.ptx_mma && r.sass_hmma == Some(true)) {
+                problems.push(format!(
+                    "{at}: multiplies fragments but has mma in PTX: {}, HMMA in SASS: {:?}",
+                    r.ptx_mma, r.sass_hmma
+                ));
+            }
+            if !k.6 && r.sass_hmma == Some(true) {
+                problems.push(format!("{at}: HMMA in a kernel planned without fragments"));
+            }
+        }
+    }
+    eprintln!("{} kernels checked, {known_spills} with known spills", all.len() * Arch::ALL.len());
+    (problems, all.len() * Arch::ALL.len())
+}
+
+fn assert_gate(cases: &[Case]) {
+    let (problems, count) = gate(cases);
+    assert!(count > 0, "no kernel was compiled");
+    assert!(
+        problems.is_empty(),
+        "{} of {count} compiled kernels fail the gate:\n{}",
+        problems.len(),
+        problems.join("\n")
+    );
+}
+
+#[test]
+fn every_kernel_at_default_sizes_compiles_without_spills() {
+    assert_gate(&default_sizes());
+}
+
+#[test]
+fn every_kernel_at_users_sizes_compiles_without_spills() {
+    assert_gate(&users_sizes());
+}
+
+/// The gate can fail: a kernel with more live values than its launch
+/// bound leaves registers for spills, and ptxas's report says so; a kernel
+/// NVRTC rejects is an error with NVRTC's log.
+#[test]
+fn a_spilling_kernel_is_caught() {
+    let tools = tools();
+    let source = r#"
+extern "C" __global__ void __launch_bounds__(1024) spill(float* out, const float* in) {
+    float a[128];
+    #pragma unroll
+    for (int i = 0; i < 128; ++i) a[i] = in[i * 1024 + threadIdx.x];
+    float s = 0.0f;
+    #pragma unroll
+    for (int i = 0; i < 128; ++i) s += a[i] * a[127 - i] + a[(i * 7) % 128];
+    out[threadIdx.x] = s;
+}
+"#;
+    let c = tools.compile("spill", source, Arch::Sm90).expect("compiles");
+    assert!(c.resources.spill_stores > 0 && c.resources.spill_loads > 0, "{:?}", c.resources);
+    let bad = tools.compile("broken", "extern \"C\" __global__ void broken() { undefined_name(); }", Arch::Sm80);
+    let message = bad.expect_err("an undefined name does not compile").to_string();
+    assert!(message.contains("NVRTC failed") && message.contains("undefined_name"), "{message}");
+}
+
+fn attnc(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_attnc"));
+    c.args(args).current_dir(root());
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().expect("attnc runs")
+}
+
+/// `attnc compile --target cuda` prints one row per kernel and writes the
+/// same under each launch's `resources`: at MHA N = 4096, d = 128 in f32
+/// (whose attention spilled 85 KB before register tiling) no kernel spills.
+/// Without the tools it says so in one line and still writes the kernels.
+#[test]
+fn compile_reports_resources_per_kernel() {
+    tools();
+    let dir = std::env::temp_dir().join(format!("attnc-cuda-table-{}", std::process::id()));
+    let out = dir.to_str().unwrap();
+    let args = ["compile", "stdlib/mha.attn", "--target", "cuda", "--set", "N=4096", "--set", "d=128", "--out", out];
+    let o = attnc(&args, &[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let table = String::from_utf8_lossy(&o.stdout).into_owned();
+    let rows: Vec<&str> = table.lines().collect();
+    assert!(rows[0].starts_with("kernel") && rows[0].contains("regs") && rows[0].contains("sm_90"), "{table}");
+    assert_eq!(rows.len(), 6, "a header and one row per launch:\n{table}");
+    for row in &rows[1..] {
+        let cols: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(cols[2], "0/0", "a kernel spills:\n{table}");
+    }
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).unwrap()).unwrap();
+    for l in manifest["launches"].as_array().unwrap() {
+        let r = &l["resources"];
+        assert_eq!(r["arch"], "sm_90", "{l}");
+        assert_eq!((r["spill_stores"].as_u64(), r["spill_loads"].as_u64()), (Some(0), Some(0)), "{l}");
+        let regs = r["registers"].as_u64().unwrap();
+        assert!((1..=255).contains(&regs), "{l}");
+        assert!(r["blocks_per_sm"].as_u64().unwrap() >= 1, "{l}");
+        if l["kernel"] == "attention" {
+            assert!(l["tiling"].as_str().unwrap().starts_with("registers: 4 lane(s)"), "{l}");
+        }
+    }
+    let o = attnc(&[&args[..], &["--arch", "sm_80"]].concat(), &[]);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("sm_80"));
+    let missing =
+        [("ATTNC_CUDA_TOOLS", "/nonexistent"), ("CUDA_HOME", ""), ("CUDA_PATH", ""), ("PATH", "/usr/bin:/bin")];
+    let o = attnc(&args, &missing);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(o.stdout.is_empty());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("no resource table: NVIDIA's compilers were not found"));
+    let manifest = std::fs::read_to_string(dir.join("manifest.json")).unwrap();
+    assert!(!manifest.contains("\"resources\""));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
