@@ -262,7 +262,7 @@ pub(super) fn mask_score(
 
 /// This unit's query row, scaled.
 #[cube]
-fn load_query<N: Size>(
+pub(super) fn load_query<N: Size>(
     q: &[Vector<Stored, N>],
     base: usize,
     scale: f32,
@@ -298,7 +298,7 @@ pub(super) fn inverse_sum(state: &Array<f32>) -> f32 {
 
 /// `out = acc / l`; a row that saw no key (`l = 0`) is 0, and NaN stays NaN.
 #[cube]
-fn store_row<N: Size>(
+pub(super) fn store_row<N: Size>(
     out: &mut [Vector<Stored, N>],
     acc: &Array<Vector<f32, N>>,
     state: &Array<f32>,

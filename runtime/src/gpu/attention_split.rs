@@ -18,14 +18,15 @@
 //! kernel's (`attention::setup`), so what a mask means is written once.
 
 use super::attention::{
-    inverse_sum, key_row, mask_score, masked_tile, query_tile, setup, softmax_state, view_row, Shape, ROW_I, ROW_OUT,
-    ROW_Q, SET_FULL0, SET_FULL1, SET_K, SET_MASKED, SET_V,
+    key_row, load_query, mask_score, masked_tile, query_tile, setup, softmax_state, store_row, view_row, Shape, ROW_I,
+    ROW_OUT, ROW_Q, SET_FULL0, SET_FULL1, SET_K, SET_MASKED, SET_V,
 };
 use super::kernels::{self as k, Stored, MASK_NONE};
 use attnc_compiler::plan::RowView;
 use cubecl::prelude::*;
 
-/// This unit's query row and its slice (`ROW_*` slots, then the slice).
+/// This unit's query row (`ROW_*` slots: the addresses of its slices of
+/// the query and output rows, `dg` and `eg` vectors a lane) and its slice.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn lane_slots(
@@ -34,6 +35,8 @@ fn lane_slots(
     #[comptime] bq: usize,
     #[comptime] kind: u32,
     #[comptime] g: usize,
+    #[comptime] dg: usize,
+    #[comptime] eg: usize,
     #[comptime] views: [RowView; 4],
     #[comptime] fold: usize,
 ) -> Array<usize> {
@@ -42,36 +45,22 @@ fn lane_slots(
     let unit = UNIT_POS as usize;
     let i = query_tile(s, bq, kind, fold) * bq + unit / g;
     let row = min(i, comptime![s - 1]);
-    a[ROW_Q] = view_row(bh / h, bh % h, row, comptime![views[0]]);
-    a[ROW_OUT] = view_row(bh / h, bh % h, row, comptime![views[3]]);
+    let part = unit % g;
+    a[ROW_Q] = view_row(bh / h, bh % h, row, comptime![views[0]]) + part * dg;
+    a[ROW_OUT] = view_row(bh / h, bh % h, row, comptime![views[3]]) + part * eg;
     a[ROW_I] = i;
-    a[3] = unit % g;
+    a[PART] = part;
     a
 }
+
+/// The slot of [`lane_slots`] holding the unit's slice of its row.
+const PART: usize = 3;
 
 /// `v` plus lane `lane ^ mask`'s `v`: one butterfly step of a sum over the
 /// lanes sharing a row.
 #[cube]
 fn xor_add(v: f32, #[comptime] mask: u32) -> f32 {
     v + plane_shuffle_xor(v, mask)
-}
-
-/// The `n` vectors of this lane's slice of the row at `row`.
-#[cube]
-fn load_slice<N: Size>(
-    x: &[Vector<Stored, N>],
-    row: usize,
-    part: usize,
-    #[comptime] n: usize,
-    scale: f32,
-) -> Array<Vector<f32, N>> {
-    let mut a = Array::<Vector<f32, N>>::new(n);
-    let base = row + part * n;
-    #[unroll]
-    for c in 0..n {
-        a[c] = Vector::<f32, N>::cast_from(x[base + c]) * Vector::new(scale);
-    }
-    a
 }
 
 /// `acc + q · x[at .. at + n]`.
@@ -109,26 +98,6 @@ fn rescale<N: Size>(acc: &mut Array<Vector<f32, N>>, corr: f32, #[comptime] n: u
     }
 }
 
-/// `out = acc / l` for this lane's slice of a row inside the queries.
-#[cube]
-fn store_slice<N: Size>(
-    out: &mut [Vector<Stored, N>],
-    acc: &Array<Vector<f32, N>>,
-    state: &Array<f32>,
-    rows: &Array<usize>,
-    #[comptime] s: usize,
-    #[comptime] n: usize,
-) {
-    if rows[ROW_I] < s {
-        let inv = inverse_sum(state);
-        let base = rows[ROW_OUT] + rows[3] * n;
-        #[unroll]
-        for c in 0..n {
-            out[base + c] = Vector::<Stored, N>::cast_from(acc[c] * Vector::new(inv));
-        }
-    }
-}
-
 /// Emit the kernel body for vectors of `N` (`lanes` floats).
 #[allow(clippy::too_many_arguments)]
 pub fn build<N: Size>(
@@ -145,9 +114,9 @@ pub fn build<N: Size>(
     let (dg, eg) = (a.d / lanes / g, a.e / lanes / g);
     let (bk, bq) = (a.tiles.key_tile, a.tiles.cube_rows());
     let set = setup::expand(scope, a.h, a.hk, a.s, a.sk, bq, bk, a.kind, a.window, a.block, a.views, a.fold);
-    let rows = lane_slots::expand(scope, a.h, a.s, bq, a.kind, g, a.views, a.fold);
-    let part = k::uget::expand(scope, &rows, 3);
-    let qr = load_slice::expand::<N>(scope, q, k::uget::expand(scope, &rows, ROW_Q), part, dg, scale);
+    let rows = lane_slots::expand(scope, a.h, a.s, bq, a.kind, g, dg, eg, a.views, a.fold);
+    let part = k::uget::expand(scope, &rows, PART);
+    let qr = load_query::expand::<N>(scope, q, k::uget::expand(scope, &rows, ROW_Q), scale, dg);
     let acc = k::vzeros::expand::<N>(scope, eg);
     let state = softmax_state::expand(scope);
     let body = Body { a, set: &set, rows: &rows, part, qr: &qr, acc: &acc, state: &state, kb, v, g, dg, eg, bk };
@@ -160,7 +129,7 @@ pub fn build<N: Size>(
             body.tile(scope, k::mul_const::expand(scope, kt, bk), true)
         });
     }
-    store_slice::expand::<N>(scope, out, &acc, &state, &rows, a.s, eg);
+    store_row::expand::<N>(scope, out, &acc, &state, &rows, a.s, eg);
 }
 
 /// What every key tile of a unit reads and updates.
