@@ -285,16 +285,15 @@ impl KernelSpec {
         let lanes = self.line_size();
         if let KernelSpec::Attention { shape: AttnShape { d, e, .. }, fragments: false, ref mut split, .. } = spec {
             let (dl, el) = (d / lanes, e / lanes);
-            *split = [1, 2, 4, 8]
-                .into_iter()
-                .filter(|g| dl % g == 0 && el % g == 0 && *g <= plane.max(1))
+            // Widths that split both rows' vectors evenly within a plane, narrowest first.
+            let widths: Vec<usize> =
+                [1, 2, 4, 8].into_iter().filter(|g| dl % g == 0 && el % g == 0 && *g <= plane.max(1)).collect();
+            // The narrowest within the budget, else the widest there is.
+            *split = widths
+                .iter()
+                .copied()
                 .find(|g| (d + e) / g <= REGISTER_FLOATS)
-                .unwrap_or_else(|| {
-                    [8, 4, 2, 1]
-                        .into_iter()
-                        .find(|g| dl % g == 0 && el % g == 0 && *g <= plane.max(1))
-                        .expect("1 divides")
-                });
+                .unwrap_or(*widths.last().expect("1 divides"));
         }
         spec
     }
@@ -503,6 +502,21 @@ pub struct AttnTiles {
     pub lanes: usize,
 }
 
+/// Units per cube of register-tiled attention at most: CUDA gives a thread
+/// of a block of `n` threads at most `65536 / n` registers (255 up to 256
+/// threads), so wider rows (more lanes each) mean fewer rows per cube.
+pub const REGISTER_UNITS: usize = 256;
+/// Query and output floats a unit of register-tiled attention holds at
+/// most ([`KernelSpec::fit_registers`]): with the key tile's scores and the
+/// addresses, well inside the 255 registers a CUDA thread may use.
+pub const REGISTER_FLOATS: usize = 64;
+/// Key rows per tile of register-tiled attention.
+pub const REGISTER_KEY_TILE: usize = 8;
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
 impl AttnTiles {
     /// Query rows per cube.
     pub fn cube_rows(&self) -> usize {
@@ -521,24 +535,7 @@ impl AttnTiles {
             ATTN_ROWS
         }
     }
-}
 
-/// Units per cube of register-tiled attention at most: CUDA gives a thread
-/// of a block of `n` threads at most `65536 / n` registers (255 up to 256
-/// threads), so wider rows (more lanes each) mean fewer rows per cube.
-pub const REGISTER_UNITS: usize = 256;
-/// Query and output floats a unit of register-tiled attention holds at
-/// most ([`KernelSpec::fit_registers`]): with the key tile's scores and the
-/// addresses, well inside the 255 registers a CUDA thread may use.
-pub const REGISTER_FLOATS: usize = 64;
-/// Key rows per tile of register-tiled attention.
-pub const REGISTER_KEY_TILE: usize = 8;
-
-fn is_zero(n: &usize) -> bool {
-    *n == 0
-}
-
-impl AttnTiles {
     /// Tiles for `dl` query and `el` value vectors a row, `s` queries over
     /// `sk` keys, `masked` when some key tiles are partly visible and
     /// `window_rows` the rows a window spans (0: none).
