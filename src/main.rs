@@ -552,17 +552,9 @@ fn cuda_resources(
             return Ok(());
         }
     };
-    let sources: Vec<_> = files
-        .iter()
-        .zip(&manifest.launches)
-        .map(|((_, text), l)| (l.entry.as_str(), text.as_str(), l.threads(), l.shared_memory_bytes as u32))
-        .collect();
-    let resources = nvidia::check_sources(&tools, &sources, arch).map_err(|e| report(Code::Backend, e))?;
+    let resources = nvidia::annotate(&tools, files, manifest, arch).map_err(|e| report(Code::Backend, e))?;
     let names: Vec<&str> = files.iter().map(|(n, _)| n.as_str()).collect();
     print!("{}", nvidia::render_table(&names, &resources));
-    for (l, r) in manifest.launches.iter_mut().zip(resources) {
-        l.resources = Some(r);
-    }
     Ok(())
 }
 

@@ -208,10 +208,12 @@ class Program:
         dtype, out = _types(dtype, out)
         return self._native.grad(_inputs(tensors), _inputs(cotangents), list(wrt or []), backend, dtype, out)
 
-    def emit(self, target: str = "wgsl", dtype: Optional[str] = None, optimize: bool = False):
+    def emit(self, target: str = "wgsl", dtype: Optional[str] = None, optimize: bool = False, arch: str = "sm_90"):
         """Kernel source at the default dims, as ``attnc compile`` writes it:
-        ``({file name: source}, manifest)``."""
-        files, manifest = self._native.emit(target, dtype or "f32", optimize)
+        ``({file name: source}, manifest)``. For ``cuda``, where NVIDIA's
+        compilers are found (``ATTNC_CUDA_TOOLS``, ``CUDA_HOME``), each launch
+        carries its ``resources`` on ``arch`` (``sm_80`` or ``sm_90``)."""
+        files, manifest = self._native.emit(target, dtype or "f32", optimize, arch)
         return dict(files), json.loads(manifest)
 
     def explain(self, target: str = "h200", mode: str = "inference") -> str:

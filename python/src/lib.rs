@@ -14,7 +14,7 @@ use attnc_compiler::plan::Dtype;
 use attnc_runtime::bind::{DEFAULT_MAX_FLOPS, DEFAULT_MEMORY_BUDGET};
 use attnc_runtime::gpu::emit::Target as Source;
 use attnc_runtime::pipeline::{Backend, Compiler, Error, Program};
-use attnc_runtime::{RunError, Tensor};
+use attnc_runtime::{nvidia, RunError, Tensor};
 use dlpack::{HostArray, OutType};
 use pyo3::prelude::*;
 use std::collections::BTreeMap;
@@ -294,14 +294,26 @@ impl NativeProgram {
         target: &str,
         dtype: &str,
         optimize: bool,
+        arch: &str,
     ) -> PyResult<(Vec<(String, String)>, String)> {
         guarded(|| {
             let (target, dtype) = (source(target)?, self::dtype(dtype)?);
+            let Some(arch) = nvidia::Arch::parse(arch) else {
+                return Err(setting_error(format!("unknown arch `{arch}`; expected sm_80 or sm_90")));
+            };
             let mut bound = self.program.sized().map_err(|e| self.fail(py, e))?.in_dtype(dtype);
             if optimize {
                 bound = bound.optimize(cost::H200, Mode::Inference);
             }
-            let (files, manifest) = bound.emit(target).map_err(|e| self.fail(py, e))?;
+            let (files, mut manifest) = bound.emit(target).map_err(|e| self.fail(py, e))?;
+            // As `attnc compile`: where NVIDIA's compilers are found, each
+            // CUDA launch carries its registers, spills and occupancy.
+            if target == Source::Cuda {
+                if let Ok(tools) = nvidia::Tools::find() {
+                    nvidia::annotate(&tools, &files, &mut manifest, arch)
+                        .map_err(|e| exceptions::DeviceError::new_err(e.to_string()))?;
+                }
+            }
             Ok((files, serde_json::to_string_pretty(&manifest).expect("the manifest serialises")))
         })
     }

@@ -307,6 +307,14 @@ def test_emit_explain_and_ir_are_the_clis(tmp_path):
         for name, text in files.items():
             assert (out / name).read_text() == text, name
         assert manifest == json.loads((out / "manifest.json").read_text())
+        if target == "cuda" and os.environ.get("ATTNC_CUDA_TOOLS"):
+            # CI installs NVIDIA's compilers: both sides carry the resource table.
+            assert all(l["resources"]["arch"] == "sm_90" for l in manifest["launches"])
+    if os.environ.get("ATTNC_CUDA_TOOLS"):
+        sm80 = program.emit("cuda", arch="sm_80")[1]
+        assert all(l["resources"]["arch"] == "sm_80" for l in sm80["launches"])
+    with pytest.raises(attnc.SettingError, match="sm_75"):
+        program.emit("cuda", arch="sm_75")
     r = cli("explain", "stdlib/iha.attn", "--target", "cpu", "--mode", "training", *sets(params))
     assert r.returncode == 0 and program.explain(target="cpu", mode="training") == r.stdout
     r = cli("ir", "stdlib/iha.attn", *sets(params))

@@ -463,6 +463,28 @@ pub struct LaunchResources {
     pub sass_hmma: Option<bool>,
 }
 
+/// The resources of an emission's launches, as `attnc compile --target cuda`
+/// reports them: compiled for `arch`, written into each launch's
+/// `resources`, and returned in launch order. The CLI and the Python package
+/// both come here, so their manifests agree.
+pub fn annotate(
+    tools: &Tools,
+    files: &[(String, String)],
+    manifest: &mut crate::gpu::emit::Manifest,
+    arch: Arch,
+) -> Result<Vec<LaunchResources>, ToolError> {
+    let sources: Vec<_> = files
+        .iter()
+        .zip(&manifest.launches)
+        .map(|((_, text), l)| (l.entry.as_str(), text.as_str(), l.threads(), l.shared_memory_bytes as u32))
+        .collect();
+    let resources = check_sources(tools, &sources, arch)?;
+    for (l, r) in manifest.launches.iter_mut().zip(&resources) {
+        l.resources = Some(r.clone());
+    }
+    Ok(resources)
+}
+
 /// Compile every `(entry, source, threads, dynamic shared bytes)` of an
 /// emission for `arch`, in parallel. Kernels that differ only in their
 /// entry's name compile once.
