@@ -87,19 +87,10 @@ fn kernels(c: &Case, dtype: Dtype) -> Vec<(String, String, String, u32, u32, boo
 /// description; the first entry that matches counts). Every other spill
 /// fails the gate, and so does one of these past its bound.
 ///
-/// FIXME(issue 29): attention's backward holds a query or key row, its
-/// accumulator and the other operand's row per unit (192 floats at d = 64)
-/// and spills tens of bytes at 255 registers; past 64 channels its chunked
-/// channel loops index register arrays at run time, and at d = 128 it spills
-/// kilobytes. The TF32 GEMM reading an operand transposed (`xᵀ·dy`, only in
-/// gradient programs) spills 8 bytes, and the f16 fragment attention of MQA
-/// at d = 128 spills 16 on sm_90.
+/// FIXME(issue 25): the TF32 GEMM reading an operand transposed (`xᵀ·dy`,
+/// only in gradient programs) spills 8 bytes, and the f16 fragment
+/// attention of MQA at d = 128 spills 16 on sm_90.
 const KNOWN_SPILLS: &[(&str, u32, &str)] = &[
-    ("attention_grad_q", 4500, "--grad [H=8 N=2048 d=128]"),
-    ("attention_grad_k", 4000, "--grad [H=8 N=2048 d=128]"),
-    ("attention_grad_v", 800, "--grad [H=8 N=2048 d=128]"),
-    ("attention_grad_q", 160, "--grad ["),
-    ("attention_grad_k", 160, "--grad ["),
     ("matmul", 16, "--grad [] tf32"),
     ("matmul", 16, "--grad [H=8 N=2048 d=128] tf32"),
     ("matmul", 16, "--grad [H=8 N=1024 P=2 d=64] tf32"),

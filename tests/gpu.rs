@@ -583,6 +583,11 @@ fn attention_memory_is_linear(gpu: &Dev) {
 /// windows, blocks, d from 24 to 256. Every gradient within `TOL` of the
 /// float64 interpreter, and bit-identical on a second run.
 fn attention_gradients(dev: &Dev) {
+    attention_gradients_in(dev, &[]);
+}
+
+/// [`attention_gradients`]' cases and `more`.
+fn attention_gradients_in(dev: &Dev, more: &[Sized]) {
     let s = |h, hk, m, n, d, mask, window, block| Sized { h, hk, m, n, d, mask, window, block };
     let cases = [
         s(2, 1, 300, 1000, 64, "causal", None, 1),
@@ -596,7 +601,7 @@ fn attention_gradients(dev: &Dev) {
         s(1, 1, 92, 260, 8, "token_causal", Some(3), 4),
         s(1, 1, 100, 332, 8, "none", Some(2), 4),
     ];
-    for (i, c) in cases.iter().enumerate() {
+    for (i, c) in cases.iter().chain(more).enumerate() {
         let spec = sized_spec(c);
         let grad = attnc_compiler::grad::differentiate(&spec.program, &[]).unwrap();
         let (mut tensors, dims) = bind::generate_inputs(&grad, 40 + i as u64).unwrap();
@@ -853,6 +858,33 @@ backend_tests!(wgpu, Gpu::wgpu, Dtype::F32);
 #[test]
 fn attention_gradients_match_the_interpreter_at_real_sizes() {
     attention_gradients(&device(Gpu::wgpu, Dtype::F32));
+}
+
+/// The backward tiled within a GPU's register file, as CUDA runs it
+/// (`KernelSpec::fit_registers`): rows shared by 1 to 8 lanes (as many as
+/// the device's plane holds), each with an interleaved slice of the row's
+/// channels, partial dot products summed by shuffles.
+#[test]
+fn register_tiled_attention_gradients_match_the_interpreter() {
+    let dev = device(Gpu::wgpu, Dtype::F32).map(|g| g.with_register_tiles());
+    let s = |h, hk, m, n, d, mask, window, block| Sized { h, hk, m, n, d, mask, window, block };
+    let more = [s(1, 1, 260, 700, 128, "causal", None, 1), s(2, 1, 333, 333, 96, "none", Some(40), 1)];
+    // Every width of `fit_registers` that the plane allows is exercised.
+    let plane = attnc_runtime::gpu::define::plane_width(dev.gpu.client().properties()) as usize;
+    let mut widths = std::collections::BTreeSet::new();
+    for d in [8, 16, 24, 32, 40, 64, 96, 128, 256] {
+        let c = sized_spec(&s(1, 1, 64, 64, d, "none", None, 1));
+        let grad = attnc_compiler::grad::differentiate(&c.program, &[]).unwrap();
+        let dims = bind::default_dims(&grad).unwrap();
+        for l in &dev.plan(&grad, &dims).launches {
+            if let plan::KernelSpec::AttentionGrad { .. } = l.spec {
+                widths.insert(dev.gpu.tiled(&l.spec).attention_tiles().lanes);
+            }
+        }
+    }
+    let want: std::collections::BTreeSet<usize> = [1, 2, 4, 8].into_iter().filter(|w| *w <= plane).collect();
+    assert_eq!(widths, want, "lane counts of the backward on a plane of {plane}");
+    attention_gradients_in(&dev, &more);
 }
 
 #[cfg(feature = "cuda")]

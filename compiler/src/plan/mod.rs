@@ -679,6 +679,7 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
                     q: vq,
                     k: vk,
                     tile: grad_key_tile(sq[3], 0),
+                    split: 0,
                 };
                 (spec, vec![bq, bk])
             }
@@ -705,6 +706,7 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
                     o: views[3],
                     dout: views[4],
                     tile: grad_key_tile(sq[3], sv[3]),
+                    split: 0,
                 };
                 (spec, bindings)
             }

@@ -92,6 +92,9 @@ pub enum KernelSpec {
         q: RowView,
         k: RowView,
         tile: usize,
+        /// Units sharing each query row ([`KernelSpec::fit_registers`]; 0: one).
+        #[serde(default, skip_serializing_if = "is_zero")]
+        split: usize,
     },
     /// FlashAttention-2's backward in one operand (`wrt`): binds `q`, `k`,
     /// `v`, the forward output `o`, its cotangent `dout` and the rows'
@@ -112,6 +115,9 @@ pub enum KernelSpec {
         o: RowView,
         dout: RowView,
         tile: usize,
+        /// Units sharing each row ([`KernelSpec::fit_registers`]; 0: one).
+        #[serde(default, skip_serializing_if = "is_zero")]
+        split: usize,
     },
     /// `out[x, y] = Σ_{r,i} a[r, x, i] · b[r, y, i]` for row-major
     /// `a: [rows, o1, inner]`, `b: [rows, o2, inner]`: the gradients of
@@ -161,7 +167,7 @@ impl KernelSpec {
             KernelSpec::MatMul { .. } => GEMM_UNITS,
             KernelSpec::Attention { .. } => self.attention_tiles().units(),
             KernelSpec::Group { .. } | KernelSpec::Contract { .. } => GROUP_UNITS,
-            KernelSpec::AttentionLse { .. } | KernelSpec::AttentionGrad { .. } => ATTN_ROWS,
+            KernelSpec::AttentionLse { .. } | KernelSpec::AttentionGrad { .. } => self.attention_tiles().units(),
             _ => 256,
         } as u32;
         let (x, y) = self.cubes();
@@ -194,11 +200,16 @@ impl KernelSpec {
             }
             KernelSpec::Group { groups, .. } => (*groups, 1),
             KernelSpec::Contract { o1, o2, .. } => (o1 * o2, 1),
-            KernelSpec::AttentionLse { shape: AttnShape { batch, h, s, .. }, .. } => (s.div_ceil(ATTN_ROWS), batch * h),
-            KernelSpec::AttentionGrad { shape: AttnShape { batch, h, hk, s, sk, .. }, wrt, .. } => match wrt {
-                AttnArg::Q => (s.div_ceil(ATTN_ROWS), batch * h),
-                AttnArg::K | AttnArg::V => (sk.div_ceil(ATTN_ROWS), batch * hk),
-            },
+            KernelSpec::AttentionLse { shape: AttnShape { batch, h, s, .. }, .. } => {
+                (s.div_ceil(self.attention_tiles().cube_rows()), batch * h)
+            }
+            KernelSpec::AttentionGrad { shape: AttnShape { batch, h, hk, s, sk, .. }, wrt, .. } => {
+                let rows = self.attention_tiles().cube_rows();
+                match wrt {
+                    AttnArg::Q => (s.div_ceil(rows), batch * h),
+                    AttnArg::K | AttnArg::V => (sk.div_ceil(rows), batch * hk),
+                }
+            }
             other => (other.len().div_ceil(256).max(1), 1),
         }
     }
@@ -275,27 +286,54 @@ impl KernelSpec {
     }
 
     /// This launch tiled to fit a GPU's register file: scalar attention
-    /// (not on fragments) gives each query row `split` lanes, each holding
-    /// `1/split` of the row's query and output channels, so that a unit
+    /// (not on fragments) and attention's backward give each row `split`
+    /// lanes, each holding `1/split` of the row's channels, so that a unit
     /// holds at most [`REGISTER_FLOATS`] of them; every other launch is
     /// unchanged (GEMMs and fragment kernels already fit).
     /// The lanes sharing a row are lanes of one plane: at most `plane`.
     pub fn fit_registers(&self, plane: usize) -> KernelSpec {
         let mut spec = self.clone();
-        let lanes = self.line_size();
-        if let KernelSpec::Attention { shape: AttnShape { d, e, .. }, fragments: false, ref mut split, .. } = spec {
-            let (dl, el) = (d / lanes, e / lanes);
-            // Widths that split both rows' vectors evenly within a plane, narrowest first.
-            let widths: Vec<usize> =
-                [1, 2, 4, 8].into_iter().filter(|g| dl % g == 0 && el % g == 0 && *g <= plane.max(1)).collect();
-            // The narrowest within the budget, else the widest there is.
-            *split = widths
-                .iter()
-                .copied()
-                .find(|g| (d + e) / g <= REGISTER_FLOATS)
-                .unwrap_or(*widths.last().expect("1 divides"));
+        let Some(RowFloats { held, widths: (a, b), widest, .. }) = self.row_floats() else { return spec };
+        // Lane counts that split both rows evenly within a plane, narrowest first.
+        let counts: Vec<usize> = [1, 2, 4, 8, 16]
+            .into_iter()
+            .filter(|g| a % g == 0 && b % g == 0 && *g <= plane.max(1) && *g <= widest)
+            .collect();
+        // The narrowest within the budget, else the widest there is.
+        let lanes =
+            counts.iter().copied().find(|g| held / g <= REGISTER_FLOATS).unwrap_or(*counts.last().expect("1 divides"));
+        if let KernelSpec::Attention { ref mut split, .. }
+        | KernelSpec::AttentionLse { ref mut split, .. }
+        | KernelSpec::AttentionGrad { ref mut split, .. } = spec
+        {
+            *split = lanes;
         }
         spec
+    }
+
+    /// What a launch that [`KernelSpec::fit_registers`] may split holds in
+    /// registers per row, for one lane a row; `None` for any other.
+    pub fn row_floats(&self) -> Option<RowFloats> {
+        let lanes = self.line_size();
+        Some(match *self {
+            KernelSpec::Attention { shape: AttnShape { d, e, .. }, fragments: false, .. } => {
+                RowFloats { held: d + e, what: "query and output", widths: (d / lanes, e / lanes), widest: 8 }
+            }
+            KernelSpec::AttentionLse { shape: AttnShape { d, .. }, .. } => {
+                RowFloats { held: d, what: "query", widths: (d, d), widest: 16 }
+            }
+            // dQ: q, dO and the accumulator (and o's slice for D_i); dK: k,
+            // v and the accumulator; dV: k and the accumulator.
+            KernelSpec::AttentionGrad { shape: AttnShape { d, e, .. }, wrt, .. } => {
+                let (held, what) = match wrt {
+                    AttnArg::Q => (2 * d + 2 * e, "query, output, output-gradient and dQ"),
+                    AttnArg::K => (2 * d + e, "key, value and dK"),
+                    AttnArg::V => (d + e, "key and dV"),
+                };
+                RowFloats { held, what, widths: (d, e), widest: 16 }
+            }
+            _ => return None,
+        })
     }
 
     /// The tiling of an attention launch (any other launch: a single unit row
@@ -320,6 +358,9 @@ impl KernelSpec {
                     mask != MaskKind::None || window.is_some(),
                     window.unwrap_or(0) * block,
                 )
+            }
+            KernelSpec::AttentionLse { tile, split, .. } | KernelSpec::AttentionGrad { tile, split, .. } => {
+                AttnTiles { unit_rows: 1, key_tile: tile, lanes: split.max(1) }
             }
             _ => AttnTiles { unit_rows: 1, key_tile: 1, lanes: 1 },
         }
@@ -386,10 +427,12 @@ impl KernelSpec {
                 (rows * inner).div_ceil(GROUP_UNITS) + GROUP_UNITS.ilog2() as usize
             }
             // A loop over a tile's rows, and per row the channel loops of `grad_chunk`.
-            KernelSpec::AttentionLse { shape: AttnShape { sk, d, .. }, tile, .. } => {
+            KernelSpec::AttentionLse { shape: AttnShape { sk, d, .. }, tile, split, .. } => {
+                let d = d / split.max(1);
                 sk.div_ceil(tile) * (1 + tile * (1 + grad_steps(d))) + grad_steps(d)
             }
-            KernelSpec::AttentionGrad { shape: AttnShape { s, sk, h, hk, d, e, .. }, tile, wrt, .. } => {
+            KernelSpec::AttentionGrad { shape: AttnShape { s, sk, h, hk, d, e, .. }, tile, wrt, split, .. } => {
+                let (d, e) = (d / split.max(1), e / split.max(1));
                 let per_row = 1 + 2 * grad_steps(d) + grad_steps(e);
                 let once = 2 * grad_steps(d) + 3 * grad_steps(e);
                 match wrt {
@@ -488,6 +531,18 @@ pub fn line_size(ns: &[usize]) -> usize {
 /// Column vectors per GEMM cube for `f` output columns in vectors of `lanes`.
 pub fn gemm_cols(f: usize, lanes: usize) -> usize {
     (GEMM_COLS / lanes).min(f / lanes).max(1)
+}
+
+/// The floats a launch holds in registers per row ([`KernelSpec::row_floats`]).
+#[derive(Clone, Copy, Debug)]
+pub struct RowFloats {
+    pub held: usize,
+    /// What they are, in words.
+    pub what: &'static str,
+    /// The vector counts of its two rows, which a lane count must divide.
+    pub widths: (usize, usize),
+    /// Lanes a row at most.
+    pub widest: usize,
 }
 
 /// How an attention launch is tiled: query rows per unit and key rows per tile.

@@ -1,11 +1,18 @@
 //! Attention's backward, FlashAttention-2 style, and the per-row
 //! log-sum-exp it saves (`KernelSpec::AttentionLse`, `KernelSpec::AttentionGrad`).
 //!
-//! A cube of [`ATTN_ROWS`] units owns as many rows: query rows of one
-//! (batch, head) for the log-sum-exp and `dQ`; key rows of one (batch,
-//! key/value head) for `dK` and `dV`, which walk the query rows of every
-//! query head sharing that key/value head (GQA's accumulation, in the
-//! unit's registers). Each unit holds its own row and accumulator in
+//! A cube owns `Dims::rows` rows: query rows of one (batch, head) for the
+//! log-sum-exp and `dQ`; key rows of one (batch, key/value head) for `dK`
+//! and `dV`, which walk the query rows of every query head sharing that
+//! key/value head (GQA's accumulation, in the unit's registers). A row
+//! belongs to one unit (`plan::ATTN_ROWS` units a cube), or, tiled within
+//! a GPU's register file (`KernelSpec::fit_registers`, what CUDA runs), to
+//! `Dims::lanes` consecutive lanes of a plane, each holding the channels
+//! `c · lanes + lane` of the row and its accumulator (interleaved, so that
+//! the lanes read consecutive words of a shared tile) and summing dot
+//! products with butterfly shuffles, which every lane reaches: scores are
+//! computed for every pair of a visited tile, and the mask decides which
+//! update. Each unit holds its own row (or slice) and accumulator in
 //! registers; the other side's rows come in tiles of `tile` rows that the
 //! cube loads into shared memory together. Probabilities are recomputed per
 //! pair from the saved log-sum-exp, `P_ij = exp(scale·q_i·k_j − lse_i)`;
@@ -22,8 +29,9 @@
 //! side counts against Mesa's loop bound (`KernelSpec::loop_trips`).
 
 use super::attention::{key_hi, key_lo, key_row_of, view_row, MASKED, M_INIT};
+use super::attention_split::xor_add;
 use super::kernels::{self as k, shifted, visible, Stored, MASK_CAUSAL, MASK_TOKEN_CAUSAL};
-use attnc_compiler::plan::{grad_chunk, RowView, ATTN_ROWS};
+use attnc_compiler::plan::{grad_chunk, RowView};
 use cubecl::prelude::*;
 
 /// The log-sum-exp a row that sees no key stores (WGSL has no infinite
@@ -50,6 +58,18 @@ pub struct Dims {
     pub tile: usize,
     /// `KernelSpec::fold_x`.
     pub fold: usize,
+    /// Units sharing each row, lanes of one plane, each holding the row's
+    /// channels `c · lanes + lane` (register tiling; 1: a unit a row).
+    pub lanes: usize,
+    /// Rows per cube (`AttnTiles::cube_rows`).
+    pub rows: usize,
+}
+
+impl Dims {
+    /// Units per cube.
+    fn units(&self) -> usize {
+        self.rows * self.lanes
+    }
 }
 
 impl Dims {
@@ -151,12 +171,54 @@ fn query_tiles(j0: usize, j1: usize, #[comptime] g: Dims) -> Tiles {
 
 /// The first and last rows (of `n`) of this unit's cube.
 #[cube]
-fn cube_rows(#[comptime] n: usize, #[comptime] fold: usize) -> Array<usize> {
+fn cube_rows(#[comptime] n: usize, #[comptime] g: Dims) -> Array<usize> {
     let mut a = Array::<usize>::new(2usize);
-    let r0 = k::cube_x(fold) * comptime![ATTN_ROWS];
+    let r0 = k::cube_x(comptime![g.fold]) * comptime![g.rows];
     a[0] = r0;
-    a[1] = min(r0 + comptime![ATTN_ROWS - 1], comptime![n - 1]);
+    a[1] = min(r0 + comptime![g.rows - 1], comptime![n - 1]);
     a
+}
+
+/// `at` plus this unit's lane among the `lanes` sharing its row: where its
+/// channels of a row starting at `at` begin ([`at_channel`]).
+#[cube]
+fn plus_lane(at: usize, #[comptime] lanes: usize) -> usize {
+    if comptime![lanes == 1] {
+        at
+    } else {
+        at + UNIT_POS as usize % lanes
+    }
+}
+
+/// Channel `c` of a unit's slice starting at `at` (from [`plus_lane`]).
+#[cube]
+fn at_channel(at: usize, c: usize, #[comptime] lanes: usize) -> usize {
+    if comptime![lanes == 1] {
+        at + c
+    } else {
+        at + c * lanes
+    }
+}
+
+/// `v` summed over the `lanes` units sharing a row (consecutive lanes of a
+/// plane, a power of two): `log2 lanes` butterfly shuffles, which every
+/// unit of the plane must reach together.
+#[cube]
+fn lane_sum(v: f32, #[comptime] lanes: usize) -> f32 {
+    let mut x = v;
+    if comptime![lanes > 1] {
+        x = xor_add(x, 1u32);
+    }
+    if comptime![lanes > 2] {
+        x = xor_add(x, 2u32);
+    }
+    if comptime![lanes > 4] {
+        x = xor_add(x, 4u32);
+    }
+    if comptime![lanes > 8] {
+        x = xor_add(x, 8u32);
+    }
+    x
 }
 
 /// Tile `t` (rows `t·rows ..`, clamped to the last of `n`) of `width`
@@ -174,10 +236,11 @@ fn load_tile(
     #[comptime] rows: usize,
     #[comptime] width: usize,
     #[comptime] n: usize,
+    #[comptime] units: usize,
 ) {
     #[unroll]
-    for c in 0..comptime![(rows * width).div_ceil(ATTN_ROWS)] {
-        let idx = UNIT_POS as usize + comptime![c * ATTN_ROWS];
+    for c in 0..comptime![(rows * width).div_ceil(units)] {
+        let idx = UNIT_POS as usize + comptime![c * units];
         if idx < comptime![rows * width] {
             let r = min(t * rows + idx / width, comptime![n - 1]);
             tile[idx] = f32::cast_from(x[view_row(b, hh, r, v) + idx % width]);
@@ -185,7 +248,8 @@ fn load_tile(
     }
 }
 
-/// `width` floats of row `r` of head `(b, hh)` of `x` into registers.
+/// This unit's slice (`width / lanes` floats) of row `r` of head `(b, hh)`
+/// of `x`, `width` floats a row, into registers.
 #[cube]
 fn load_row(
     x: &[Stored],
@@ -194,20 +258,22 @@ fn load_row(
     r: usize,
     #[comptime] v: RowView,
     #[comptime] width: usize,
+    #[comptime] lanes: usize,
 ) -> Array<f32> {
-    let at = view_row(b, hh, r, v);
-    let mut a = Array::<f32>::new(width);
-    let ch = comptime![grad_chunk(width)];
-    if comptime![ch == width] {
+    let at = plus_lane(view_row(b, hh, r, v), lanes);
+    let n = comptime![width / lanes];
+    let mut a = Array::<f32>::new(n);
+    let ch = comptime![grad_chunk(n)];
+    if comptime![ch == n] {
         #[unroll]
-        for c in 0..width {
-            a[c] = f32::cast_from(x[at + c]);
+        for c in 0..n {
+            a[c] = f32::cast_from(x[at_channel(at, c, lanes)]);
         }
     } else {
-        for c0 in 0..comptime![width / ch] {
+        for c0 in 0..comptime![n / ch] {
             #[unroll]
             for c in 0..ch {
-                a[c0 * ch + c] = f32::cast_from(x[at + c0 * ch + c]);
+                a[c0 * ch + c] = f32::cast_from(x[at_channel(at + c0 * comptime![ch * lanes], c, lanes)]);
             }
         }
     }
@@ -225,51 +291,73 @@ fn zeros(#[comptime] n: usize) -> Array<f32> {
     a
 }
 
-/// `Σ_c a[c] · tile[at + c]` over `n` values.
+/// `Σ_c a[c] · tile[channel c of at]` over this unit's `n / lanes`
+/// channels of a row of `n` starting at `at` (a part of the row's sum:
+/// [`lane_sum`] completes it).
 #[cube]
-fn dot_tile(a: &Array<f32>, tile: &[f32], at: usize, #[comptime] n: usize) -> f32 {
+fn dot_tile(a: &Array<f32>, tile: &[f32], at: usize, #[comptime] n: usize, #[comptime] lanes: usize) -> f32 {
+    let at = plus_lane(at, lanes);
+    let n = comptime![n / lanes];
     let mut acc = f32::new(0.0);
     let ch = comptime![grad_chunk(n)];
     if comptime![ch == n] {
         #[unroll]
         for c in 0..n {
-            acc += a[c] * tile[at + c];
+            acc += a[c] * tile[at_channel(at, c, lanes)];
         }
     } else {
         for c0 in 0..comptime![n / ch] {
             #[unroll]
             for c in 0..ch {
-                acc += a[c0 * ch + c] * tile[at + c0 * ch + c];
+                acc += a[c0 * ch + c] * tile[at_channel(at + c0 * comptime![ch * lanes], c, lanes)];
             }
         }
     }
     acc
 }
 
-/// `acc[c] += w · tile[at + c]` over `n` values.
+/// `acc[c] += w · tile[channel c of at]` over this unit's `n / lanes`
+/// channels of a row of `n` starting at `at`.
 #[cube]
-fn axpy_tile(acc: &mut Array<f32>, w: f32, tile: &[f32], at: usize, #[comptime] n: usize) {
+fn axpy_tile(acc: &mut Array<f32>, w: f32, tile: &[f32], at: usize, #[comptime] n: usize, #[comptime] lanes: usize) {
+    let at = plus_lane(at, lanes);
+    let n = comptime![n / lanes];
     let ch = comptime![grad_chunk(n)];
     if comptime![ch == n] {
         #[unroll]
         for c in 0..n {
-            acc[c] += w * tile[at + c];
+            acc[c] += w * tile[at_channel(at, c, lanes)];
         }
     } else {
         for c0 in 0..comptime![n / ch] {
             #[unroll]
             for c in 0..ch {
-                acc[c0 * ch + c] += w * tile[at + c0 * ch + c];
+                acc[c0 * ch + c] += w * tile[at_channel(at + c0 * comptime![ch * lanes], c, lanes)];
             }
         }
+    }
+}
+
+/// Store this unit's `n / lanes` channels `acc` of a row of `n` starting at `at` of `out`.
+#[cube]
+fn store_row(out: &mut [Stored], acc: &Array<f32>, at: usize, #[comptime] n: usize, #[comptime] lanes: usize) {
+    let at = plus_lane(at, lanes);
+    #[unroll]
+    for c in 0..comptime![n / lanes] {
+        out[at_channel(at, c, lanes)] = Stored::cast_from(acc[c]);
     }
 }
 
 /// This unit's row: the cube's first plus its position (past the last
 /// row for a unit of the last cube with nothing to do).
 #[cube]
-fn unit_row(#[comptime] fold: usize) -> usize {
-    k::cube_x(fold) * comptime![ATTN_ROWS] + UNIT_POS as usize
+fn unit_row(#[comptime] g: Dims) -> usize {
+    let r0 = k::cube_x(comptime![g.fold]) * comptime![g.rows];
+    if comptime![g.lanes == 1] {
+        r0 + UNIT_POS as usize
+    } else {
+        r0 + UNIT_POS as usize / comptime![g.lanes]
+    }
 }
 
 /// A unit's query row `i` of query head `hi` (key/value head `kh`) of batch
@@ -289,7 +377,7 @@ struct QueryRow {
 fn query_row(#[comptime] g: Dims) -> QueryRow {
     let bh = k::cube_y(comptime![g.fold]);
     let hi = bh % comptime![g.h];
-    let row = unit_row(comptime![g.fold]);
+    let row = unit_row(g);
     QueryRow {
         bh,
         b: bh / comptime![g.h],
@@ -300,8 +388,10 @@ fn query_row(#[comptime] g: Dims) -> QueryRow {
     }
 }
 
-/// `D_i = dO_i · O_i`, given `dO_i` (`e` values) and query row `i` of head `(b, hi)` of `o`.
+/// `D_i = dO_i · O_i`, given this unit's slice of `dO_i` (of `e` values)
+/// and query row `i` of head `(b, hi)` of `o`, summed over the row's lanes.
 #[cube]
+#[allow(clippy::too_many_arguments)]
 fn delta_row(
     dor: &Array<f32>,
     o: &[Stored],
@@ -310,14 +400,15 @@ fn delta_row(
     i: usize,
     #[comptime] ov: RowView,
     #[comptime] e: usize,
+    #[comptime] lanes: usize,
 ) -> f32 {
-    let or = load_row(o, b, hi, i, ov, e);
+    let or = load_row(o, b, hi, i, ov, e, lanes);
     let mut delta = f32::new(0.0);
     #[unroll]
-    for c in 0..e {
+    for c in 0..comptime![e / lanes] {
         delta += dor[c] * or[c];
     }
-    delta
+    lane_sum(delta, lanes)
 }
 
 /// The log-sum-exp of each query row's scaled visible scores, row-major
@@ -333,19 +424,24 @@ pub fn lse(
     #[comptime] scale: f32,
 ) {
     let QueryRow { bh, b, hi, kh, i, real } = query_row(g);
-    let qr = load_row(q, b, hi, i, qv, comptime![g.d]);
+    let qr = load_row(q, b, hi, i, qv, comptime![g.d], comptime![g.lanes]);
     let mut kt = Shared::<[f32]>::new_slice(comptime![g.tile * g.d]);
     let mut m = f32::new(M_INIT);
     let mut l = f32::new(0.0);
-    let rows = cube_rows(comptime![g.s], comptime![g.fold]);
+    let rows = cube_rows(comptime![g.s], g);
     let band = key_tiles(rows[0], rows[1], g);
     for t in band.lo..band.hi {
-        load_tile(kb, &mut kt, b, kh, t, kv, comptime![g.tile], comptime![g.d], comptime![g.sk]);
+        load_tile(kb, &mut kt, b, kh, t, kv, comptime![g.tile], comptime![g.d], comptime![g.sk], comptime![g.units()]);
         sync_cube();
         for jj in 0..comptime![g.tile] {
             let j = t * comptime![g.tile] + jj;
+            // Every lane of the plane sums its part, seen or not (the shuffles).
+            let dot = lane_sum(
+                dot_tile(&qr, &kt, jj * comptime![g.d], comptime![g.d], comptime![g.lanes]),
+                comptime![g.lanes],
+            );
             if j < comptime![g.sk] && sees(i, j, g) {
-                let sc = dot_tile(&qr, &kt, jj * comptime![g.d], comptime![g.d]) * f32::new(scale);
+                let sc = dot * f32::new(scale);
                 let mn = max(m, sc);
                 l = l * (m - mn).exp() + (sc - mn).exp();
                 m = mn;
@@ -353,7 +449,7 @@ pub fn lse(
         }
         sync_cube();
     }
-    if real {
+    if real && plus_lane(0usize, comptime![g.lanes]) == 0 {
         let mut v = f32::new(NO_KEYS);
         if l > f32::new(0.0) {
             v = m + l.ln();
@@ -362,8 +458,8 @@ pub fn lse(
     }
 }
 
-/// `dQ`, row-major `[B, H, S, d]`: a unit per query row walks the key and
-/// value tiles of its key/value head.
+/// `dQ`, row-major `[B, H, S, d]`: a unit (or `lanes` units) per query row
+/// walks the key and value tiles of its key/value head.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub fn grad_q(
@@ -378,45 +474,54 @@ pub fn grad_q(
     #[comptime] views: [RowView; 5],
     #[comptime] scale: f32,
 ) {
+    let lanes = comptime![g.lanes];
     let QueryRow { bh, b, hi, kh, i, real } = query_row(g);
-    let qr = load_row(q, b, hi, i, comptime![views[0]], comptime![g.d]);
-    let dor = load_row(dout, b, hi, i, comptime![views[4]], comptime![g.e]);
-    let delta = delta_row(&dor, o, b, hi, i, comptime![views[3]], comptime![g.e]);
+    let qr = load_row(q, b, hi, i, comptime![views[0]], comptime![g.d], lanes);
+    let dor = load_row(dout, b, hi, i, comptime![views[4]], comptime![g.e], lanes);
+    let delta = delta_row(&dor, o, b, hi, i, comptime![views[3]], comptime![g.e], lanes);
     let l = f32::cast_from(lse[bh * comptime![g.s] + i]);
     let live = real && l > f32::new(NO_KEYS_BELOW);
-    let mut dq = zeros(comptime![g.d]);
+    let mut dq = zeros(comptime![g.d / g.lanes]);
     let mut kt = Shared::<[f32]>::new_slice(comptime![g.tile * g.d]);
     let mut vt = Shared::<[f32]>::new_slice(comptime![g.tile * g.e]);
-    let rows = cube_rows(comptime![g.s], comptime![g.fold]);
+    let rows = cube_rows(comptime![g.s], g);
     let band = key_tiles(rows[0], rows[1], g);
     for t in band.lo..band.hi {
-        load_tile(kb, &mut kt, b, kh, t, comptime![views[1]], comptime![g.tile], comptime![g.d], comptime![g.sk]);
-        load_tile(v, &mut vt, b, kh, t, comptime![views[2]], comptime![g.tile], comptime![g.e], comptime![g.sk]);
+        let units = comptime![g.units()];
+        load_tile(
+            kb,
+            &mut kt,
+            b,
+            kh,
+            t,
+            comptime![views[1]],
+            comptime![g.tile],
+            comptime![g.d],
+            comptime![g.sk],
+            units,
+        );
+        load_tile(v, &mut vt, b, kh, t, comptime![views[2]], comptime![g.tile], comptime![g.e], comptime![g.sk], units);
         sync_cube();
         for jj in 0..comptime![g.tile] {
             let j = t * comptime![g.tile] + jj;
+            let sc = lane_sum(dot_tile(&qr, &kt, jj * comptime![g.d], comptime![g.d], lanes), lanes) * f32::new(scale);
+            let dp = lane_sum(dot_tile(&dor, &vt, jj * comptime![g.e], comptime![g.e], lanes), lanes);
             if live && j < comptime![g.sk] && sees(i, j, g) {
-                let sc = dot_tile(&qr, &kt, jj * comptime![g.d], comptime![g.d]) * f32::new(scale);
                 let p = (sc - l).exp();
-                let dp = dot_tile(&dor, &vt, jj * comptime![g.e], comptime![g.e]);
                 let ds = p * (dp - delta) * f32::new(scale);
-                axpy_tile(&mut dq, ds, &kt, jj * comptime![g.d], comptime![g.d]);
+                axpy_tile(&mut dq, ds, &kt, jj * comptime![g.d], comptime![g.d], lanes);
             }
         }
         sync_cube();
     }
     if real {
-        let at = (bh * comptime![g.s] + i) * comptime![g.d];
-        #[unroll]
-        for c in 0..comptime![g.d] {
-            out[at + c] = Stored::cast_from(dq[c]);
-        }
+        store_row(out, &dq, (bh * comptime![g.s] + i) * comptime![g.d], comptime![g.d], lanes);
     }
 }
 
-/// `dK` (`wrt_k`) or `dV`, row-major `[B, H_kv, S_k, d or e]`: a unit per
-/// key row walks the query tiles of every query head that reads its
-/// key/value head. `v` and `o` are read for `dK` only.
+/// `dK` (`wrt_k`) or `dV`, row-major `[B, H_kv, S_k, d or e]`: a unit (or
+/// `lanes` units) per key row walks the query tiles of every query head
+/// that reads its key/value head. `v` and `o` are read for `dK` only.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub fn grad_kv(
@@ -432,49 +537,88 @@ pub fn grad_kv(
     #[comptime] scale: f32,
     #[comptime] wrt_k: bool,
 ) {
+    let lanes = comptime![g.lanes];
     let bh = k::cube_y(comptime![g.fold]);
     let b = bh / comptime![g.hk];
     let kh = bh % comptime![g.hk];
-    let row = unit_row(comptime![g.fold]);
+    let row = unit_row(g);
     let real = row < comptime![g.sk];
     let j = min(row, comptime![g.sk - 1]);
-    let kr = load_row(kb, b, kh, j, comptime![views[1]], comptime![g.d]);
+    let kr = load_row(kb, b, kh, j, comptime![views[1]], comptime![g.d], lanes);
     let width = comptime![if wrt_k { g.d } else { g.e }];
-    let mut acc = zeros(width);
-    let vr = if comptime![wrt_k] { load_row(v, b, kh, j, comptime![views[2]], comptime![g.e]) } else { zeros(1usize) };
+    let mut acc = zeros(comptime![width / g.lanes]);
+    let vr = if comptime![wrt_k] {
+        load_row(v, b, kh, j, comptime![views[2]], comptime![g.e], lanes)
+    } else {
+        zeros(1usize)
+    };
     let mut qt = Shared::<[f32]>::new_slice(comptime![g.tile * g.d]);
     let mut dt = Shared::<[f32]>::new_slice(comptime![g.tile * g.e]);
     // Per query row of the tile: its log-sum-exp, then (dK) its D_i.
     let mut st = Shared::<[f32]>::new_slice(comptime![2 * g.tile]);
-    let rows = cube_rows(comptime![g.sk], comptime![g.fold]);
+    let rows = cube_rows(comptime![g.sk], g);
     let band = query_tiles(rows[0], rows[1], g);
+    // The tile row whose log-sum-exp and D_i this unit's row of lanes fetches.
+    let mine = (UNIT_POS as usize / lanes) % comptime![g.tile];
+    let fetches = UNIT_POS as usize / lanes < comptime![g.tile] && plus_lane(0usize, lanes) == 0;
     for hq in 0..comptime![g.h / g.hk] {
         let hi = kh * comptime![g.h / g.hk] + hq;
         for t in band.lo..band.hi {
-            load_tile(q, &mut qt, b, hi, t, comptime![views[0]], comptime![g.tile], comptime![g.d], comptime![g.s]);
-            load_tile(dout, &mut dt, b, hi, t, comptime![views[4]], comptime![g.tile], comptime![g.e], comptime![g.s]);
-            if (UNIT_POS as usize) < comptime![g.tile] {
-                let i = min(t * comptime![g.tile] + UNIT_POS as usize, comptime![g.s - 1]);
-                st[UNIT_POS as usize] = f32::cast_from(lse[(b * comptime![g.h] + hi) * comptime![g.s] + i]);
-                if comptime![wrt_k] {
-                    let dor = load_row(dout, b, hi, i, comptime![views[4]], comptime![g.e]);
-                    st[comptime![g.tile] + UNIT_POS as usize] =
-                        delta_row(&dor, o, b, hi, i, comptime![views[3]], comptime![g.e]);
+            let units = comptime![g.units()];
+            load_tile(
+                q,
+                &mut qt,
+                b,
+                hi,
+                t,
+                comptime![views[0]],
+                comptime![g.tile],
+                comptime![g.d],
+                comptime![g.s],
+                units,
+            );
+            load_tile(
+                dout,
+                &mut dt,
+                b,
+                hi,
+                t,
+                comptime![views[4]],
+                comptime![g.tile],
+                comptime![g.e],
+                comptime![g.s],
+                units,
+            );
+            let i = min(t * comptime![g.tile] + mine, comptime![g.s - 1]);
+            if comptime![wrt_k] {
+                // Every row of lanes sums a D_i (the shuffles); the first `tile` rows keep theirs.
+                let dor = load_row(dout, b, hi, i, comptime![views[4]], comptime![g.e], lanes);
+                let delta = delta_row(&dor, o, b, hi, i, comptime![views[3]], comptime![g.e], lanes);
+                if fetches {
+                    st[comptime![g.tile] + mine] = delta;
                 }
+            }
+            if fetches {
+                st[mine] = f32::cast_from(lse[(b * comptime![g.h] + hi) * comptime![g.s] + i]);
             }
             sync_cube();
             for ii in 0..comptime![g.tile] {
                 let i = t * comptime![g.tile] + ii;
                 let l = st[ii];
+                let sc =
+                    lane_sum(dot_tile(&kr, &qt, ii * comptime![g.d], comptime![g.d], lanes), lanes) * f32::new(scale);
+                let dp = if comptime![wrt_k] {
+                    lane_sum(dot_tile(&vr, &dt, ii * comptime![g.e], comptime![g.e], lanes), lanes)
+                } else {
+                    f32::new(0.0)
+                };
                 if real && i < comptime![g.s] && l > f32::new(NO_KEYS_BELOW) && sees(i, j, g) {
-                    let sc = dot_tile(&kr, &qt, ii * comptime![g.d], comptime![g.d]) * f32::new(scale);
                     let p = (sc - l).exp();
                     if comptime![wrt_k] {
-                        let dp = dot_tile(&vr, &dt, ii * comptime![g.e], comptime![g.e]);
                         let ds = p * (dp - st[comptime![g.tile] + ii]) * f32::new(scale);
-                        axpy_tile(&mut acc, ds, &qt, ii * comptime![g.d], comptime![g.d]);
+                        axpy_tile(&mut acc, ds, &qt, ii * comptime![g.d], comptime![g.d], lanes);
                     } else {
-                        axpy_tile(&mut acc, p, &dt, ii * comptime![g.e], comptime![g.e]);
+                        axpy_tile(&mut acc, p, &dt, ii * comptime![g.e], comptime![g.e], lanes);
                     }
                 }
             }
@@ -482,10 +626,6 @@ pub fn grad_kv(
         }
     }
     if real {
-        let at = (bh * comptime![g.sk] + j) * width;
-        #[unroll]
-        for c in 0..width {
-            out[at + c] = Stored::cast_from(acc[c]);
-        }
+        store_row(out, &acc, (bh * comptime![g.sk] + j) * width, width, lanes);
     }
 }

@@ -59,7 +59,7 @@ const PART: usize = 3;
 /// `v` plus lane `lane ^ mask`'s `v`: one butterfly step of a sum over the
 /// lanes sharing a row.
 #[cube]
-fn xor_add(v: f32, #[comptime] mask: u32) -> f32 {
+pub(super) fn xor_add(v: f32, #[comptime] mask: u32) -> f32 {
     v + plane_shuffle_xor(v, mask)
 }
 

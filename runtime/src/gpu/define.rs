@@ -365,11 +365,11 @@ impl IrKernel {
             group_body(scope, bufs, out, steps, scratch, len / groups, fold);
         } else if let KernelSpec::Contract { rows, o1, o2, inner } = *spec {
             k::contract::expand(scope, &bufs[0], &bufs[1], &mut out, rows, o1, o2, inner, fold);
-        } else if let KernelSpec::AttentionLse { ref shape, q, k: kv, tile } = *spec {
-            let g = grad_dims(shape, tile, fold);
+        } else if let KernelSpec::AttentionLse { ref shape, q, k: kv, tile, .. } = *spec {
+            let g = grad_dims(spec, shape, tile, fold);
             attention_grad::lse::expand(scope, &bufs[0], &bufs[1], &mut out, g, q, kv, shape.scale());
-        } else if let KernelSpec::AttentionGrad { ref shape, wrt, q, k: kv, v, o, dout, tile } = *spec {
-            let g = grad_dims(shape, tile, fold);
+        } else if let KernelSpec::AttentionGrad { ref shape, wrt, q, k: kv, v, o, dout, tile, .. } = *spec {
+            let g = grad_dims(spec, shape, tile, fold);
             let (scale, views) = (shape.scale(), [q, kv, v, o, dout]);
             let b = bufs;
             match wrt {
@@ -473,9 +473,24 @@ impl IrKernel {
 }
 
 /// The comptime sizes of attention's backward launches.
-fn grad_dims(a: &AttnShape, tile: usize, fold: usize) -> attention_grad::Dims {
+fn grad_dims(spec: &KernelSpec, a: &AttnShape, tile: usize, fold: usize) -> attention_grad::Dims {
     let AttnShape { h, hk, s, sk, d, e, mask, window, block, .. } = *a;
-    attention_grad::Dims { h, hk, s, sk, d, e, kind: mask_code(mask), window: window.unwrap_or(0), block, tile, fold }
+    let tiles = spec.attention_tiles();
+    attention_grad::Dims {
+        h,
+        hk,
+        s,
+        sk,
+        d,
+        e,
+        kind: mask_code(mask),
+        window: window.unwrap_or(0),
+        block,
+        tile,
+        fold,
+        lanes: tiles.lanes,
+        rows: tiles.cube_rows(),
+    }
 }
 
 /// `f` in the cubes of the launch: all of them, or with a folded grid

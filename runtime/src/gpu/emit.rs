@@ -4,7 +4,7 @@
 
 use super::define::IrKernel;
 use attnc_compiler::ir::AttnArg;
-use attnc_compiler::plan::{BufferRole, Dtype, KernelSpec, Plan, ATTN_ROWS, GEMM_ROWS, GEMM_UNITS};
+use attnc_compiler::plan::{BufferRole, Dtype, KernelSpec, Plan, GEMM_ROWS, GEMM_UNITS};
 use cubecl::ir::features::Features;
 use cubecl::ir::{DeviceIdentity, HardwareProperties, MemoryDeviceProperties};
 use cubecl::prelude::*;
@@ -219,14 +219,26 @@ pub struct LaunchInfo {
 
 /// What register tiling an attention launch has, and why (the manifest's `tiling`).
 fn tiling(spec: &KernelSpec) -> Option<String> {
-    let KernelSpec::Attention { split: lanes @ 1.., shape, .. } = spec else { return None };
+    let (KernelSpec::Attention { split: lanes @ 1.., .. }
+    | KernelSpec::AttentionLse { split: lanes @ 1.., .. }
+    | KernelSpec::AttentionGrad { split: lanes @ 1.., .. }) = *spec
+    else {
+        return None;
+    };
+    let floats = spec.row_floats()?;
     let t = spec.attention_tiles();
+    let row = if matches!(spec, KernelSpec::Attention { .. }) { "query row" } else { "row" };
+    let other = match spec {
+        KernelSpec::AttentionGrad { wrt: AttnArg::K | AttnArg::V, .. } => "query",
+        _ => "key",
+    };
     Some(format!(
-        "registers: {lanes} lane(s) share each query row, each holding {} of its {} query and output floats \
+        "registers: {lanes} lane(s) share each {row}, each holding {} of its {} {} floats \
          (at most {} per unit, so CUDA's 255 registers hold them with the scores of a key tile); {} rows and {} \
-         threads per cube; key tiles of {} rows",
-        (shape.d + shape.e) / lanes,
-        shape.d + shape.e,
+         threads per cube; {other} tiles of {} rows",
+        floats.held / lanes,
+        floats.held,
+        floats.what,
         attnc_compiler::plan::REGISTER_FLOATS,
         t.cube_rows(),
         t.units(),
@@ -338,9 +350,11 @@ pub fn emit(plan: &Plan, target: Target) -> Result<(Vec<(String, String)>, Manif
             KernelSpec::Group { .. } => "[groups, 1, 1]".to_string(),
             KernelSpec::Contract { .. } => "[o1 * o2, 1, 1] (a cube per output element)".to_string(),
             KernelSpec::AttentionLse { .. } | KernelSpec::AttentionGrad { wrt: AttnArg::Q, .. } => {
-                format!("[ceil(s / {ATTN_ROWS}), batch * h, 1]")
+                format!("[ceil(s / {}), batch * h, 1]", l.spec.attention_tiles().cube_rows())
             }
-            KernelSpec::AttentionGrad { .. } => format!("[ceil(sk / {ATTN_ROWS}), batch * hk, 1]"),
+            KernelSpec::AttentionGrad { .. } => {
+                format!("[ceil(sk / {}), batch * hk, 1]", l.spec.attention_tiles().cube_rows())
+            }
             _ => "[ceil(elements / 256), 1, 1]".to_string(),
         };
         let (x, y) = l.spec.cubes();

@@ -196,7 +196,7 @@ impl Gpu {
     }
 
     /// `spec` as this device runs it.
-    fn tiled(&self, spec: &KernelSpec) -> KernelSpec {
+    pub fn tiled(&self, spec: &KernelSpec) -> KernelSpec {
         match self.register_tiles {
             true => spec.fit_registers(super::define::plane_width(self.client.properties()) as usize),
             false => spec.clone(),
