@@ -231,6 +231,12 @@ pub(super) fn coop(#[comptime] i: usize) -> usize {
     UNIT_POS as usize + comptime![i * GEMM_UNITS]
 }
 
+/// This unit's element `i` of chunk `c` (of `chunk` elements) of a cooperative copy.
+#[cube]
+pub(super) fn coop_in(c: usize, #[comptime] i: usize, #[comptime] chunk: usize) -> usize {
+    UNIT_POS as usize + c * comptime![chunk * GEMM_UNITS] + comptime![i * GEMM_UNITS]
+}
+
 /// The cube's row `local` of `a` (clamped to the last row).
 #[cube]
 pub(super) fn cube_row(local: usize, #[comptime] rows: usize, #[comptime] fold: usize) -> usize {

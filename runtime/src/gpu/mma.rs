@@ -400,14 +400,22 @@ pub fn build_gemm<N: Size>(
     let frags = Frags::new(scope, hardware, dtype);
     let (warp, lane) = (warp_of::expand(scope), lane_of::expand(scope));
     // Fixed parts of the cooperative copies: rows of `a`, columns of `b`.
-    let a_copy: Vec<_> = (0..a_len / GEMM_UNITS)
-        .map(|i| {
-            let idx = gemm::coop::expand(scope, i);
-            let local = k::idx_div::expand(scope, idx.clone(), kv);
-            let row = gemm::cube_row::expand(scope, local, rows, shape.fold);
-            (idx.clone(), super::define::view(scope, row, &shape.a_rows, rows), k::idx_mod::expand(scope, idx, kv))
-        })
-        .collect();
+    let a_entry = |scope: &Scope, idx: NativeExpand<usize>| {
+        let local = k::idx_div::expand(scope, idx.clone(), kv);
+        let row = gemm::cube_row::expand(scope, local, rows, shape.fold);
+        (idx.clone(), super::define::view(scope, row, &shape.a_rows, rows), k::idx_mod::expand(scope, idx, kv))
+    };
+    // Scalar operands (an `a` read transposed) copy 64 values of `a` a unit
+    // per stage: unrolled and hoisted, they took every register beside the
+    // 128 accumulators (TF32 spilled, by ptxas), so past 16 they are copied
+    // in a loop of 16 at a time, their addresses computed there.
+    let copies = a_len / GEMM_UNITS;
+    let chunk = copies.min(16);
+    let a_copy: Vec<_> = if chunk == copies {
+        (0..copies).map(|i| a_entry(scope, gemm::coop::expand(scope, i))).collect()
+    } else {
+        vec![]
+    };
     let bwl = bw / lanes;
     let b_copy: Vec<_> = (0..b_len.div_ceil(GEMM_UNITS))
         .map(|i| {
@@ -424,12 +432,26 @@ pub fn build_gemm<N: Size>(
     let range = RangeExpand::new(NativeExpand::from_lit(scope, 0usize), NativeExpand::from_lit(scope, stages));
     for_expand(scope, range, false, |scope, s| {
         let mut stage = x.clone_unchecked();
-        for (idx, row_start, kq) in &a_copy {
-            let kvec = k::add_index::expand(scope, k::idx_mul::expand(scope, s.clone(), kv), kq.clone());
+        let copy_a = |scope: &Scope, stage: &mut NativeExpand<[Vector<Stored, N>]>, (idx, row_start, kq)| {
+            let kvec = k::add_index::expand(scope, k::idx_mul::expand(scope, s.clone(), kv), kq);
             let inside = k::below::expand(scope, kvec.clone(), kl);
             let col = super::define::view(scope, kvec, &shape.a_cols, kl);
-            let v = load_or_zero::expand::<N>(scope, a, k::add_index::expand(scope, row_start.clone(), col), inside);
-            put::expand::<N>(scope, &mut stage, idx.clone(), rounded(scope, v));
+            let v = load_or_zero::expand::<N>(scope, a, k::add_index::expand(scope, row_start, col), inside);
+            put::expand::<N>(scope, stage, idx, rounded(scope, v));
+        };
+        if chunk == copies {
+            for e in &a_copy {
+                copy_a(scope, &mut stage, e.clone());
+            }
+        } else {
+            let range =
+                RangeExpand::new(NativeExpand::from_lit(scope, 0usize), NativeExpand::from_lit(scope, copies / chunk));
+            for_expand(scope, range, false, |scope, c| {
+                for i in 0..chunk {
+                    let idx = gemm::coop_in::expand(scope, c.clone(), i, chunk);
+                    copy_a(scope, &mut stage.clone_unchecked(), a_entry(scope, idx));
+                }
+            });
         }
         for (idx, kr, col) in &b_copy {
             let krow = k::add_index::expand(scope, k::idx_mul::expand(scope, s.clone(), F), kr.clone());
