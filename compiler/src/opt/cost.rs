@@ -20,15 +20,20 @@ pub struct Target {
     pub bandwidth: f64,
     /// Seconds per kernel launch.
     pub launch: f64,
+    /// The plane width its kernels are tiled within the register file for
+    /// (`KernelSpec::fit_registers`: CUDA); `None` keeps the plan's tiles.
+    pub register_plane: Option<usize>,
 }
 
 /// NVIDIA H200: ~60 TFLOP/s f32 (790 TFLOP/s is bf16 matrix work, which f32
 /// kernels do not use), 4.3 TB/s HBM3e, ~3 µs per launch.
-pub const H200: Target = Target { name: "h200", peak_flops: 60e12, bandwidth: 4.3e12, launch: 3e-6 };
+pub const H200: Target =
+    Target { name: "h200", peak_flops: 60e12, bandwidth: 4.3e12, launch: 3e-6, register_plane: Some(32) };
 
 /// This project's CI machine through lavapipe: 2 cores, AVX2 FMA (≈ 150 GFLOP/s
 /// f32), ≈ 20 GB/s, and ≈ 100 µs per launch through Vulkan.
-pub const CPU: Target = Target { name: "cpu", peak_flops: 150e9, bandwidth: 20e9, launch: 100e-6 };
+pub const CPU: Target =
+    Target { name: "cpu", peak_flops: 150e9, bandwidth: 20e9, launch: 100e-6, register_plane: None };
 
 pub const TARGETS: &[Target] = &[H200, CPU];
 
@@ -175,14 +180,25 @@ pub struct ProgramCost {
     pub seconds: f64,
     /// `(launch name, cost, seconds)` for every launch charged per call.
     pub launches: Vec<(String, OpCost, f64)>,
+    /// `(launch name, tiling)` of attention's launches as the target runs
+    /// them (`KernelSpec::tiling_note`).
+    pub tiling: Vec<(String, String)>,
     /// Launches that prepare weights, done once (charged per call in training).
     pub prepared: Vec<(String, OpCost, f64)>,
 }
 
 pub fn program_cost(p: &Program, dims: &BTreeMap<String, u64>, target: &Target, mode: Mode) -> ProgramCost {
     let plan = crate::plan::plan(p, dims);
-    let mut out = ProgramCost { total: OpCost::default(), seconds: 0.0, launches: vec![], prepared: vec![] };
+    let mut out =
+        ProgramCost { total: OpCost::default(), seconds: 0.0, launches: vec![], prepared: vec![], tiling: vec![] };
     for l in &plan.launches {
+        let spec = match target.register_plane {
+            Some(plane) => l.spec.fit_registers(plane),
+            None => l.spec.clone(),
+        };
+        if let Some(note) = spec.tiling_note() {
+            out.tiling.push((l.name.clone(), note));
+        }
         let c = OpCost { flops: l.flops, bytes: l.bytes, launches: 1 };
         let t = c.time(target);
         if mode == Mode::Inference && l.prepare {

@@ -271,6 +271,9 @@ fn costed_listing(p: &Program, c: &ProgramCost) -> String {
     for (name, oc, t) in &c.launches {
         let (gf, mb) = (oc.flops / 1e9, oc.bytes / 1e6);
         let _ = writeln!(out, "    {name}: {gf:.6} GFLOP, {mb:.6} MB -> {}", format_seconds(*t));
+        if let Some((_, note)) = c.tiling.iter().find(|(n, _)| n == name) {
+            let _ = writeln!(out, "      tiles: {note}");
+        }
     }
     for (name, oc, t) in &c.prepared {
         let (gf, mb) = (oc.flops / 1e9, oc.bytes / 1e6);

@@ -336,6 +336,59 @@ impl KernelSpec {
         })
     }
 
+    /// How an attention launch (forward or backward) is tiled, and why, in
+    /// words: `attnc explain` prints it, and the manifest's `tiling` is it
+    /// for launches tiled within the register file. `None` for any other.
+    pub fn tiling_note(&self) -> Option<String> {
+        let t = self.attention_tiles();
+        let other = match self {
+            KernelSpec::AttentionGrad { wrt: AttnArg::K | AttnArg::V, .. } => "query",
+            _ => "key",
+        };
+        let lanes = match *self {
+            KernelSpec::Attention { split, .. }
+            | KernelSpec::AttentionLse { split, .. }
+            | KernelSpec::AttentionGrad { split, .. } => split,
+            _ => return None,
+        };
+        if lanes >= 1 {
+            let floats = self.row_floats()?;
+            let row = if matches!(self, KernelSpec::Attention { .. }) { "query row" } else { "row" };
+            return Some(format!(
+                "registers: {lanes} lane(s) share each {row}, each holding {} of its {} {} floats \
+                 (at most {REGISTER_FLOATS} per unit, so CUDA's 255 registers hold them with the scores of a key \
+                 tile); {} rows and {} threads per cube; {other} tiles of {} rows",
+                floats.held / lanes,
+                floats.held,
+                floats.what,
+                t.cube_rows(),
+                t.units(),
+                t.key_tile
+            ));
+        }
+        Some(match self {
+            KernelSpec::Attention { fragments: true, .. } => format!(
+                "matrix fragments: one query row a unit, {} a cube (two planes); key tiles of {} rows, \
+                 scores and probabilities through shared memory",
+                t.cube_rows(),
+                t.key_tile
+            ),
+            KernelSpec::Attention { .. } => format!(
+                "{} query row(s) a unit in vectors of {}, {} rows a cube; key tiles of {} rows (the CPU drivers' \
+                 tiling: rows a unit amortise each key row's loads, within an unrolling bound)",
+                t.unit_rows,
+                self.line_size(),
+                t.cube_rows(),
+                t.key_tile
+            ),
+            _ => format!(
+                "one row a unit, {} a cube; {other} tiles of {} rows in shared memory",
+                t.cube_rows(),
+                t.key_tile
+            ),
+        })
+    }
+
     /// The tiling of an attention launch (any other launch: a single unit row
     /// and key tile, unused).
     pub fn attention_tiles(&self) -> AttnTiles {

@@ -219,31 +219,12 @@ pub struct LaunchInfo {
 
 /// What register tiling an attention launch has, and why (the manifest's `tiling`).
 fn tiling(spec: &KernelSpec) -> Option<String> {
-    let (KernelSpec::Attention { split: lanes @ 1.., .. }
-    | KernelSpec::AttentionLse { split: lanes @ 1.., .. }
-    | KernelSpec::AttentionGrad { split: lanes @ 1.., .. }) = *spec
-    else {
-        return None;
-    };
-    let floats = spec.row_floats()?;
-    let t = spec.attention_tiles();
-    let row = if matches!(spec, KernelSpec::Attention { .. }) { "query row" } else { "row" };
-    let other = match spec {
-        KernelSpec::AttentionGrad { wrt: AttnArg::K | AttnArg::V, .. } => "query",
-        _ => "key",
-    };
-    Some(format!(
-        "registers: {lanes} lane(s) share each {row}, each holding {} of its {} {} floats \
-         (at most {} per unit, so CUDA's 255 registers hold them with the scores of a key tile); {} rows and {} \
-         threads per cube; {other} tiles of {} rows",
-        floats.held / lanes,
-        floats.held,
-        floats.what,
-        attnc_compiler::plan::REGISTER_FLOATS,
-        t.cube_rows(),
-        t.units(),
-        t.key_tile
-    ))
+    match *spec {
+        KernelSpec::Attention { split: 1.., .. }
+        | KernelSpec::AttentionLse { split: 1.., .. }
+        | KernelSpec::AttentionGrad { split: 1.., .. } => spec.tiling_note(),
+        _ => None,
+    }
 }
 
 impl LaunchInfo {
