@@ -191,7 +191,7 @@ fn interpreter_runs_over_the_work_budget_are_refused_at_once() {
     let o = attnc(&[&["run", "stdlib/mha.attn", "--seed", "0", "--out", s(&out)][..], &big[..]].concat());
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     let err = stderr(&o);
-    assert!(err.contains("--max-flops") && err.contains("N=1000000") && err.contains("E0"), "{err}");
+    assert!(err.contains("--max-flops") && err.contains("N=1000000") && err.contains("error[E0502]"), "{err}");
     assert!(!out.exists());
     // The limit is the flag's: a small run passes by default and is refused under a tiny budget.
     let small = ["run", "stdlib/mha.attn", "--seed", "0", "--out", s(&out), "--set", "H=2", "--set", "d=4"];
@@ -483,6 +483,49 @@ fn bench_times_the_gradient_program() {
     }
     // The forward's own attention launch is part of the step, and so is its baseline.
     assert!(step.contains("_attention ") && step.contains("all kernels per call"), "{step}");
+    // The ratio line is the backward's kernels over the forward's, from the rows above.
+    let time_of = |kind: &str| -> f64 {
+        step.lines()
+            .filter(|l| l.split_whitespace().next().is_some_and(|n| n.ends_with(&format!("_{kind}"))))
+            .map(|l| {
+                let cols: Vec<&str> = l.split_whitespace().collect();
+                seconds(cols[1], cols[2])
+            })
+            .sum()
+    };
+    let line = step.lines().find(|l| l.starts_with("backward/forward attention time ratio "));
+    let line = line.unwrap_or_else(|| panic!("no ratio line in\n{step}"));
+    let r: f64 = line.split_whitespace().nth(4).unwrap().parse().unwrap();
+    let want = backward.iter().map(|k| time_of(k)).sum::<f64>() / time_of("attention");
+    assert!(r.is_finite() && (r - want).abs() <= 0.02 * want + 0.01, "{line}: want {want:.3}");
+    assert!(!forward.contains("backward/forward"), "{forward}");
     let o = attnc(&[&args[..], &["--wrt", "x"]].concat());
     assert!(!o.status.success() && stderr(&o).contains("--grad"), "{}", stderr(&o));
+}
+
+/// Refusals carry codes of their own, whose `explain-error` texts say what
+/// they mean: the memory budget (E0502) and an unreadable spec (E0603).
+#[test]
+fn budget_and_io_refusals_have_their_own_codes() {
+    let dir = scratch("codes");
+    let out = dir.join("y.safetensors");
+    let o = attnc(&["run", "stdlib/mha.attn", "--seed", "0", "--set", "N=2000000", "--out", s(&out)]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.starts_with("error[E0502]") && err.contains("memory budget") && err.contains("--memory-budget"),
+        "{err}"
+    );
+    assert!(!out.exists());
+    let missing = dir.join("missing.attn");
+    let o = attnc(&["run", s(&missing), "--seed", "0", "--out", s(&out)]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(err.starts_with("error[E0603]") && err.contains(s(&missing)) && err.contains("No such file"), "{err}");
+    assert!(!out.exists());
+    for (code, words) in [("E0502", "memory budget"), ("E0603", "could not be read or written")] {
+        let o = attnc(&["explain-error", code]);
+        assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).contains(words), "{code}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
 }

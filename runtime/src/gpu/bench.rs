@@ -54,7 +54,22 @@ pub struct BenchReport {
     pub gemms: Vec<GemmBaseline>,
 }
 
+/// Kernels of attention's backward (`attention_lse` recomputes what the
+/// backward needs of the forward; it runs only in gradient programs).
+const BACKWARD_ATTENTION: [&str; 4] = ["attention_lse", "attention_grad_q", "attention_grad_k", "attention_grad_v"];
+
 impl BenchReport {
+    /// The backward attention kernels' time (the log-sum-exp and the three
+    /// gradients) over the forward attention kernels', and both times, in
+    /// a gradient program.
+    pub fn backward_ratio(&self) -> Option<(f64, f64, f64)> {
+        let time = |kinds: &[&str]| -> f64 {
+            self.kernels.iter().filter(|k| !k.once && kinds.contains(&k.kind)).map(|k| k.median).sum()
+        };
+        let (backward, forward) = (time(&BACKWARD_ATTENTION), time(&["attention"]));
+        (backward > 0.0 && forward > 0.0).then_some((backward / forward, backward, forward))
+    }
+
     /// Our attention's time over cubek-attention's, when measured.
     pub fn attention_ratio(&self) -> Option<f64> {
         match &self.baseline {
@@ -217,6 +232,14 @@ impl BenchReport {
             "per call with the weights prepared (upload activations, launches, read-back): {}",
             format_seconds(self.total)
         );
+        if let Some((r, backward, forward)) = self.backward_ratio() {
+            let _ = writeln!(
+                out,
+                "backward/forward attention time ratio {r:.2} ({} in attention_lse and attention_grad_q/k/v, {} in attention)",
+                format_seconds(backward),
+                format_seconds(forward)
+            );
+        }
         let prepared = self.kernels.iter().filter(|k| k.once).count();
         let _ = writeln!(
             out,
