@@ -404,8 +404,7 @@ fn report(code: Code, message: impl std::fmt::Display) -> Failed {
 }
 
 fn read_source(file: &Path) -> Result<String, Failed> {
-    std::fs::read_to_string(file)
-        .map_err(|e| report(Code::Syntax, format_args!("cannot read `{}`: {e}", file.display())))
+    std::fs::read_to_string(file).map_err(|e| report(Code::Io, format_args!("cannot read `{}`: {e}", file.display())))
 }
 
 /// Compile a file through the library pipeline, printing its diagnostics

@@ -90,7 +90,9 @@ fn every_code_is_covered_and_explained() {
         }
     }
     let elsewhere = [
+        ("E0502", "cli.rs: budget_and_io_refusals_have_their_own_codes, interpreter_runs_over_the_work_budget_are_refused_at_once"),
         ("E0601", "cli.rs: run_errors_name_the_tensor_and_write_nothing"),
+        ("E0603", "cli.rs: budget_and_io_refusals_have_their_own_codes"),
         ("E0602", "reward_props.rs: bad_ratings_and_rewards_are_named_errors"),
         ("E0701", "cli.rs: cuda_backend_without_cuda_is_a_clear_error"),
         ("E0801", "gradients.rs: discrete_inputs_have_no_gradient_and_say_so; cli.rs: grad_writes_gradients_or_refuses_clearly"),
@@ -103,5 +105,20 @@ fn every_code_is_covered_and_explained() {
             "no fixture or test covers {}",
             code.as_str()
         );
+    }
+}
+
+/// `docs/language.md` lists every builtin: its table is the compiler's
+/// (`builtins::markdown_table`), between the page's markers.
+#[test]
+fn the_language_page_lists_every_builtin() {
+    let page = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/language.md")).unwrap();
+    let start = "<!-- builtins: generated from compiler/src/builtins.rs -->\n";
+    let (_, rest) = page.split_once(start).expect("the page's builtin-table marker");
+    let (table, _) = rest.split_once("<!-- /builtins -->").expect("the table's end marker");
+    let want = attnc_compiler::builtins::markdown_table();
+    assert_eq!(table, want, "docs/language.md's builtin table is stale; replace it with:\n{want}");
+    for b in attnc_compiler::builtins::BUILTINS {
+        assert!(table.contains(&format!("| `{}` |", b.name)), "{} is not in docs/language.md", b.name);
     }
 }

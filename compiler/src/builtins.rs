@@ -16,6 +16,21 @@ pub struct Signature {
     pub summary: &'static str,
 }
 
+/// The builtin table as `docs/language.md` shows it (a test keeps that page current).
+pub fn markdown_table() -> String {
+    let mut out = String::from("| builtin | arguments (required first) | meaning |\n|---|---|---|\n");
+    for b in BUILTINS {
+        let args: Vec<String> = b
+            .params
+            .iter()
+            .enumerate()
+            .map(|(i, p)| if i < b.required { format!("`{p}`") } else { format!("`{p}`?") })
+            .collect();
+        out.push_str(&format!("| `{}` | {} | {} |\n", b.name, args.join(", "), b.summary.replace('|', "\\|")));
+    }
+    out
+}
+
 #[rustfmt::skip]
 pub const BUILTINS: &[Signature] = &[
     Signature { name: "split_heads",  params: &["x", "heads"], required: 2, summary: "[.., S, H*d] -> [.., H, S, d]" },

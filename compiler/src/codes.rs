@@ -32,7 +32,7 @@ codes! {
     UnknownName = "E0101", "unknown name",
         "A name was used that no `param`, `dim`, `input` or `let` before it declares. Names are visible only after their declaration. The error suggests the closest declared name.";
     UnknownFunction = "E0102", "unknown function",
-        "The called function is not a builtin. `attnc` knows the builtins listed in the README (e.g. `split_heads`, `mix_heads`, `attention`, `group_mean`).";
+        "The called function is not a builtin. `attnc` knows the builtins listed in docs/language.md (e.g. `split_heads`, `mix_heads`, `attention`, `group_mean`).";
     Duplicate = "E0103", "duplicate definition",
         "Each name may be declared once: a parameter, dim, input, let or output with the same name already exists.";
     UnknownArgument = "E0104", "unknown keyword argument",
@@ -71,8 +71,12 @@ codes! {
         "An input is never used by an output. This is a warning.";
     BadSetting = "E0501", "bad --set",
         "A `--set NAME=VALUE` names no parameter or dim of the spec, or its value has the wrong type.";
+    OverBudget = "E0502", "over a resource budget",
+        "The float64 interpreter would need more memory than the memory budget (`--memory-budget`, 8 GiB by default) or more floating-point work than `--max-flops` (5e10, about a minute) at these sizes. The message gives the estimate and the limit. Lower the sizes (`--set`), raise the flag, or run the kernels with `--backend wgpu|cuda`, which hold no N x N tensor.";
     TensorFile = "E0601", "bad tensor file",
         "An input tensor file is missing a tensor, has an extra one, or a tensor with the wrong shape or dtype, or the file is not valid safetensors.";
+    Io = "E0603", "file cannot be read or written",
+        "A spec, tensor or output file could not be read or written: the message names the path and the operating system's reason (no such file, permission denied, disk full). Check the path; outputs are written whole or not at all.";
     BadInputValue = "E0602", "invalid input value",
         "An input holds a value the spec's semantics reject, e.g. a rating outside 1..K or a NaN reward. The message names the group and sample.";
     NoGradient = "E0801", "no gradient",

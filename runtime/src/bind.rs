@@ -155,7 +155,7 @@ pub fn interpreter_bytes(program: &Program, dims: &DimValues) -> Result<u64, Run
                     _ => format!("intermediate %{i}"),
                 };
                 let bound: Vec<String> = dims.iter().map(|(k, v)| format!("{k}={v}")).collect();
-                RunError::BadSetting(format!(
+                RunError::BadSize(format!(
                     "{what} of shape {} would have more than {MAX_ELEMENTS} elements at {}; kernels index with 32-bit integers",
                     node.shape,
                     bound.join(" ")
@@ -170,7 +170,7 @@ pub fn interpreter_bytes(program: &Program, dims: &DimValues) -> Result<u64, Run
 pub fn check_budget(program: &Program, dims: &DimValues, budget: u64) -> Result<(), RunError> {
     let bytes = interpreter_bytes(program, dims)?;
     if bytes > budget {
-        return Err(RunError::BadSetting(format!(
+        return Err(RunError::OverBudget(format!(
             "this run needs about {:.2} GiB, over the memory budget of {:.2} GiB; lower the sizes or raise --memory-budget",
             bytes as f64 / (1u64 << 30) as f64,
             budget as f64 / (1u64 << 30) as f64
@@ -203,7 +203,7 @@ pub fn check_work(program: &Program, dims: &DimValues, max_flops: f64) -> Result
     let flops = interpreter_flops(program, dims);
     if flops > max_flops {
         let bound: Vec<String> = dims.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        return Err(RunError::BadSetting(format!(
+        return Err(RunError::OverBudget(format!(
             "the float64 interpreter would do about {flops:.3e} floating-point operations at {} (over --max-flops {max_flops:.3e}; at about 1 GFLOP/s that is {:.0} s); lower the sizes, raise --max-flops, or run the kernels with --backend wgpu|cuda",
             bound.join(" "),
             flops / 1e9
@@ -220,7 +220,7 @@ pub fn check_sizes(program: &Program, dims: &DimValues) -> Result<(), RunError> 
         if let Op::LooMean { x, axis } = &node.op {
             let n = concrete(program.shape(*x), dims)[*axis];
             if n < 2 {
-                return Err(RunError::BadSetting(format!(
+                return Err(RunError::BadSize(format!(
                     "a leave-one-out mean needs at least 2 entries along axis {axis}, but it has {n} (a group of one sample has no other samples to average)"
                 )));
             }

@@ -11,12 +11,21 @@ pub enum RunError {
     BadSetting(String),
     #[error("{0}")]
     Io(String),
+    /// A size past the kernels' 32-bit indexing, or too small for an op.
+    #[error("{0}")]
+    BadSize(String),
+    /// Over `--memory-budget` or `--max-flops`: the estimate, the limit and the flag.
+    #[error("{0}")]
+    OverBudget(String),
 }
 
 impl RunError {
     pub fn code(&self) -> Code {
         match self {
-            RunError::TensorFile(_) | RunError::Io(_) => Code::TensorFile,
+            RunError::TensorFile(_) => Code::TensorFile,
+            RunError::Io(_) => Code::Io,
+            RunError::OverBudget(_) => Code::OverBudget,
+            RunError::BadSize(_) => Code::BadSize,
             RunError::BadInputValue(_) => Code::BadInputValue,
             RunError::BadSetting(_) => Code::BadSetting,
         }

@@ -60,7 +60,7 @@ impl Error {
             Error::Input(e) => e.code(),
             Error::Device(_) => Code::Backend,
             Error::Emit(_) => Code::Internal,
-            Error::Read { .. } => Code::Syntax,
+            Error::Read { .. } => Code::Io,
             Error::Gradient(e) => e.code,
         }
     }

@@ -32,7 +32,7 @@ pub fn evaluate_rounded(program: &Program, inputs: &[Tensor], dims: &DimValues, 
 /// where the plan stores it (`Plan::stored`); values that a fused launch
 /// keeps in registers (group kernels, GEMM epilogues) stay in float64, as
 /// the kernels keep them in f32. Half precision kernels are held to twice
-/// this reference's error against [`evaluate`] (see the README's "Half
+/// this reference's error against [`evaluate`] (see docs/kernels.md, "Half
 /// precision"). Rounding where the kernels do not would let the reference's
 /// extra roundings cancel by chance where an output is one value broadcast
 /// (a group statistic), and so hold the kernels to an error no computation
