@@ -1,0 +1,446 @@
+//! The operations of the IR ([`Op`], with its `## Shape rules`) and their
+//! option types: masks, binary, unary and reduction kinds, attention's operands.
+
+use super::*;
+
+/// Which (virtual) keys a query row may see. Rows are positions along the
+/// sequence axis; with `block = P` each original token owns `P` consecutive
+/// virtual rows (token `n`, pseudo `j` at row `n·P + j`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MaskKind {
+    /// Every key is visible.
+    None,
+    /// Key row `j` is visible from query row `i` iff `j ≤ i` (IHA's `flat_causal`).
+    Causal,
+    /// Visible iff `j / block ≤ i / block`: a token's pseudo-queries see all of its
+    /// own pseudo-keys and those of earlier tokens (IHA's `token_causal`).
+    TokenCausal,
+}
+
+impl MaskKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            MaskKind::None => "none",
+            MaskKind::Causal => "causal",
+            MaskKind::TokenCausal => "token_causal",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Mask {
+    pub kind: MaskKind,
+    /// A window of `w` original tokens: `Causal` sees `i − w·block < j ≤ i`;
+    /// `TokenCausal` sees tokens `n − w < m ≤ n`; `None` sees `|n − m| < w`
+    /// (tokens `n = i / block`, `m = j / block`).
+    pub window: Option<u64>,
+    /// Virtual rows per original token (IHA's `P`; 1 for ordinary attention).
+    pub block: u64,
+}
+
+impl Mask {
+    /// Whether query row `i` of `sq` sees key row `j` of `sk`: the definition
+    /// every backend follows. With `sq ≠ sk` the queries are the *last* `sq`
+    /// rows (a decode step over a key/value cache): query `i` stands at row
+    /// `i + sk − sq` (FlashAttention's bottom-right alignment). When `sk < sq`
+    /// the first `sq − sk` query rows of a causal mask see no key: their
+    /// output is 0.
+    pub fn visible(&self, i: u64, j: u64, sq: u64, sk: u64) -> bool {
+        // Shift both sides so nothing is negative: query row i + sk, key row j + sq.
+        let (i, j) = (i + sk, j + sq);
+        let (n, m) = (i / self.block, j / self.block);
+        match self.kind {
+            MaskKind::None => self.window.is_none_or(|w| n.abs_diff(m) < w),
+            MaskKind::Causal => j <= i && self.window.is_none_or(|w| i - j < w.saturating_mul(self.block)),
+            MaskKind::TokenCausal => m <= n && self.window.is_none_or(|w| n - m < w),
+        }
+    }
+}
+
+/// The kinds of elementwise operation (used by the reward estimators).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BinaryOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Max,
+    Min,
+    /// 1.0 where `a ≥ b`, else 0.0.
+    Ge,
+    /// 1.0 where `a > b`, else 0.0.
+    Gt,
+    /// 1.0 where `a == b`, else 0.0.
+    Eq,
+}
+
+/// What a `Reduce` computes over its axes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReduceKind {
+    Sum,
+    Mean,
+    Max,
+    Min,
+    /// The number of non-zero entries.
+    Count,
+    /// Population variance, or Bessel-corrected (divides by n − 1; n = 1 gives NaN).
+    Var {
+        bessel: bool,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum UnaryOp {
+    Neg,
+    Sqrt,
+    Abs,
+}
+
+impl BinaryOp {
+    pub fn name(self) -> &'static str {
+        match self {
+            BinaryOp::Add => "add",
+            BinaryOp::Sub => "sub",
+            BinaryOp::Mul => "mul",
+            BinaryOp::Div => "div",
+            BinaryOp::Max => "max",
+            BinaryOp::Min => "min",
+            BinaryOp::Ge => "ge",
+            BinaryOp::Gt => "gt",
+            BinaryOp::Eq => "eq",
+        }
+    }
+}
+
+impl UnaryOp {
+    pub fn name(self) -> &'static str {
+        match self {
+            UnaryOp::Neg => "neg",
+            UnaryOp::Sqrt => "sqrt",
+            UnaryOp::Abs => "abs",
+        }
+    }
+}
+
+impl ReduceKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            ReduceKind::Sum => "sum",
+            ReduceKind::Mean => "mean",
+            ReduceKind::Max => "max",
+            ReduceKind::Min => "min",
+            ReduceKind::Count => "count",
+            ReduceKind::Var { bessel: false } => "var",
+            ReduceKind::Var { bessel: true } => "var_bessel",
+        }
+    }
+}
+
+/// Operation enums serialise (in plans and manifests) as their names.
+macro_rules! serialize_as_name {
+    ($($t:ty),*) => {$(
+        impl serde::Serialize for $t {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(self.name())
+            }
+        }
+    )*};
+}
+serialize_as_name!(BinaryOp, UnaryOp, ReduceKind, MaskKind, AttnArg);
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Op {
+    /// The `index`-th declared input.
+    /// ## Shape rules
+    /// The declared shape.
+    Input { index: usize },
+    /// A constant scalar.
+    /// ## Shape rules
+    /// `[]`.
+    Scalar { value: f64 },
+    /// `a · b`, contracting the last axis of `a` with the first of the matrix `b`.
+    /// ## Shape rules
+    /// `a: [..., M, K]`, `b: [K, F]` → `[..., M, F]`.
+    MatMul { a: NodeId, b: NodeId },
+    /// Splits the last axis into heads and moves the head axis before the sequence axis.
+    /// ## Shape rules
+    /// `x: [..., S, H·d]` → `[..., H, S, d]`; `out[.., h, s, e] = x[.., s, h·d + e]`.
+    SplitHeads { x: NodeId, heads: u64 },
+    /// The inverse of `SplitHeads`.
+    /// ## Shape rules
+    /// `x: [..., H, S, d]` → `[..., S, H·d]`.
+    MergeHeads { x: NodeId },
+    /// A contraction over the head axis: `out[b,h,j,s,e] = Σ_m alpha[m,h,j] · x[b,m,s,e]`.
+    /// ## Shape rules
+    /// `x: [B, M, S, d]`, `alpha: [M, H, P]` → `[B, H, P, S, d]`.
+    MixHeads { x: NodeId, alpha: NodeId },
+    /// Token-major interleave: `out[b,h,s·P + j,e] = x[b,h,j,s,e]`.
+    /// ## Shape rules
+    /// `x: [B, H, P, S, d]` → `[B, H, S·P, d]`.
+    Interleave { x: NodeId },
+    /// The inverse of `Interleave` with `pseudo = P`.
+    /// ## Shape rules
+    /// `x: [B, H, S·P, d]` → `[B, H, P, S, d]`.
+    Deinterleave { x: NodeId, pseudo: u64 },
+    /// Keeps the per-head blocks of a collapse matrix: `out[h, h'·P + j] = r[h, h'·P + j]` if `h' = h`, else 0.
+    /// ## Shape rules
+    /// `r: [H, H·P]` → `[H, H·P]`, with `P = block`.
+    BlockDiag { r: NodeId, block: u64 },
+    /// A contraction over (source head, pseudo): `out[b,h,s,e] = Σ_{h',j} r[h, h'·P + j] · x[b,h',j,s,e]`.
+    /// ## Shape rules
+    /// `x: [B, H', P, S, d]`, `r: [H, H'·P]` → `[B, H, S, d]`.
+    Collapse { x: NodeId, r: NodeId },
+    /// Rotary position embedding by row index `p` along the sequence axis (rotate-half
+    /// pairing): for `i < d/2`, angle `p · base^(−2i/d)`,
+    /// `out[.., p, i] = x[i]·cos − x[i + d/2]·sin`, `out[.., p, i + d/2] = x[i]·sin + x[i + d/2]·cos`.
+    /// ## Shape rules
+    /// `x: [..., S, d]` with `d` even → same shape.
+    Rope { x: NodeId, base: f64 },
+    /// Scaled dot-product attention, one softmax per query row over visible keys;
+    /// query head `h` reads key/value head `h / (H / H_kv)`. A row that sees no key is 0.
+    /// ## Shape rules
+    /// `q: [B, H, S, d]`, `k: [B, H_kv, S, d]`, `v: [B, H_kv, S, e]`, `H_kv` divides `H`,
+    /// `S` a multiple of `mask.block` → `[B, H, S, e]`.
+    Attention { q: NodeId, k: NodeId, v: NodeId, mask: Mask, scale: f64 },
+    /// Elementwise `op(a, b)` with numpy broadcasting.
+    /// ## Shape rules
+    /// Axes aligned from the end; each pair equal or one of them 1 (or missing).
+    Binary { op: BinaryOp, a: NodeId, b: NodeId },
+    /// Elementwise `op(x)`.
+    /// ## Shape rules
+    /// Same shape.
+    Unary { op: UnaryOp, x: NodeId },
+    /// A constant vector.
+    /// ## Shape rules
+    /// `[len(values)]`.
+    Constant { values: Vec<f64> },
+    /// A reduction over `axes` (sorted, distinct).
+    /// ## Shape rules
+    /// The reduced axes become 1 with `keepdim`, else disappear.
+    Reduce { x: NodeId, kind: ReduceKind, axes: Vec<usize>, keepdim: bool },
+    /// Leave-one-out mean along `axis`: `out[.., i, ..] = (Σ_j x[.., j, ..] − x[.., i, ..]) / (n − 1)`;
+    /// the axis must have at least 2 entries at run time.
+    /// ## Shape rules
+    /// Same shape.
+    LooMean { x: NodeId, axis: usize },
+    /// Elementwise `cond ≠ 0 ? a : b` (the other branch is never evaluated for the result,
+    /// so a NaN there does not leak).
+    /// ## Shape rules
+    /// The broadcast of the three shapes.
+    Where { cond: NodeId, a: NodeId, b: NodeId },
+    /// Ordinal decomposition of ratings into `levels − 1` indicators:
+    /// `out[.., t] = 1[x ≥ t + 2]` for thresholds τ = t + 2 = 2..levels.
+    /// ## Shape rules
+    /// `x: [...]` → `[..., levels − 1]`.
+    Thresholds { x: NodeId, levels: u64 },
+    /// Head mixing as a linear map on the last axis (columns), with `d = cols / M`:
+    /// `out[.., (h·P + j)·d + e] = Σ_m alpha[m,h,j] · y[.., m·d + e]`. Applied to a
+    /// weight matrix it gives the folded projection W̃ of docs/semantics.md §2.
+    /// ## Shape rules
+    /// `y: [..., M·d]`, `alpha: [M, H, P]` → `[..., H·P·d]`.
+    MixCols { y: NodeId, alpha: NodeId },
+    /// Collapse as a linear map on the last axis, with `d = cols / C`:
+    /// `out[.., h·d + e] = Σ_c r[h, c] · y[.., c·d + e]`.
+    /// ## Shape rules
+    /// `y: [..., C·d]`, `r: [H, C]` → `[..., H·d]`.
+    CollapseCols { y: NodeId, r: NodeId },
+    /// Collapse folded into the rows of an output projection, with `d = rows / H`:
+    /// `out[c·d + e, f] = Σ_h r[h, c] · w[h·d + e, f]` (W̃_O of docs/semantics.md §2).
+    /// ## Shape rules
+    /// `w: [H·d, F]`, `r: [H, C]` → `[C·d, F]`.
+    CollapseRows { w: NodeId, r: NodeId },
+    /// Splits the head axis into (head, pseudo): `out[b, h, j, ..] = x[b, h·P + j, ..]`.
+    /// ## Shape rules
+    /// `x: [B, H·P, S, d]` → `[B, H, P, S, d]`.
+    UnflattenHeads { x: NodeId, pseudo: u64 },
+    /// The inverse of `UnflattenHeads`.
+    /// ## Shape rules
+    /// `x: [B, H, P, S, d]` → `[B, H·P, S, d]`.
+    FlattenHeads { x: NodeId },
+    /// Concatenation along the last axis (of two matrices' columns, as the optimizer merges weights).
+    /// ## Shape rules
+    /// `a: [..., F1]`, `b: [..., F2]` with equal leading axes → `[..., F1 + F2]` (known sizes).
+    ConcatCols { a: NodeId, b: NodeId },
+    /// Columns `start .. start + len` of the last axis.
+    /// ## Shape rules
+    /// `x: [..., F]` with `start + len ≤ F` (known) → `[..., len]`.
+    SliceCols { x: NodeId, start: u64, len: u64 },
+
+    // The operations below appear in gradient programs (`grad.rs`) only.
+    /// The transpose of a matrix.
+    /// ## Shape rules
+    /// `x: [K, F]` → `[F, K]`.
+    Transpose { x: NodeId },
+    /// `aᵀ · b` over all leading axes: `out[k, f] = Σ_r a[r, k] · b[r, f]` with `r`
+    /// running over every leading index (a weight's gradient).
+    /// ## Shape rules
+    /// `a: [..., K]`, `b: [..., F]` with equal leading axes → `[K, F]`.
+    MatMulAt { a: NodeId, b: NodeId },
+    /// Size-1 axes inserted so that they stand at `axes` (sorted) of the result.
+    /// ## Shape rules
+    /// `x` of rank `r` → rank `r + len(axes)`.
+    Unsqueeze { x: NodeId, axes: Vec<usize> },
+    /// The transpose of `MixHeads` in `x`: `out[b,m,s,e] = Σ_{h,j} alpha[m,h,j] · y[b,h,j,s,e]`.
+    /// ## Shape rules
+    /// `y: [B, H, P, S, d]`, `alpha: [M, H, P]` → `[B, M, S, d]`.
+    MixHeadsT { y: NodeId, alpha: NodeId },
+    /// The gradient of `MixHeads` in `alpha`: `out[m,h,j] = Σ_{b,s,e} x[b,m,s,e] · dy[b,h,j,s,e]`.
+    /// ## Shape rules
+    /// `x: [B, M, S, d]`, `dy: [B, H, P, S, d]` → `[M, H, P]`.
+    MixHeadsGrad { x: NodeId, dy: NodeId },
+    /// The transpose of `Collapse` in `x`: `out[b,h',j,s,e] = Σ_h r[h, h'·P + j] · dy[b,h,s,e]`.
+    /// ## Shape rules
+    /// `dy: [B, H, S, d]`, `r: [H, H'·P]` → `[B, H', P, S, d]` with `P = pseudo`.
+    CollapseT { dy: NodeId, r: NodeId, pseudo: u64 },
+    /// The gradient of `Collapse` in `r`: `out[h, h'·P + j] = Σ_{b,s,e} dy[b,h,s,e] · x[b,h',j,s,e]`.
+    /// ## Shape rules
+    /// `x: [B, H', P, S, d]`, `dy: [B, H, S, d]` → `[H, H'·P]`.
+    CollapseGrad { x: NodeId, dy: NodeId },
+    /// The transpose of `MixCols` in `y`: `out[.., m·d + e] = Σ_{h,j} alpha[m,h,j] · dy[.., (h·P + j)·d + e]`.
+    /// ## Shape rules
+    /// `dy: [..., H·P·d]`, `alpha: [M, H, P]` → `[..., M·d]`.
+    MixColsT { dy: NodeId, alpha: NodeId },
+    /// The gradient of `MixCols` in `alpha`: `out[m,h,j] = Σ_{r,e} y[r, m·d + e] · dy[r, (h·P + j)·d + e]`
+    /// over every leading index `r`.
+    /// ## Shape rules
+    /// `y: [..., M·d]`, `dy: [..., H·P·d]` (equal leading axes) → `[M, H, P]` with `M = m`, `H = h`, `P = p`.
+    MixColsGrad { y: NodeId, dy: NodeId, m: u64, h: u64, p: u64 },
+    /// The gradient of `CollapseCols` in `r`: `out[h, c] = Σ_{r,e} dy[r, h·d + e] · y[r, c·d + e]`.
+    /// ## Shape rules
+    /// `y: [..., C·d]`, `dy: [..., H·d]` (equal leading axes) → `[H, C]` with `H = h`.
+    CollapseColsGrad { y: NodeId, dy: NodeId, h: u64 },
+    /// The gradient of `CollapseRows` in `r`: `out[h, c] = Σ_{e,f} w[h·d + e, f] · dy[c·d + e, f]`.
+    /// ## Shape rules
+    /// `w: [H·d, F]`, `dy: [C·d, F]` → `[H, C]` with `H = h`.
+    CollapseRowsGrad { w: NodeId, dy: NodeId, h: u64 },
+    /// Per query row of `Attention`, the log-sum-exp of its scaled visible
+    /// scores (−∞ for a row that sees no key): what the backward saves.
+    /// ## Shape rules
+    /// `q: [B, H, S, d]`, `k: [B, H_kv, S_k, d]` → `[B, H, S]`.
+    AttentionLse { q: NodeId, k: NodeId, mask: Mask, scale: f64 },
+    /// FlashAttention's backward: the gradient of `Attention` in its `wrt`
+    /// operand, from the forward output `o`, its cotangent `dout` and the rows'
+    /// `lse`; probabilities are recomputed, never stored.
+    /// ## Shape rules
+    /// As `Attention`'s operands; the result has the shape of `q`, `k` or `v`.
+    AttentionGrad {
+        q: NodeId,
+        k: NodeId,
+        v: NodeId,
+        o: NodeId,
+        dout: NodeId,
+        lse: NodeId,
+        mask: Mask,
+        scale: f64,
+        wrt: AttnArg,
+    },
+}
+
+/// An operand of attention (what `AttentionGrad` differentiates by).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AttnArg {
+    Q,
+    K,
+    V,
+}
+
+impl AttnArg {
+    pub fn name(self) -> &'static str {
+        match self {
+            AttnArg::Q => "q",
+            AttnArg::K => "k",
+            AttnArg::V => "v",
+        }
+    }
+}
+
+impl Op {
+    /// Operands in order.
+    pub fn operands(&self) -> Vec<NodeId> {
+        match *self {
+            Op::Input { .. } | Op::Scalar { .. } | Op::Constant { .. } => vec![],
+            Op::Reduce { x, .. } | Op::LooMean { x, .. } | Op::Thresholds { x, .. } => vec![x],
+            Op::Where { cond, a, b } => vec![cond, a, b],
+            Op::MixCols { y, alpha } => vec![y, alpha],
+            Op::CollapseCols { y, r } => vec![y, r],
+            Op::CollapseRows { w, r } => vec![w, r],
+            Op::UnflattenHeads { x, .. } | Op::FlattenHeads { x } | Op::SliceCols { x, .. } => vec![x],
+            Op::ConcatCols { a, b } => vec![a, b],
+            Op::MatMul { a, b } | Op::Binary { a, b, .. } => vec![a, b],
+            Op::SplitHeads { x, .. }
+            | Op::MergeHeads { x }
+            | Op::Interleave { x }
+            | Op::Deinterleave { x, .. }
+            | Op::Rope { x, .. }
+            | Op::Unary { x, .. } => vec![x],
+            Op::MixHeads { x, alpha } => vec![x, alpha],
+            Op::BlockDiag { r, .. } => vec![r],
+            Op::Collapse { x, r } => vec![x, r],
+            Op::Attention { q, k, v, .. } => vec![q, k, v],
+            Op::Transpose { x } | Op::Unsqueeze { x, .. } => vec![x],
+            Op::MatMulAt { a, b } => vec![a, b],
+            Op::MixHeadsT { y, alpha } => vec![y, alpha],
+            Op::MixHeadsGrad { x, dy } | Op::CollapseGrad { x, dy } => vec![x, dy],
+            Op::CollapseT { dy, r, .. } => vec![dy, r],
+            Op::AttentionLse { q, k, .. } => vec![q, k],
+            Op::MixColsT { dy, alpha } => vec![dy, alpha],
+            Op::MixColsGrad { y, dy, .. } | Op::CollapseColsGrad { y, dy, .. } => vec![y, dy],
+            Op::CollapseRowsGrad { w, dy, .. } => vec![w, dy],
+            Op::AttentionGrad { q, k, v, o, dout, lse, .. } => vec![q, k, v, o, dout, lse],
+        }
+    }
+
+    /// Rewrites every operand handle through `f`.
+    pub fn map_operands(&mut self, mut f: impl FnMut(NodeId) -> NodeId) {
+        match self {
+            Op::Input { .. } | Op::Scalar { .. } | Op::Constant { .. } => {}
+            Op::MatMul { a, b } | Op::Binary { a, b, .. } | Op::ConcatCols { a, b } => {
+                *a = f(*a);
+                *b = f(*b);
+            }
+            Op::MixCols { y: x, alpha: y } | Op::CollapseCols { y: x, r: y } | Op::CollapseRows { w: x, r: y } => {
+                *x = f(*x);
+                *y = f(*y);
+            }
+            Op::UnflattenHeads { x, .. } | Op::FlattenHeads { x } | Op::SliceCols { x, .. } => *x = f(*x),
+            Op::SplitHeads { x, .. }
+            | Op::MergeHeads { x }
+            | Op::Interleave { x }
+            | Op::Deinterleave { x, .. }
+            | Op::Rope { x, .. }
+            | Op::Unary { x, .. }
+            | Op::Reduce { x, .. }
+            | Op::LooMean { x, .. }
+            | Op::Thresholds { x, .. }
+            | Op::BlockDiag { r: x, .. } => *x = f(*x),
+            Op::MixHeads { x, alpha: y } | Op::Collapse { x, r: y } => {
+                *x = f(*x);
+                *y = f(*y);
+            }
+            Op::Attention { q: a, k: b, v: c, .. } | Op::Where { cond: a, a: b, b: c } => {
+                *a = f(*a);
+                *b = f(*b);
+                *c = f(*c);
+            }
+            Op::Transpose { x } | Op::Unsqueeze { x, .. } => *x = f(*x),
+            Op::MatMulAt { a: x, b: y }
+            | Op::MixHeadsT { y: x, alpha: y }
+            | Op::MixHeadsGrad { x, dy: y }
+            | Op::CollapseGrad { x, dy: y }
+            | Op::CollapseT { dy: x, r: y, .. }
+            | Op::AttentionLse { q: x, k: y, .. }
+            | Op::MixColsT { dy: x, alpha: y }
+            | Op::MixColsGrad { y: x, dy: y, .. }
+            | Op::CollapseColsGrad { y: x, dy: y, .. }
+            | Op::CollapseRowsGrad { w: x, dy: y, .. } => {
+                *x = f(*x);
+                *y = f(*y);
+            }
+            Op::AttentionGrad { q, k, v, o, dout, lse, .. } => {
+                for id in [q, k, v, o, dout, lse] {
+                    *id = f(*id);
+                }
+            }
+        }
+    }
+}

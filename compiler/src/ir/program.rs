@@ -1,0 +1,196 @@
+//! A program: its nodes, inputs, dims and outputs, and its printing.
+
+use super::*;
+use std::fmt::Write;
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Node {
+    pub op: Op,
+    pub shape: Shape,
+}
+
+/// How `--seed` draws an input. Every value is a pure function of the seed
+/// and the input's name (see the runtime's generator).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Init {
+    Uniform {
+        lo: f64,
+        hi: f64,
+    },
+    Normal {
+        mean: f64,
+        std: f64,
+    },
+    /// Integers `lo..=hi`, as floats.
+    Integers {
+        lo: i64,
+        hi: i64,
+    },
+    Bernoulli {
+        p: f64,
+    },
+}
+
+/// The values an input may hold (`input r: [B, G] in integers(1, K)`); checked
+/// before a run, with the offending index named.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Domain {
+    /// Anything, NaN and infinities included (they propagate per IEEE).
+    Any,
+    /// Finite numbers.
+    Finite,
+    /// Integers `lo..=hi`.
+    Integers { lo: i64, hi: i64 },
+    /// 0 or 1.
+    Binary,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Input {
+    pub name: String,
+    pub node: NodeId,
+    pub init: Init,
+    pub domain: Domain,
+    /// Declared with `weight`: fixed across calls in inference.
+    pub weight: bool,
+}
+
+/// A symbolic size and the value it takes when no tensor fixes it (`--seed`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct DimDecl {
+    pub name: String,
+    pub default: Option<u64>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Program {
+    pub name: String,
+    pub dims: Vec<DimDecl>,
+    pub nodes: Vec<Node>,
+    pub inputs: Vec<Input>,
+    pub outputs: Vec<(String, NodeId)>,
+}
+
+impl Program {
+    pub fn node(&self, id: NodeId) -> &Node {
+        &self.nodes[id.0 as usize]
+    }
+    pub fn shape(&self, id: NodeId) -> &Shape {
+        &self.node(id).shape
+    }
+    pub fn input_shape(&self, index: usize) -> &Shape {
+        self.shape(self.inputs[index].node)
+    }
+
+    /// Removes nodes no output depends on (inputs always stay: they are the
+    /// spec's interface), renumbering the rest in order.
+    pub fn prune_dead(&mut self) {
+        let mut live = vec![false; self.nodes.len()];
+        for (_, id) in &self.outputs {
+            live[id.0 as usize] = true;
+        }
+        for input in &self.inputs {
+            live[input.node.0 as usize] = true;
+        }
+        for i in (0..self.nodes.len()).rev() {
+            if live[i] {
+                for operand in self.nodes[i].op.operands() {
+                    live[operand.0 as usize] = true;
+                }
+            }
+        }
+        let mut new_id = vec![NodeId(u32::MAX); self.nodes.len()];
+        let mut kept = Vec::new();
+        for (i, node) in std::mem::take(&mut self.nodes).into_iter().enumerate() {
+            if live[i] {
+                new_id[i] = NodeId(kept.len() as u32);
+                kept.push(node);
+            }
+        }
+        for node in &mut kept {
+            node.op.map_operands(|id| new_id[id.0 as usize]);
+        }
+        self.nodes = kept;
+        self.inputs.iter_mut().for_each(|i| i.node = new_id[i.node.0 as usize]);
+        self.outputs.iter_mut().for_each(|o| o.1 = new_id[o.1 .0 as usize]);
+    }
+
+    /// A readable listing, one node per line; stable text for snapshots.
+    pub fn pretty(&self) -> String {
+        let mask_text = |mask: &Mask| {
+            let window = mask.window.map_or("none".into(), |w| w.to_string());
+            format!("mask={}, window={window}, block={}", mask.kind.name(), mask.block)
+        };
+        let mut out = format!("program {}\n", self.name);
+        for d in &self.dims {
+            let _ = writeln!(out, "  dim {}{}", d.name, d.default.map_or(String::new(), |v| format!(" = {v}")));
+        }
+        for (i, n) in self.nodes.iter().enumerate() {
+            let desc = match &n.op {
+                Op::Input { index } => {
+                    let input = &self.inputs[*index];
+                    let kind = if input.weight { "weight" } else { "input" };
+                    match input.domain {
+                        Domain::Any => format!("{kind} {}", input.name),
+                        Domain::Finite => format!("{kind} {} in finite", input.name),
+                        Domain::Binary => format!("{kind} {} in binary", input.name),
+                        Domain::Integers { lo, hi } => format!("{kind} {} in integers({lo}, {hi})", input.name),
+                    }
+                }
+                Op::Scalar { value } => format!("scalar {value:?}"),
+                Op::MatMul { a, b } => format!("matmul {a}, {b}"),
+                Op::SplitHeads { x, heads } => format!("split_heads {x}, heads={heads}"),
+                Op::MergeHeads { x } => format!("merge_heads {x}"),
+                Op::MixHeads { x, alpha } => format!("mix_heads {x}, {alpha}"),
+                Op::Interleave { x } => format!("interleave {x}"),
+                Op::Deinterleave { x, pseudo } => format!("deinterleave {x}, pseudo={pseudo}"),
+                Op::BlockDiag { r, block } => format!("block_diag {r}, block={block}"),
+                Op::Collapse { x, r } => format!("collapse {x}, {r}"),
+                Op::Rope { x, base } => format!("rope {x}, base={base:?}"),
+                Op::Attention { q, k, v, mask, scale } => {
+                    format!("attention {q}, {k}, {v}, {}, scale={scale:?}", mask_text(mask))
+                }
+                Op::Binary { op, a, b } => format!("{} {a}, {b}", op.name()),
+                Op::Unary { op, x } => format!("{} {x}", op.name()),
+                Op::Constant { values } => format!("constant {values:?}"),
+                Op::Reduce { x, kind, axes, keepdim } => {
+                    format!("reduce_{} {x}, axes={axes:?}, keepdim={keepdim}", kind.name())
+                }
+                Op::LooMean { x, axis } => format!("loo_mean {x}, axis={axis}"),
+                Op::Where { cond, a, b } => format!("where {cond}, {a}, {b}"),
+                Op::Thresholds { x, levels } => format!("thresholds {x}, levels={levels}"),
+                Op::MixCols { y, alpha } => format!("mix_cols {y}, {alpha}"),
+                Op::CollapseCols { y, r } => format!("collapse_cols {y}, {r}"),
+                Op::CollapseRows { w, r } => format!("collapse_rows {w}, {r}"),
+                Op::UnflattenHeads { x, pseudo } => format!("unflatten_heads {x}, pseudo={pseudo}"),
+                Op::FlattenHeads { x } => format!("flatten_heads {x}"),
+                Op::ConcatCols { a, b } => format!("concat_cols {a}, {b}"),
+                Op::SliceCols { x, start, len } => format!("slice_cols {x}, start={start}, len={len}"),
+                Op::Transpose { x } => format!("transpose {x}"),
+                Op::MatMulAt { a, b } => format!("matmul_at {a}, {b}"),
+                Op::Unsqueeze { x, axes } => format!("unsqueeze {x}, axes={axes:?}"),
+                Op::MixHeadsT { y, alpha } => format!("mix_heads_t {y}, {alpha}"),
+                Op::MixHeadsGrad { x, dy } => format!("mix_heads_grad {x}, {dy}"),
+                Op::CollapseT { dy, r, pseudo } => format!("collapse_t {dy}, {r}, pseudo={pseudo}"),
+                Op::CollapseGrad { x, dy } => format!("collapse_grad {x}, {dy}"),
+                Op::AttentionLse { q, k, mask, scale } => {
+                    format!("attention_lse {q}, {k}, {}, scale={scale:?}", mask_text(mask))
+                }
+                Op::MixColsT { dy, alpha } => format!("mix_cols_t {dy}, {alpha}"),
+                Op::MixColsGrad { y, dy, m, h, p } => format!("mix_cols_grad {y}, {dy}, m={m}, h={h}, p={p}"),
+                Op::CollapseColsGrad { y, dy, h } => format!("collapse_cols_grad {y}, {dy}, h={h}"),
+                Op::CollapseRowsGrad { w, dy, h } => format!("collapse_rows_grad {w}, {dy}, h={h}"),
+                Op::AttentionGrad { q, k, v, o, dout, lse, mask, scale, wrt } => format!(
+                    "attention_grad_{} {q}, {k}, {v}, {o}, {dout}, {lse}, {}, scale={scale:?}",
+                    format!("{wrt:?}").to_lowercase(),
+                    mask_text(mask)
+                ),
+            };
+            let _ = writeln!(out, "  %{i} = {desc} : {}", n.shape);
+        }
+        for (name, id) in &self.outputs {
+            let _ = writeln!(out, "  output {name} = {id}");
+        }
+        out
+    }
+}

@@ -1,0 +1,288 @@
+//! Attention on matrix fragments ([`build_attention`]): the queries and a
+//! key and value tile in shared memory, `S = Q·Kᵀ` and `P·V` on fragments.
+
+use super::*;
+
+/// Vector offset of key row `min(k0 + j, sk − 1)` in view `v` from `base`, row 0 of the head.
+#[cube]
+fn key_row(k0: usize, j: usize, base: usize, #[comptime] sk: usize, #[comptime] v: RowView) -> usize {
+    att::row_at(base, min(k0 + j, comptime![sk - 1]), v)
+}
+
+/// Copy `rows` rows of `width` vectors (`used` of them real, the rest zero)
+/// into the shared array at `dst`, row `j` read from `x` at
+/// `key_row(k0, j, base)`; the cube's units share the copy.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn copy_rows<N: Size>(
+    x: &[Vector<Stored, N>],
+    sh: &mut [Vector<Stored, N>],
+    k0: usize,
+    base: usize,
+    #[comptime] dst: usize,
+    #[comptime] rows: usize,
+    #[comptime] width: usize,
+    #[comptime] used: usize,
+    #[comptime] sk: usize,
+    #[comptime] v: RowView,
+) {
+    #[unroll]
+    for i in 0..comptime![(rows * width).div_ceil(ATTN_ROWS)] {
+        let idx = UNIT_POS as usize + comptime![i * ATTN_ROWS];
+        if idx < comptime![rows * width] {
+            let j = idx / width;
+            let c = idx % width;
+            let mut val = Vector::<Stored, N>::cast_from(f32::new(0.0));
+            if c < used {
+                val = x[key_row(k0, j, base, sk, v) + c];
+            }
+            sh[comptime![dst] + idx] = val;
+        }
+    }
+}
+
+/// This unit's query row (`width` vectors, `used` real) into the shared array at `dst + UNIT_POS · width`.
+#[cube]
+fn copy_query<N: Size>(
+    q: &[Vector<Stored, N>],
+    sh: &mut [Vector<Stored, N>],
+    at: usize,
+    #[comptime] dst: usize,
+    #[comptime] width: usize,
+    #[comptime] used: usize,
+) {
+    let row = comptime![dst] + UNIT_POS as usize * width;
+    #[unroll]
+    for c in 0..width {
+        let mut val = Vector::<Stored, N>::cast_from(f32::new(0.0));
+        if comptime![c < used] {
+            val = q[at + c];
+        }
+        sh[row + c] = val;
+    }
+}
+
+/// The online softmax of this unit's row over one key tile of scores at
+/// `scores[UNIT_POS · bk ..]` (scaled, masked when `masked`): updates the
+/// state `[max, sum]`, rescales the accumulator `o` (`e` values) and writes
+/// the probabilities, in the storage type, at `dst + UNIT_POS · bk / N` of
+/// the shared array.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn softmax_tile<N: Size>(
+    scores: &[f32],
+    sh: &mut [Vector<Stored, N>],
+    state: &mut Array<f32>,
+    o: &mut Array<f32>,
+    i: usize,
+    k0: usize,
+    scale: f32,
+    #[comptime] dst: usize,
+    #[comptime] bk: usize,
+    #[comptime] e: usize,
+    #[comptime] masked: bool,
+    #[comptime] s: usize,
+    #[comptime] sk: usize,
+    #[comptime] kind: u32,
+    #[comptime] window: usize,
+    #[comptime] block: usize,
+) {
+    let row = UNIT_POS as usize * bk;
+    let mut t = Array::<f32>::new(bk);
+    let mut m = state[0];
+    #[unroll]
+    for jj in 0..bk {
+        let mut sc = scores[row + jj] * scale;
+        if comptime![masked] {
+            sc = att::mask_score(sc, i, k0, jj, s, sk, kind, window, block);
+        }
+        t[jj] = sc;
+        m = max(m, sc);
+    }
+    let alpha = (state[0] - m).exp();
+    let mut sum = f32::new(0.0);
+    #[unroll]
+    for v in 0..comptime![bk / N::value()] {
+        let mut p = Vector::<f32, N>::empty();
+        #[unroll]
+        for c in 0..N::value() {
+            let x = (t[comptime![v * N::value() + c]] - m).exp();
+            sum += x;
+            p.insert(c, x);
+        }
+        sh[comptime![dst] + row / N::value() + v] = Vector::<Stored, N>::cast_from(p);
+    }
+    state[0] = m;
+    state[1] = state[1] * alpha + sum;
+    #[unroll]
+    for c in 0..e {
+        o[c] = o[c] * alpha;
+    }
+}
+
+/// `o[c0 + c] += scratch[at + c]` for the 16 columns of a fragment.
+#[cube]
+fn add_fragment_row(o: &mut Array<f32>, scratch: &[f32], at: usize, #[comptime] c0: usize) {
+    #[unroll]
+    for c in 0..16usize {
+        o[comptime![c0] + c] += scratch[at + c];
+    }
+}
+
+/// Where this unit's row sits in its plane's 32×16 scratch tile: `warp · 512 + lane · 16`.
+#[cube]
+fn scratch_row() -> usize {
+    UNIT_POS as usize / 32 * 512 + UNIT_POS as usize % 32 * 16
+}
+
+/// `out = o / l` for this unit's row, if it exists (a row that saw no key is 0).
+#[cube]
+fn store_row<N: Size>(
+    out: &mut [Vector<Stored, N>],
+    o: &Array<f32>,
+    state: &Array<f32>,
+    slots: &Array<usize>,
+    #[comptime] s: usize,
+    #[comptime] el: usize,
+) {
+    if slots[ROW_I] < s {
+        let inv = att::inverse_sum(state);
+        #[unroll]
+        for c in 0..el {
+            let mut v = Vector::<f32, N>::empty();
+            #[unroll]
+            for x in 0..N::value() {
+                v.insert(x, o[comptime![c * N::value() + x]] * inv);
+            }
+            out[slots[ROW_OUT] + c] = Vector::<Stored, N>::cast_from(v);
+        }
+    }
+}
+
+#[cube]
+fn zeros(#[comptime] n: usize) -> Array<f32> {
+    let mut a = Array::<f32>::new(n);
+    #[unroll]
+    for c in 0..n {
+        a[c] = f32::new(0.0);
+    }
+    a
+}
+
+/// Attention on matrix fragments for a cube of `ATTN_ROWS` units (two
+/// planes) and as many query rows, one per unit, over key tiles of
+/// `plan::frag_key_tile`: the queries, each key and value tile and the tile's
+/// probabilities sit in one shared array of the storage type (head widths
+/// padded with zeros to multiples of 16); `S = Q·Kᵀ` goes through shared f32
+/// scores, each unit runs the online softmax of its row and keeps its output
+/// row in f32 registers, and `P·V` comes back through the same f32 scratch.
+#[allow(clippy::too_many_arguments)]
+pub fn build_attention<N: Size>(
+    scope: &Scope,
+    q: &NativeExpand<[Vector<Stored, N>]>,
+    kb: &NativeExpand<[Vector<Stored, N>]>,
+    v: &NativeExpand<[Vector<Stored, N>]>,
+    out: &mut NativeExpand<[Vector<Stored, N>]>,
+    scale: NativeExpand<f32>,
+    a: &att::Shape,
+    lanes: usize,
+    hardware: bool,
+    dtype: Dtype,
+) {
+    let (bq, bk) = (ATTN_ROWS, a.tiles.key_tile);
+    assert_eq!(a.tiles.unit_rows, 1, "fragment attention owns one row per unit");
+    assert!(bk % F == 0, "key tiles of whole fragments");
+    let (dp, ep) = (a.d.next_multiple_of(F), a.e.next_multiple_of(F));
+    let (dpl, epl, dl, el) = (dp / lanes, ep / lanes, a.d / lanes, a.e / lanes);
+    let q_off = 0;
+    let k_off = q_off + bq * dpl;
+    let v_off = k_off + bk * dpl;
+    let p_off = v_off + bk * epl;
+    let len = p_off + bq * bk / lanes;
+    let mut x: NativeExpand<[Vector<Stored, N>]> = (*shared_vectors::expand::<N>(scope, len)).clone_unchecked();
+    let sf: NativeExpand<[f32]> = (*shared_floats::expand(scope, (bq * bk).max(bq * F))).clone_unchecked();
+    let frags = Frags::new(scope, hardware, dtype);
+    let warp = warp_of::expand(scope);
+    let set = att::setup::expand(scope, a.h, a.hk, a.s, a.sk, bq, bk, a.kind, a.window, a.block, a.views, a.fold);
+    let slots = att::row_slots::expand(scope, a.h, a.s, bq, a.kind, 0, a.views, a.fold);
+    let i = k::uget::expand(scope, &slots, ROW_I);
+    copy_query::expand::<N>(scope, q, &mut x, k::uget::expand(scope, &slots, ROW_Q), q_off, dpl, dl);
+    let o = zeros::expand(scope, ep);
+    let state = att::softmax_state::expand(scope);
+    let (k_base, v_base) = (k::uget::expand(scope, &set, SET_K), k::uget::expand(scope, &set, SET_V));
+    let tile = |scope: &Scope, kt: NativeExpand<usize>, masked: bool| {
+        let k0 = k::mul_const::expand(scope, kt, bk);
+        let mut xs = x.clone_unchecked();
+        copy_rows::expand::<N>(scope, kb, &mut xs, k0.clone(), k_base.clone(), k_off, bk, dpl, dl, a.sk, a.views[1]);
+        copy_rows::expand::<N>(scope, v, &mut xs, k0.clone(), v_base.clone(), v_off, bk, epl, el, a.sk, a.views[2]);
+        k::barrier::expand(scope);
+        // Scores: plane `warp`'s 32 rows (2 fragments) by the tile's keys.
+        let mut sc = sf.clone_unchecked();
+        for rf in 0..2 {
+            for cf in 0..bk / F {
+                let mut acc = frags.zero(scope);
+                for ks in 0..dp / F {
+                    let a_at = scaled_add::expand(scope, warp.clone(), 32 * dpl, q_off + rf * F * dpl + ks * F / lanes);
+                    let b_at = k::const_index::expand(scope, k_off + cf * F * dpl + ks * F / lanes);
+                    frags.mma::<N>(scope, &mut acc, &x, a_at, dp, b_at, dp, true);
+                }
+                let at = scaled_add::expand(scope, warp.clone(), 32 * bk, rf * F * bk + cf * F);
+                frags.store(scope, &acc, &mut sc, at, bk);
+            }
+        }
+        k::barrier::expand(scope);
+        let (mut st, mut ov) = (state.clone(), o.clone());
+        softmax_tile::expand::<N>(
+            scope,
+            &sf,
+            &mut xs,
+            &mut st,
+            &mut ov,
+            i.clone(),
+            k0,
+            scale.clone(),
+            p_off,
+            bk,
+            ep,
+            masked,
+            a.s,
+            a.sk,
+            a.kind,
+            a.window,
+            a.block,
+        );
+        k::barrier::expand(scope);
+        // P·V, 16 output columns at a time through the scratch.
+        let row = scratch_row::expand(scope);
+        for cf in 0..ep / F {
+            for rf in 0..2 {
+                let mut acc = frags.zero(scope);
+                for ks in 0..bk / F {
+                    let a_at = scaled_add::expand(
+                        scope,
+                        warp.clone(),
+                        32 * bk / lanes,
+                        p_off + (rf * F * bk + ks * F) / lanes,
+                    );
+                    let b_at = k::const_index::expand(scope, v_off + ks * F * epl + cf * F / lanes);
+                    frags.mma::<N>(scope, &mut acc, &x, a_at, bk, b_at, ep, false);
+                }
+                let at = scaled_add::expand(scope, warp.clone(), 32 * F, rf * F * F);
+                frags.store(scope, &acc, &mut sc, at, F);
+            }
+            k::barrier::expand(scope);
+            add_fragment_row::expand(scope, &mut ov, &sf, row.clone(), cf * F);
+            k::barrier::expand(scope);
+        }
+    };
+    let full = RangeExpand::new(k::uget::expand(scope, &set, SET_FULL0), k::uget::expand(scope, &set, SET_FULL1));
+    for_expand(scope, full, false, |scope, kt| tile(scope, kt, false));
+    if !(a.kind == MASK_NONE && a.window == 0 && a.sk % bk == 0) {
+        let masked = RangeExpand::new(NativeExpand::from_lit(scope, 0usize), k::uget::expand(scope, &set, SET_MASKED));
+        for_expand(scope, masked, false, |scope, t| {
+            let kt = att::masked_tile::expand(scope, &set, t);
+            tile(scope, kt, true)
+        });
+    }
+    store_row::expand::<N>(scope, out, &o, &state, &slots, a.s, el);
+}
