@@ -624,18 +624,21 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
                 let (sa, sb) = (sh(0), sh(1));
                 let (kk, f) = (*sa.last().unwrap(), *sb.last().unwrap());
                 let rows = sa.iter().product::<usize>().checked_div(kk).unwrap_or(0);
+                // `aᵀ` through `a`'s own layout (merged heads, slices): its
+                // rows are `a`'s columns and the other way round, no copy.
+                let (ba, (a_cols, a_rows)) = pl.read(*a, |l| Some(gemm_a(l)));
                 let spec = KernelSpec::MatMul {
                     rows: kk,
                     k: rows,
                     f,
-                    a_rows: View::new(&[kk], &[1], 0),
-                    a_cols: View::new(&[rows], &[kk], 0),
+                    a_rows,
+                    a_cols,
                     b_row: f,
                     b_offset: 0,
                     mix: None,
                     scale: None,
                 };
-                (spec, vec![pl.contiguous(*a), pl.contiguous(*b)])
+                (spec, vec![ba, pl.contiguous(*b)])
             }
             // Coefficient gradients: contractions over batch and tokens.
             Op::MixHeadsGrad { x, dy } => {
