@@ -233,11 +233,11 @@ fn load_tile(
     hh: usize,
     t: usize,
     #[comptime] v: RowView,
-    #[comptime] rows: usize,
     #[comptime] width: usize,
     #[comptime] n: usize,
-    #[comptime] units: usize,
+    #[comptime] g: Dims,
 ) {
+    let (rows, units) = comptime![(g.tile, g.units())];
     #[unroll]
     for c in 0..comptime![(rows * width).div_ceil(units)] {
         let idx = UNIT_POS as usize + comptime![c * units];
@@ -431,7 +431,7 @@ pub fn lse(
     let rows = cube_rows(comptime![g.s], g);
     let band = key_tiles(rows[0], rows[1], g);
     for t in band.lo..band.hi {
-        load_tile(kb, &mut kt, b, kh, t, kv, comptime![g.tile], comptime![g.d], comptime![g.sk], comptime![g.units()]);
+        load_tile(kb, &mut kt, b, kh, t, kv, comptime![g.d], comptime![g.sk], g);
         sync_cube();
         for jj in 0..comptime![g.tile] {
             let j = t * comptime![g.tile] + jj;
@@ -487,20 +487,8 @@ pub fn grad_q(
     let rows = cube_rows(comptime![g.s], g);
     let band = key_tiles(rows[0], rows[1], g);
     for t in band.lo..band.hi {
-        let units = comptime![g.units()];
-        load_tile(
-            kb,
-            &mut kt,
-            b,
-            kh,
-            t,
-            comptime![views[1]],
-            comptime![g.tile],
-            comptime![g.d],
-            comptime![g.sk],
-            units,
-        );
-        load_tile(v, &mut vt, b, kh, t, comptime![views[2]], comptime![g.tile], comptime![g.e], comptime![g.sk], units);
+        load_tile(kb, &mut kt, b, kh, t, comptime![views[1]], comptime![g.d], comptime![g.sk], g);
+        load_tile(v, &mut vt, b, kh, t, comptime![views[2]], comptime![g.e], comptime![g.sk], g);
         sync_cube();
         for jj in 0..comptime![g.tile] {
             let j = t * comptime![g.tile] + jj;
@@ -564,31 +552,8 @@ pub fn grad_kv(
     for hq in 0..comptime![g.h / g.hk] {
         let hi = kh * comptime![g.h / g.hk] + hq;
         for t in band.lo..band.hi {
-            let units = comptime![g.units()];
-            load_tile(
-                q,
-                &mut qt,
-                b,
-                hi,
-                t,
-                comptime![views[0]],
-                comptime![g.tile],
-                comptime![g.d],
-                comptime![g.s],
-                units,
-            );
-            load_tile(
-                dout,
-                &mut dt,
-                b,
-                hi,
-                t,
-                comptime![views[4]],
-                comptime![g.tile],
-                comptime![g.e],
-                comptime![g.s],
-                units,
-            );
+            load_tile(q, &mut qt, b, hi, t, comptime![views[0]], comptime![g.d], comptime![g.s], g);
+            load_tile(dout, &mut dt, b, hi, t, comptime![views[4]], comptime![g.e], comptime![g.s], g);
             let i = min(t * comptime![g.tile] + mine, comptime![g.s - 1]);
             if comptime![wrt_k] {
                 // Every row of lanes sums a D_i (the shuffles); the first `tile` rows keep theirs.
