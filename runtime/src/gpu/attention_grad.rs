@@ -280,17 +280,6 @@ fn load_row(
     a
 }
 
-/// A register array of `n` zeros.
-#[cube]
-fn zeros(#[comptime] n: usize) -> Array<f32> {
-    let mut a = Array::<f32>::new(n);
-    #[unroll]
-    for c in 0..n {
-        a[c] = f32::new(0.0);
-    }
-    a
-}
-
 /// `Σ_c a[c] · tile[channel c of at]` over this unit's `n / lanes`
 /// channels of a row of `n` starting at `at` (a part of the row's sum:
 /// [`lane_sum`] completes it).
@@ -481,7 +470,7 @@ pub fn grad_q(
     let delta = delta_row(&dor, o, b, hi, i, comptime![views[3]], comptime![g.e], lanes);
     let l = f32::cast_from(lse[bh * comptime![g.s] + i]);
     let live = real && l > f32::new(NO_KEYS_BELOW);
-    let mut dq = zeros(comptime![g.d / g.lanes]);
+    let mut dq = k::zeros(comptime![g.d / g.lanes]);
     let mut kt = Shared::<[f32]>::new_slice(comptime![g.tile * g.d]);
     let mut vt = Shared::<[f32]>::new_slice(comptime![g.tile * g.e]);
     let rows = cube_rows(comptime![g.s], g);
@@ -534,11 +523,11 @@ pub fn grad_kv(
     let j = min(row, comptime![g.sk - 1]);
     let kr = load_row(kb, b, kh, j, comptime![views[1]], comptime![g.d], lanes);
     let width = comptime![if wrt_k { g.d } else { g.e }];
-    let mut acc = zeros(comptime![width / g.lanes]);
+    let mut acc = k::zeros(comptime![width / g.lanes]);
     let vr = if comptime![wrt_k] {
         load_row(v, b, kh, j, comptime![views[2]], comptime![g.e], lanes)
     } else {
-        zeros(1usize)
+        k::zeros(1usize)
     };
     let mut qt = Shared::<[f32]>::new_slice(comptime![g.tile * g.d]);
     let mut dt = Shared::<[f32]>::new_slice(comptime![g.tile * g.e]);

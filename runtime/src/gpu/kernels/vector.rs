@@ -24,6 +24,17 @@ pub fn vload_share<N: Size>(
     }
 }
 
+/// A register array of `n` floats, zeroed.
+#[cube]
+pub fn zeros(#[comptime] n: usize) -> Array<f32> {
+    let mut a = Array::<f32>::new(n);
+    #[unroll]
+    for c in 0..n {
+        a[c] = f32::new(0.0);
+    }
+    a
+}
+
 /// A register array of `n` vectors, zeroed.
 #[cube]
 pub fn vzeros<N: Size>(#[comptime] n: usize) -> Array<Vector<f32, N>> {

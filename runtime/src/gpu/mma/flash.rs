@@ -159,16 +159,6 @@ fn store_row<N: Size>(
     }
 }
 
-#[cube]
-fn zeros(#[comptime] n: usize) -> Array<f32> {
-    let mut a = Array::<f32>::new(n);
-    #[unroll]
-    for c in 0..n {
-        a[c] = f32::new(0.0);
-    }
-    a
-}
-
 /// Attention on matrix fragments for a cube of `ATTN_ROWS` units (two
 /// planes) and as many query rows, one per unit, over key tiles of
 /// `plan::frag_key_tile`: the queries, each key and value tile and the tile's
@@ -207,7 +197,7 @@ pub fn build_attention<N: Size>(
     let slots = att::row_slots::expand(scope, a.h, a.s, bq, a.kind, 0, a.views, a.fold);
     let i = k::uget::expand(scope, &slots, ROW_I);
     copy_query::expand::<N>(scope, q, &mut x, k::uget::expand(scope, &slots, ROW_Q), q_off, dpl, dl);
-    let o = zeros::expand(scope, ep);
+    let o = k::zeros::expand(scope, ep);
     let state = att::softmax_state::expand(scope);
     let (k_base, v_base) = (k::uget::expand(scope, &set, SET_K), k::uget::expand(scope, &set, SET_V));
     let tile = |scope: &Scope, kt: NativeExpand<usize>, masked: bool| {
