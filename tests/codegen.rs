@@ -272,7 +272,13 @@ fn attention_tiles_stay_within_their_register_and_mask_bounds() {
                     // Registers: a unit's queries and accumulators.
                     assert!(t.unit_rows == 1 || t.unit_rows * (dl + el) <= 256, "{what}");
                     // Code size: one tile's unrolled vector operations.
-                    assert!(t.unit_rows * t.key_tile * (dl + el) <= 2048 || t.key_tile == 4, "{what}");
+                    assert!(t.unit_rows * t.key_tile * (dl + el) <= plan::UNROLL_OPS || t.key_tile == 4, "{what}");
+                    // …and the rows unrolled at once, in 32 or 16 bits.
+                    for (half, budget) in [(false, plan::UNROLL_OPS), (true, plan::UNROLL_OPS / 2)] {
+                        let part = t.unrolled_rows(dl + el, half);
+                        assert!(t.key_tile % part == 0, "{what}: part {part}");
+                        assert!(part == 1 || t.unit_rows * part * (dl + el) <= budget, "{what}: part {part}");
+                    }
                     // A cube never spans more than the queries need…
                     assert!(t.unit_rows == 1 || ATTN_ROWS * t.unit_rows < 2 * s, "{what}");
                     // …nor, under a mask, more than a quarter of them or the window.
@@ -287,8 +293,12 @@ fn attention_tiles_stay_within_their_register_and_mask_bounds() {
         }
     }
     // The sizes benchmarked: d = 64 in vectors of 4, N = 1024.
-    assert_eq!(AttnTiles::new(16, 16, 1024, 1024, false, 0), AttnTiles { unit_rows: 8, key_tile: 8, lanes: 1 });
-    assert_eq!(AttnTiles::new(16, 16, 1024, 1024, true, 0), AttnTiles { unit_rows: 4, key_tile: 16, lanes: 1 });
+    assert_eq!(AttnTiles::new(16, 16, 1024, 1024, false, 0), AttnTiles { unit_rows: 8, key_tile: 4, lanes: 1 });
+    assert_eq!(AttnTiles::new(16, 16, 1024, 1024, true, 0), AttnTiles { unit_rows: 4, key_tile: 8, lanes: 1 });
+    // Fragment tiling (one row, 32 keys at d = 64) run by the CPU kernel: in
+    // 16-bit storage it unrolls 16 keys at a time (512 vector operations).
+    let frag = AttnTiles { unit_rows: 1, key_tile: 32, lanes: 1 };
+    assert_eq!((frag.unrolled_rows(32, false), frag.unrolled_rows(32, true)), (32, 16));
 }
 
 /// The plan's layouts read exactly what the layout operations compute: a

@@ -457,12 +457,18 @@ impl KernelSpec {
     }
 
     /// The most loop iterations one unit runs (every loop, nested ones
-    /// multiplied), for drivers that bound them ([`LOOP_TRIPS_CPU`]).
-    pub fn loop_trips(&self) -> usize {
+    /// multiplied, each counting its exit test), for drivers that bound them
+    /// ([`LOOP_TRIPS_CPU`]), with 16-bit storage when `half`.
+    pub fn loop_trips(&self, half: bool) -> usize {
         match *self {
             KernelSpec::MatMul { k, mix, .. } => k / self.line_size() + mix.map_or(0, |m| m.h * m.p),
-            KernelSpec::Attention { shape: AttnShape { sk, .. }, .. } => {
-                2 * sk.div_ceil(self.attention_tiles().key_tile) + 2
+            // One loop over the visible key tiles; a tile unrolled in parts
+            // loops over them (`AttnTiles::unrolled_rows`).
+            KernelSpec::Attention { shape: AttnShape { sk, d, e, .. }, split, .. } => {
+                let t = self.attention_tiles();
+                let part = t.unrolled_rows((d + e) / self.line_size(), half);
+                let parts = if split == 0 && part < t.key_tile { t.key_tile / part + 1 } else { 0 };
+                (sk.div_ceil(t.key_tile) + 1) * (1 + parts) + 1
             }
             KernelSpec::MixHeads { m, .. } => m,
             KernelSpec::MixCols { m, .. } => m,
@@ -610,6 +616,13 @@ pub struct AttnTiles {
     pub lanes: usize,
 }
 
+/// Vector operations one key tile of the CPU drivers' attention unrolls at
+/// most (`unit_rows · key_tile · (dl + el)`, [`AttnTiles::new`]; half
+/// that in 16-bit storage, [`AttnTiles::unrolled_rows`]): keeps a WGSL
+/// attention kernel within about 160 KB. At 2048 the source was 400–540 KB
+/// and lavapipe ran no faster (`bench/RESULTS.md`).
+pub const UNROLL_OPS: usize = 1024;
+
 /// Units per cube of register-tiled attention at most: CUDA gives a thread
 /// of a block of `n` threads at most `65536 / n` registers (255 up to 256
 /// threads), so wider rows (more lanes each) mean fewer rows per cube.
@@ -644,6 +657,22 @@ impl AttnTiles {
         }
     }
 
+    /// Key rows the CPU drivers' kernel unrolls at once for rows of `width`
+    /// vectors (`dl + el`): the whole key tile where its unit's rows take
+    /// at most [`UNROLL_OPS`] vector operations (half that for 16-bit
+    /// storage, whose conversions double a load's code), else the largest
+    /// power-of-two part of it (at least one row) that does, walked in a
+    /// loop. Fragment tiling's 32-row tiles, run by that kernel where no
+    /// matrix units are, take this path.
+    pub fn unrolled_rows(&self, width: usize, half: bool) -> usize {
+        let budget = if half { UNROLL_OPS / 2 } else { UNROLL_OPS };
+        let mut rows = self.key_tile;
+        while rows > 1 && rows % 2 == 0 && self.unit_rows * rows * width.max(1) > budget {
+            rows /= 2;
+        }
+        rows
+    }
+
     /// Tiles for `dl` query and `el` value vectors a row, `s` queries over
     /// `sk` keys, `masked` when some key tiles are partly visible and
     /// `window_rows` the rows a window spans (0: none).
@@ -665,7 +694,7 @@ impl AttnTiles {
         if window_rows > 0 {
             rows = rows.min(pow2_floor(window_rows / ATTN_ROWS));
         }
-        let key_tile = pow2_floor((2048 / (rows * width)).clamp(4, 32)).min(sk.next_power_of_two().max(4));
+        let key_tile = pow2_floor((UNROLL_OPS / (rows * width)).clamp(4, 32)).min(sk.next_power_of_two().max(4));
         AttnTiles { unit_rows: rows, key_tile, lanes: 1 }
     }
 }
@@ -674,9 +703,10 @@ impl AttnTiles {
 /// and `e` read in vectors of `lanes`, if it takes them: heads up to
 /// [`FRAG_MAX_HEAD`]; 32 rows, or 16 past 64 so that its shared memory (64
 /// query rows, a key and a value tile and the tile's probabilities in 16
-/// bits, the scores in f32) stays within 32 KiB (30 KiB at 128); and a tile
-/// the scalar kernel (which runs the same tiling on devices without matrix
-/// units) unrolls within its bound of 2048 vector operations.
+/// bits, the scores in f32) stays within 32 KiB (30 KiB at 128) and
+/// `tile · (d + e)` within 2048 vectors. The scalar kernel, which runs the
+/// same tiling on devices without matrix units, walks such a tile in parts
+/// ([`AttnTiles::unrolled_rows`]).
 pub fn frag_key_tile(d: usize, e: usize, lanes: usize) -> Option<usize> {
     let width = (d + e) / lanes;
     let tile = if d.max(e) > 64 { 16 } else { 32 };

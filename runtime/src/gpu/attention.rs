@@ -11,12 +11,15 @@
 //! `exp(score − max)` weights the value rows.
 //!
 //! The tiles visited come from the mask, per cube: every visible key lies in
-//! an interval of rows per query row, monotone in the row, so the tiles
-//! every row of the cube sees whole run unmasked in one loop, and the
-//! boundary tiles (at most a few) run masked in another; tiles no row sees
-//! are never loaded. Causal cubes run heaviest first.
+//! an interval of rows per query row, monotone in the row, so the visible
+//! tiles are consecutive, the few at either end partly masked and those
+//! between seen whole by every row; one loop walks them ([`key_tiles`]), its
+//! tile emitted once, and masks a tile's scores only on the boundary (one
+//! uniform branch a tile); tiles no row sees are never loaded. Causal cubes
+//! run heaviest first.
 //!
-//! Loop iterations per unit: one per key tile (see `plan::loop_trips`).
+//! Loop iterations per unit: one per key tile, and per part of a tile
+//! unrolled in parts (see `plan::KernelSpec::loop_trips`).
 
 use super::kernels::{self as k, shifted, visible, Stored, MASK_CAUSAL, MASK_NONE, MASK_TOKEN_CAUSAL};
 use attnc_compiler::plan::{AttnTiles, RowView, ATTN_ROWS};
@@ -33,8 +36,8 @@ pub const SET_K: usize = 0;
 pub const SET_V: usize = 1;
 pub const SET_FULL0: usize = 2;
 pub const SET_FULL1: usize = 3;
-pub const SET_MASKED: usize = 4;
-pub const SET_VIS0: usize = 5;
+pub const SET_VIS0: usize = 4;
+pub const SET_VIS1: usize = 5;
 const SET_LEN: usize = 6;
 /// Slots of a unit's row array ([`row_slots`]).
 pub const ROW_Q: usize = 0;
@@ -201,21 +204,85 @@ pub(super) fn setup(
     }
     r[SET_FULL0] = full0;
     r[SET_FULL1] = full1;
-    r[SET_MASKED] = (full0 - vis0) + (vis1 - full1);
     r[SET_VIS0] = vis0;
+    r[SET_VIS1] = vis1;
     r
 }
 
-/// The `t`-th masked (boundary) tile: those before the full ones, then those after.
+/// Whether key tile `kt` is a boundary tile, partly masked for some row of
+/// the cube (outside `SET_FULL0..SET_FULL1`).
 #[cube]
-pub(super) fn masked_tile(set: &Array<usize>, t: usize) -> usize {
-    let vis0 = set[SET_VIS0];
-    let before = set[SET_FULL0] - vis0;
-    let mut kt = vis0 + t;
-    if t >= before {
-        kt = set[SET_FULL1] + t - before;
+pub(super) fn boundary_tile(set: &Array<usize>, kt: usize) -> bool {
+    kt < set[SET_FULL0] || kt >= set[SET_FULL1]
+}
+
+/// Runs `tile(scope, kt, masked)` for every key tile `kt` the cube sees, in
+/// one loop so that the tile's code is emitted once. `masked` is `None`
+/// when the shape leaves no tile partly masked (no mask or window, whole
+/// tiles), else a flag true on the boundary tiles ([`boundary_tile`]), on
+/// which the tile masks its scores and clamps its key rows to the last.
+pub(super) fn key_tiles(
+    scope: &Scope,
+    set: &NativeExpand<Array<usize>>,
+    a: &Shape,
+    bk: usize,
+    mut tile: impl FnMut(&Scope, NativeExpand<usize>, Option<NativeExpand<bool>>),
+) {
+    if a.kind == MASK_NONE && a.window == 0 && a.sk % bk == 0 {
+        let full = RangeExpand::new(k::uget::expand(scope, set, SET_FULL0), k::uget::expand(scope, set, SET_FULL1));
+        for_expand(scope, full, false, |scope, kt| tile(scope, kt, None));
+    } else {
+        let seen = RangeExpand::new(k::uget::expand(scope, set, SET_VIS0), k::uget::expand(scope, set, SET_VIS1));
+        for_expand(scope, seen, false, |scope, kt| {
+            let masked = boundary_tile::expand(scope, set, kt);
+            tile(scope, kt, Some(masked))
+        });
     }
-    kt
+}
+
+/// Masks the scores of a boundary tile (`masked`) for query row `i` of key
+/// rows `k0 ..`: one uniform branch a tile, the full tiles pass unchanged.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn mask_tile(
+    scores: &mut Array<f32>,
+    masked: bool,
+    i: usize,
+    k0: usize,
+    #[comptime] bk: usize,
+    #[comptime] s: usize,
+    #[comptime] sk: usize,
+    #[comptime] kind: u32,
+    #[comptime] window: usize,
+    #[comptime] block: usize,
+) {
+    if masked {
+        #[unroll]
+        for jj in 0..bk {
+            scores[jj] = mask_score(scores[jj], i, k0, jj, s, sk, kind, window, block);
+        }
+    }
+}
+
+/// [`mask_tile`] over the tile's scores as host-side values: they go through
+/// a register array and come back masked (unchanged with no `masked` flag).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn mask_scores(
+    scope: &Scope,
+    scores: Vec<NativeExpand<f32>>,
+    masked: &Option<NativeExpand<bool>>,
+    i: NativeExpand<usize>,
+    k0: NativeExpand<usize>,
+    a: &Shape,
+) -> Vec<NativeExpand<f32>> {
+    let Some(masked) = masked else { return scores };
+    let bk = scores.len();
+    let mut arr = k::zeros::expand(scope, bk);
+    for (jj, sc) in scores.into_iter().enumerate() {
+        k::fset::expand(scope, &mut arr, jj, sc);
+    }
+    mask_tile::expand(scope, &mut arr, masked.clone(), i, k0, bk, a.s, a.sk, a.kind, a.window, a.block);
+    (0..bk).map(|jj| k::fget::expand(scope, &arr, jj)).collect()
 }
 
 /// Vector offset of key row `k0 + jj` (clamped to the last) in view `v`, from
@@ -332,6 +399,8 @@ pub struct Shape {
     pub tiles: AttnTiles,
     /// The grid's fold (`plan::KernelSpec::fold_x`).
     pub fold: usize,
+    /// 16-bit storage (each load also converts).
+    pub half: bool,
 }
 
 /// Emit the kernel body for vectors of `N` (`lanes` floats), spreading each
@@ -361,20 +430,26 @@ pub fn build<N: Size>(
         units.push(UnitRow { slots, qr, acc, state });
     }
     let lane = k::plane_lane::expand(scope, plane.max(1));
-    let tile = |scope: &Scope, k0: NativeExpand<usize>, masked: bool| {
-        let t = Tile { a, set: &set, kb, v, rows: &units, lane, k0, bk, dl, el, plane, masked };
-        t.emit(scope);
-    };
-    let full = RangeExpand::new(k::uget::expand(scope, &set, SET_FULL0), k::uget::expand(scope, &set, SET_FULL1));
-    for_expand(scope, full, false, |scope, kt| tile(scope, k::mul_const::expand(scope, kt, bk), false));
-    // With no mask, no window and whole tiles, every tile is full.
-    if !(a.kind == MASK_NONE && a.window == 0 && a.sk % bk == 0) {
-        let masked = RangeExpand::new(NativeExpand::from_lit(scope, 0usize), k::uget::expand(scope, &set, SET_MASKED));
-        for_expand(scope, masked, false, |scope, t| {
-            let kt = masked_tile::expand(scope, &set, t);
-            tile(scope, k::mul_const::expand(scope, kt, bk), true)
-        });
-    }
+    // The tile's rows unrolled at once; a wider tile (fragment tiling) is
+    // walked in parts, an online-softmax step each.
+    let part = a.tiles.unrolled_rows(dl + el, a.half);
+    key_tiles(scope, &set, a, bk, |scope, kt, masked| {
+        let k0 = k::mul_const::expand(scope, kt, bk);
+        let tile = |scope: &Scope, k0| {
+            let masked = masked.clone();
+            Tile { a, set: &set, kb, v, rows: &units, lane, k0, bk: part, dl, el, plane, masked }.emit(scope)
+        };
+        if part == bk {
+            tile(scope, k0);
+        } else {
+            let parts =
+                RangeExpand::new(NativeExpand::from_lit(scope, 0usize), NativeExpand::from_lit(scope, bk / part));
+            for_expand(scope, parts, false, |scope, p| {
+                let at = k::mul_const::expand(scope, p, part);
+                tile(scope, k::add_index::expand(scope, k0.clone(), at))
+            });
+        }
+    });
     for u in &units {
         store_row::expand::<N>(scope, out, &u.acc, &u.state, &u.slots, a.s, el);
     }
@@ -402,7 +477,7 @@ struct Tile<'a, N: Size> {
     dl: usize,
     el: usize,
     plane: u32,
-    masked: bool,
+    masked: Option<NativeExpand<bool>>,
 }
 
 impl<N: Size> Tile<'_, N> {
@@ -443,20 +518,21 @@ impl<N: Size> Tile<'_, N> {
         let mut scores = vec![Vec::with_capacity(self.bk); rows.len()];
         let mut value_rows = Vec::with_capacity(self.bk);
         for jj in 0..self.bk {
-            let row = key_row::expand(scope, self.k0, k_base, jj, a.sk, self.masked, a.views[1]);
-            value_rows.push(key_row::expand(scope, self.k0, v_base, jj, a.sk, self.masked, a.views[2]));
+            let clamp = self.masked.is_some();
+            let row = key_row::expand(scope, self.k0, k_base, jj, a.sk, clamp, a.views[1]);
+            value_rows.push(key_row::expand(scope, self.k0, v_base, jj, a.sk, clamp, a.views[2]));
             let keys = self.row(scope, self.kb, row, self.dl);
-            for ((i, qr), sc) in rows.iter().zip(&mut scores) {
+            for ((_, qr), sc) in rows.iter().zip(&mut scores) {
                 let mut dot = k::fconst::expand(scope, 0.0);
                 for (qc, kc) in qr.iter().zip(&keys) {
                     dot = k::dot_add::expand::<N>(scope, dot, *qc, *kc);
                 }
-                if self.masked {
-                    dot = mask_score::expand(scope, dot, *i, self.k0, jj, a.s, a.sk, a.kind, a.window, a.block);
-                }
                 sc.push(dot);
             }
         }
+        let scores: Vec<_> = (rows.iter().zip(scores))
+            .map(|((i, _), sc)| mask_scores(scope, sc, &self.masked, *i, self.k0, a))
+            .collect();
         // One rescale per row and tile.
         let mut outs = vec![];
         let mut m_news = vec![];

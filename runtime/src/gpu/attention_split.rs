@@ -18,10 +18,10 @@
 //! kernel's (`attention::setup`), so what a mask means is written once.
 
 use super::attention::{
-    key_row, load_query, mask_score, masked_tile, query_tile, setup, softmax_state, store_row, view_row, Shape, ROW_I,
-    ROW_OUT, ROW_Q, SET_FULL0, SET_FULL1, SET_K, SET_MASKED, SET_V,
+    key_row, key_tiles, load_query, mask_scores, query_tile, setup, softmax_state, store_row, view_row, Shape, ROW_I,
+    ROW_OUT, ROW_Q, SET_K, SET_V,
 };
-use super::kernels::{self as k, Stored, MASK_NONE};
+use super::kernels::{self as k, Stored};
 use attnc_compiler::plan::RowView;
 use cubecl::prelude::*;
 
@@ -120,15 +120,7 @@ pub fn build<N: Size>(
     let acc = k::vzeros::expand::<N>(scope, eg);
     let state = softmax_state::expand(scope);
     let body = Body { a, set: &set, rows: &rows, part, qr: &qr, acc: &acc, state: &state, kb, v, g, dg, eg, bk };
-    let full = RangeExpand::new(k::uget::expand(scope, &set, SET_FULL0), k::uget::expand(scope, &set, SET_FULL1));
-    for_expand(scope, full, false, |scope, kt| body.tile(scope, k::mul_const::expand(scope, kt, bk), false));
-    if !(a.kind == MASK_NONE && a.window == 0 && a.sk % bk == 0) {
-        let masked = RangeExpand::new(NativeExpand::from_lit(scope, 0usize), k::uget::expand(scope, &set, SET_MASKED));
-        for_expand(scope, masked, false, |scope, t| {
-            let kt = masked_tile::expand(scope, &set, t);
-            body.tile(scope, k::mul_const::expand(scope, kt, bk), true)
-        });
-    }
+    key_tiles(scope, &set, a, bk, |scope, kt, masked| body.tile(scope, k::mul_const::expand(scope, kt, bk), masked));
     store_row::expand::<N>(scope, out, &acc, &state, &rows, a.s, eg);
 }
 
@@ -152,7 +144,7 @@ struct Body<'a, N: Size> {
 impl<N: Size> Body<'_, N> {
     /// One key tile starting at key row `k0`: the tile's scores (each a
     /// sum over the row's lanes), one rescale, then the value rows.
-    fn tile(&self, scope: &Scope, k0: NativeExpand<usize>, masked: bool) {
+    fn tile(&self, scope: &Scope, k0: NativeExpand<usize>, masked: Option<NativeExpand<bool>>) {
         let a = self.a;
         let k_base = k::uget::expand(scope, self.set, SET_K);
         let v_base = k::uget::expand(scope, self.set, SET_V);
@@ -161,16 +153,13 @@ impl<N: Size> Body<'_, N> {
         let v_part = k::mul_const::expand(scope, self.part, self.eg);
         let mut scores = Vec::with_capacity(self.bk);
         for jj in 0..self.bk {
-            let row = key_row::expand(scope, k0, k_base, jj, a.sk, masked, a.views[1]);
+            let row = key_row::expand(scope, k0, k_base, jj, a.sk, masked.is_some(), a.views[1]);
             let at = k::add_index::expand(scope, row, k_part);
             let dot = dot_slice::expand::<N>(scope, self.qr, self.kb, at, self.dg);
             // The row's lanes (consecutive, `g` a power of two) sum their parts.
-            let mut dot = (0..self.g.trailing_zeros()).fold(dot, |v, b| xor_add::expand(scope, v, 1 << b));
-            if masked {
-                dot = mask_score::expand(scope, dot, i, k0, jj, a.s, a.sk, a.kind, a.window, a.block);
-            }
-            scores.push(dot);
+            scores.push((0..self.g.trailing_zeros()).fold(dot, |v, b| xor_add::expand(scope, v, 1 << b)));
         }
+        let scores = mask_scores(scope, scores, &masked, i, k0, a);
         let m_old = k::fget::expand(scope, self.state, 0);
         let m_new = scores.iter().fold(m_old, |m, s| k::fmax::expand(scope, m, *s));
         let corr = k::exp_diff::expand(scope, m_old, m_new);
@@ -180,7 +169,7 @@ impl<N: Size> Body<'_, N> {
         for (jj, score) in scores.into_iter().enumerate() {
             let p = k::exp_diff::expand(scope, score, m_new);
             l = k::fadd::expand(scope, l, p);
-            let row = key_row::expand(scope, k0, v_base, jj, a.sk, masked, a.views[2]);
+            let row = key_row::expand(scope, k0, v_base, jj, a.sk, masked.is_some(), a.views[2]);
             let at = k::add_index::expand(scope, row, v_part);
             axpy_slice::expand::<N>(scope, &mut acc, self.v, at, p, self.eg);
         }

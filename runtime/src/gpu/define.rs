@@ -336,12 +336,23 @@ impl IrKernel {
                         views: [q, kv, v, o].map(|view| view.in_vectors(lanes)),
                         tiles: self.spec.attention_tiles(),
                         fold: self.spec.fold_x(),
+                        half: self.dtype.is_half(),
                     };
                     let scale = scale.expect("attention takes a scale");
                     if self.mma != Mma::Off {
                         let (q, kb, v, hardware) = (&bufs[0], &bufs[1], &bufs[2], self.mma == Mma::Hardware);
                         return mma::build_attention::<N>(
-                            scope, q, kb, v, &mut out, scale, &shape, lanes, hardware, self.dtype,
+                            scope,
+                            q,
+                            kb,
+                            v,
+                            &mut out,
+                            scale,
+                            &shape,
+                            lanes,
+                            hardware,
+                            self.dtype,
+                            self.props.hardware.max_shared_memory_size,
                         );
                     }
                     if matches!(self.spec, KernelSpec::Attention { split: 1.., .. }) {

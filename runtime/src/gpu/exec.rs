@@ -234,7 +234,7 @@ impl Gpu {
             return Ok(());
         }
         for l in &plan.launches {
-            let trips = self.tiled(&l.spec).loop_trips();
+            let trips = self.tiled(&l.spec).loop_trips(plan.dtype.is_half());
             if trips > LOOP_TRIPS_CPU {
                 return Err(GpuError::LoopLimit { kernel: l.name.clone(), trips, limit: LOOP_TRIPS_CPU });
             }

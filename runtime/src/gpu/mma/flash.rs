@@ -63,14 +63,15 @@ fn copy_query<N: Size>(
 }
 
 /// The online softmax of this unit's row over one key tile of scores at
-/// `scores[UNIT_POS · bk ..]` (scaled, masked when `masked`): updates the
-/// state `[max, sum]`, rescales the accumulator `o` (`e` values) and writes
+/// `scores[UNIT_POS · bk ..]` (scaled; masked when `masked`, a boundary tile of a shape that has them): updates the
+/// state `[max, sum]`, rescales the accumulator (`e` values in `o`, `rest`
+/// in `o_rest`, see [`HELD`]) and writes
 /// the probabilities, in the storage type, at `dst + UNIT_POS · bk / N` of
 /// the shared array.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn softmax_tile<N: Size>(
-    scores: &[f32],
+    scores: &mut [f32],
     sh: &mut [Vector<Stored, N>],
     state: &mut Array<f32>,
     o: &mut Array<f32>,
@@ -80,24 +81,36 @@ fn softmax_tile<N: Size>(
     #[comptime] dst: usize,
     #[comptime] bk: usize,
     #[comptime] e: usize,
-    #[comptime] masked: bool,
+    o_rest: &mut [f32],
+    #[comptime] rest: usize,
+    #[comptime] maskable: bool,
+    masked: bool,
     #[comptime] s: usize,
     #[comptime] sk: usize,
     #[comptime] kind: u32,
     #[comptime] window: usize,
     #[comptime] block: usize,
 ) {
+    // The row's scores are scaled and masked in place (this unit's own row
+    // of the shared scores) rather than held: a unit already holds its
+    // output row, up to 128 floats, in registers.
     let row = UNIT_POS as usize * bk;
-    let mut t = Array::<f32>::new(bk);
+    #[unroll]
+    for jj in 0..bk {
+        scores[row + jj] = scores[row + jj] * scale;
+    }
+    if comptime![maskable] {
+        if masked {
+            #[unroll]
+            for jj in 0..bk {
+                scores[row + jj] = att::mask_score(scores[row + jj], i, k0, jj, s, sk, kind, window, block);
+            }
+        }
+    }
     let mut m = state[0];
     #[unroll]
     for jj in 0..bk {
-        let mut sc = scores[row + jj] * scale;
-        if comptime![masked] {
-            sc = att::mask_score(sc, i, k0, jj, s, sk, kind, window, block);
-        }
-        t[jj] = sc;
-        m = max(m, sc);
+        m = max(m, scores[row + jj]);
     }
     let alpha = (state[0] - m).exp();
     let mut sum = f32::new(0.0);
@@ -106,7 +119,7 @@ fn softmax_tile<N: Size>(
         let mut p = Vector::<f32, N>::empty();
         #[unroll]
         for c in 0..N::value() {
-            let x = (t[comptime![v * N::value() + c]] - m).exp();
+            let x = (scores[row + comptime![v * N::value() + c]] - m).exp();
             sum += x;
             p.insert(c, x);
         }
@@ -118,14 +131,58 @@ fn softmax_tile<N: Size>(
     for c in 0..e {
         o[c] = o[c] * alpha;
     }
+    #[unroll]
+    for c in 0..rest {
+        let at = comptime![c * ATTN_ROWS] + UNIT_POS as usize;
+        o_rest[at] = o_rest[at] * alpha;
+    }
 }
 
-/// `o[c0 + c] += scratch[at + c]` for the 16 columns of a fragment.
+/// Zeroes this unit's column of the shared rest of the output rows.
 #[cube]
-fn add_fragment_row(o: &mut Array<f32>, scratch: &[f32], at: usize, #[comptime] c0: usize) {
+fn zero_rest(o_rest: &mut [f32], #[comptime] rest: usize) {
+    #[unroll]
+    for c in 0..rest {
+        o_rest[comptime![c * ATTN_ROWS] + UNIT_POS as usize] = f32::new(0.0);
+    }
+}
+
+/// Output columns a unit of fragment attention holds in registers at
+/// least; the rest of a wider row lives in shared memory, column-major
+/// (`[c · 64 + UNIT_POS]`, each unit its own column of banks): with 128
+/// floats held a unit needed more than CUDA's 255 registers a thread.
+const HELD: usize = 64;
+
+/// Output columns held in registers for rows of `ep` columns, the kernel's
+/// other shared arrays taking `base` bytes of the device's `limit`: all
+/// past [`HELD`] that do not fit in shared memory (64 on CUDA at d = 128,
+/// 47 KB in all; on lavapipe's 32 KB, 8 of 128 columns go to shared memory).
+fn held_columns(ep: usize, base: usize, limit: usize) -> usize {
+    // Slack for each shared array's alignment.
+    let room = limit.saturating_sub(base + 128) / (4 * ATTN_ROWS);
+    ep - ep.saturating_sub(HELD).min(room)
+}
+
+/// Output column `c` of this unit's row += `scratch[at + c - c0]` for the
+/// 16 columns of a fragment from `c0`: in registers below `held`, else in
+/// the shared rest.
+#[cube]
+fn add_fragment_row(
+    o: &mut Array<f32>,
+    o_rest: &mut [f32],
+    scratch: &[f32],
+    at: usize,
+    #[comptime] c0: usize,
+    #[comptime] held: usize,
+) {
     #[unroll]
     for c in 0..16usize {
-        o[comptime![c0] + c] += scratch[at + c];
+        if comptime![c0 + c < held] {
+            o[comptime![c0] + c] += scratch[at + c];
+        } else {
+            let r = comptime![(c0 + c - held) * ATTN_ROWS] + UNIT_POS as usize;
+            o_rest[r] += scratch[at + c];
+        }
     }
 }
 
@@ -140,10 +197,12 @@ fn scratch_row() -> usize {
 fn store_row<N: Size>(
     out: &mut [Vector<Stored, N>],
     o: &Array<f32>,
+    o_rest: &[f32],
     state: &Array<f32>,
     slots: &Array<usize>,
     #[comptime] s: usize,
     #[comptime] el: usize,
+    #[comptime] held: usize,
 ) {
     if slots[ROW_I] < s {
         let inv = att::inverse_sum(state);
@@ -152,7 +211,12 @@ fn store_row<N: Size>(
             let mut v = Vector::<f32, N>::empty();
             #[unroll]
             for x in 0..N::value() {
-                v.insert(x, o[comptime![c * N::value() + x]] * inv);
+                let col = comptime![c * N::value() + x];
+                if comptime![col < held] {
+                    v.insert(x, o[col] * inv);
+                } else {
+                    v.insert(x, o_rest[comptime![(col - held) * ATTN_ROWS] + UNIT_POS as usize] * inv);
+                }
             }
             out[slots[ROW_OUT] + c] = Vector::<Stored, N>::cast_from(v);
         }
@@ -178,6 +242,7 @@ pub fn build_attention<N: Size>(
     lanes: usize,
     hardware: bool,
     dtype: Dtype,
+    shared_limit: usize,
 ) {
     let (bq, bk) = (ATTN_ROWS, a.tiles.key_tile);
     assert_eq!(a.tiles.unit_rows, 1, "fragment attention owns one row per unit");
@@ -197,10 +262,20 @@ pub fn build_attention<N: Size>(
     let slots = att::row_slots::expand(scope, a.h, a.s, bq, a.kind, 0, a.views, a.fold);
     let i = k::uget::expand(scope, &slots, ROW_I);
     copy_query::expand::<N>(scope, q, &mut x, k::uget::expand(scope, &slots, ROW_Q), q_off, dpl, dl);
-    let o = k::zeros::expand(scope, ep);
+    let held = held_columns(ep, len * lanes * dtype.storage().size() + (bq * bk).max(bq * F) * 4, shared_limit);
+    let o = k::zeros::expand(scope, held);
+    // The rest of each row's output, zeroed by its own unit (no barrier:
+    // only that unit touches it).
+    let o_rest: NativeExpand<[f32]> = if ep > held {
+        let mut r: NativeExpand<[f32]> = (*shared_floats::expand(scope, (ep - held) * bq)).clone_unchecked();
+        zero_rest::expand(scope, &mut r, ep - held);
+        r
+    } else {
+        sf.clone_unchecked()
+    };
     let state = att::softmax_state::expand(scope);
     let (k_base, v_base) = (k::uget::expand(scope, &set, SET_K), k::uget::expand(scope, &set, SET_V));
-    let tile = |scope: &Scope, kt: NativeExpand<usize>, masked: bool| {
+    let tile = |scope: &Scope, kt: NativeExpand<usize>, masked: Option<NativeExpand<bool>>| {
         let k0 = k::mul_const::expand(scope, kt, bk);
         let mut xs = x.clone_unchecked();
         copy_rows::expand::<N>(scope, kb, &mut xs, k0.clone(), k_base.clone(), k_off, bk, dpl, dl, a.sk, a.views[1]);
@@ -221,10 +296,10 @@ pub fn build_attention<N: Size>(
             }
         }
         k::barrier::expand(scope);
-        let (mut st, mut ov) = (state.clone(), o.clone());
+        let (mut st, mut ov, mut orest) = (state.clone(), o.clone(), o_rest.clone_unchecked());
         softmax_tile::expand::<N>(
             scope,
-            &sf,
+            &mut sf.clone_unchecked(),
             &mut xs,
             &mut st,
             &mut ov,
@@ -233,8 +308,11 @@ pub fn build_attention<N: Size>(
             scale.clone(),
             p_off,
             bk,
-            ep,
-            masked,
+            held,
+            &mut o_rest.clone_unchecked(),
+            ep - held,
+            masked.is_some(),
+            masked.unwrap_or_else(|| NativeExpand::from_lit(scope, false)),
             a.s,
             a.sk,
             a.kind,
@@ -261,18 +339,27 @@ pub fn build_attention<N: Size>(
                 frags.store(scope, &acc, &mut sc, at, F);
             }
             k::barrier::expand(scope);
-            add_fragment_row::expand(scope, &mut ov, &sf, row.clone(), cf * F);
+            add_fragment_row::expand(scope, &mut ov, &mut orest, &sf, row.clone(), cf * F, held);
             k::barrier::expand(scope);
         }
     };
-    let full = RangeExpand::new(k::uget::expand(scope, &set, SET_FULL0), k::uget::expand(scope, &set, SET_FULL1));
-    for_expand(scope, full, false, |scope, kt| tile(scope, kt, false));
-    if !(a.kind == MASK_NONE && a.window == 0 && a.sk % bk == 0) {
-        let masked = RangeExpand::new(NativeExpand::from_lit(scope, 0usize), k::uget::expand(scope, &set, SET_MASKED));
-        for_expand(scope, masked, false, |scope, t| {
-            let kt = att::masked_tile::expand(scope, &set, t);
-            tile(scope, kt, true)
-        });
+    att::key_tiles(scope, &set, a, bk, tile);
+    store_row::expand::<N>(scope, out, &o, &o_rest, &state, &slots, a.s, el, held);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::held_columns;
+
+    /// Fragment attention at d = 128 in f16 (30 KiB of other shared arrays):
+    /// CUDA's 48 KiB take the 64 columns past `HELD`; lavapipe's 32 KiB take
+    /// 7, so the software-fragment tests there run the shared path too.
+    #[test]
+    fn output_columns_past_the_register_budget_go_to_shared_memory() {
+        assert_eq!(held_columns(128, 30720, 49152), 64);
+        assert_eq!(held_columns(128, 30720, 32768), 121);
+        assert_eq!(held_columns(128, 30720, 16384), 128);
+        assert_eq!(held_columns(64, 28672, 49152), 64);
+        assert_eq!(held_columns(96, 24576, 49152), 64);
     }
-    store_row::expand::<N>(scope, out, &o, &state, &slots, a.s, el);
 }

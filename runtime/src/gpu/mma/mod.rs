@@ -19,9 +19,9 @@ mod flash;
 
 pub use flash::build_attention;
 
-use super::attention::{self as att, ROW_I, ROW_OUT, ROW_Q, SET_FULL0, SET_FULL1, SET_K, SET_MASKED, SET_V};
+use super::attention::{self as att, ROW_I, ROW_OUT, ROW_Q, SET_K, SET_V};
 use super::gemm;
-use super::kernels::{self as k, Operand, Stored, MASK_NONE};
+use super::kernels::{self as k, Operand, Stored};
 use attnc_compiler::plan::{Dtype, RowView, ATTN_ROWS, GEMM_ROWS, GEMM_UNITS};
 use cubecl::cmma::{self, MatrixIdent, MatrixLayout};
 use cubecl::prelude::*;
