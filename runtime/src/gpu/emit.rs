@@ -278,6 +278,9 @@ fn buffer_name(plan: &Plan, id: usize) -> String {
 pub fn emit(plan: &Plan, target: Target) -> Result<(Vec<(String, String)>, Manifest), String> {
     let mut files = vec![];
     let mut launches = vec![];
+    // Launches of the same kernel (a program's projections, a backward's
+    // GEMMs) differ only in their entry's name: each is built once.
+    let mut built: std::collections::HashMap<String, (String, String, usize, u32)> = Default::default();
     for (i, l) in plan.launches.iter().enumerate() {
         // CUDA's kernels are tiled within the register file; WGSL keeps the plan's tiles.
         let spec = match target {
@@ -285,7 +288,14 @@ pub fn emit(plan: &Plan, target: Target) -> Result<(Vec<(String, String)>, Manif
             Target::Wgsl => l.spec.clone(),
         };
         let l = &attnc_compiler::plan::Launch { spec, ..l.clone() };
-        let (source, shared, plane_width) = kernel_source(&l.name, &l.spec, plan.dtype, target)?;
+        let (source, shared, plane_width) = match built.get(&format!("{:?}", l.spec)) {
+            Some((entry, source, shared, plane)) => (source.replace(entry.as_str(), &l.name), *shared, *plane),
+            None => {
+                let (source, shared, plane) = kernel_source(&l.name, &l.spec, plan.dtype, target)?;
+                built.insert(format!("{:?}", l.spec), (l.name.clone(), source.clone(), shared, plane));
+                (source, shared, plane)
+            }
+        };
         let info_struct = info_struct(&source);
         let shared = shared.max(match l.spec {
             KernelSpec::Group { scratch, .. } => scratch * 4,
