@@ -270,6 +270,32 @@ fn compile_writes_kernels_and_a_manifest_without_a_device() {
             assert!(!l["bindings"].as_array().unwrap().is_empty());
         }
         assert_eq!(manifest["outputs"]["y"].as_u64().is_some(), true);
+        // Generated code is deterministic: a second process writes the same
+        // files byte for byte.
+        let again = dir.join(format!("{target}-again"));
+        let o = attnc(&[
+            "compile",
+            "stdlib/iha.attn",
+            "--set",
+            "H=4",
+            "--set",
+            "P=2",
+            "--target",
+            target,
+            "--out",
+            s(&again),
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let listing = |d: &Path| {
+            let mut names: Vec<_> = std::fs::read_dir(d).unwrap().map(|e| e.unwrap().file_name()).collect();
+            names.sort();
+            names
+        };
+        assert_eq!(listing(&out), listing(&again), "{target}: different files");
+        for name in listing(&out) {
+            let (a, b) = (std::fs::read(out.join(&name)).unwrap(), std::fs::read(again.join(&name)).unwrap());
+            assert!(a == b, "{target}: {name:?} differs between two compiles");
+        }
     }
     // A spec error writes nothing.
     let bad = dir.join("bad");
