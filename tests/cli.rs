@@ -244,21 +244,14 @@ fn optimized_runs_match_and_explain_reports_the_choice() {
 #[test]
 fn compile_writes_kernels_and_a_manifest_without_a_device() {
     let dir = scratch("compile");
+    let compile = |target: &str, out: &Path| {
+        let o =
+            attnc(&["compile", "stdlib/iha.attn", "--set", "H=4", "--set", "P=2", "--target", target, "--out", s(out)]);
+        assert!(o.status.success(), "{}", stderr(&o));
+    };
     for target in ["cuda", "wgsl"] {
         let out = dir.join(target);
-        let o = attnc(&[
-            "compile",
-            "stdlib/iha.attn",
-            "--set",
-            "H=4",
-            "--set",
-            "P=2",
-            "--target",
-            target,
-            "--out",
-            s(&out),
-        ]);
-        assert!(o.status.success(), "{}", stderr(&o));
+        compile(target, &out);
         let manifest: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap()).unwrap();
         let launches = manifest["launches"].as_array().unwrap();
@@ -273,19 +266,7 @@ fn compile_writes_kernels_and_a_manifest_without_a_device() {
         // Generated code is deterministic: a second process writes the same
         // files byte for byte.
         let again = dir.join(format!("{target}-again"));
-        let o = attnc(&[
-            "compile",
-            "stdlib/iha.attn",
-            "--set",
-            "H=4",
-            "--set",
-            "P=2",
-            "--target",
-            target,
-            "--out",
-            s(&again),
-        ]);
-        assert!(o.status.success(), "{}", stderr(&o));
+        compile(target, &again);
         let listing = |d: &Path| {
             let mut names: Vec<_> = std::fs::read_dir(d).unwrap().map(|e| e.unwrap().file_name()).collect();
             names.sort();

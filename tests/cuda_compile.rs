@@ -60,9 +60,8 @@ fn default_sizes() -> Vec<Case> {
     cases
 }
 
-/// Every launch of `c` in `dtype`: (file name, entry, source, threads,
-/// dynamic shared memory, whether it multiplies fragments).
-fn kernels(c: &Case, dtype: Dtype) -> Vec<(String, String, String, u32, u32, bool)> {
+/// The plan of case `c` (its program or gradient program) in `dtype`.
+fn plan_of(c: &Case, dtype: Dtype) -> plan::Plan {
     let compiled = compile_stdlib(c.spec, &c.sets);
     let program = if c.grad {
         attnc_compiler::grad::differentiate(&compiled.program, &[]).expect("differentiable")
@@ -70,7 +69,13 @@ fn kernels(c: &Case, dtype: Dtype) -> Vec<(String, String, String, u32, u32, boo
         compiled.program
     };
     let dims = bind::default_dims(&program).expect("default dims");
-    let p = plan::plan(&program, &dims).in_dtype(dtype);
+    plan::plan(&program, &dims).in_dtype(dtype)
+}
+
+/// Every launch of `c` in `dtype`: (file name, entry, source, threads,
+/// dynamic shared memory, whether it multiplies fragments).
+fn kernels(c: &Case, dtype: Dtype) -> Vec<(String, String, String, u32, u32, bool)> {
+    let p = plan_of(c, dtype);
     let fragments: Vec<bool> = p.launches.iter().map(|l| l.spec.fragments()).collect();
     let (files, manifest) = emit::emit(&p, emit::Target::Cuda).expect("CUDA emission");
     files
@@ -182,15 +187,7 @@ fn every_wgsl_kernel_at_users_sizes_stays_within_200_kb() {
     let mut count = 0;
     for c in users_sizes() {
         for dtype in [Dtype::F32, Dtype::F16] {
-            let compiled = compile_stdlib(c.spec, &c.sets);
-            let program = if c.grad {
-                attnc_compiler::grad::differentiate(&compiled.program, &[]).expect("differentiable")
-            } else {
-                compiled.program
-            };
-            let dims = bind::default_dims(&program).expect("default dims");
-            let p = plan::plan(&program, &dims).in_dtype(dtype);
-            let (files, _) = emit::emit(&p, emit::Target::Wgsl).expect("WGSL emission");
+            let (files, _) = emit::emit(&plan_of(&c, dtype), emit::Target::Wgsl).expect("WGSL emission");
             count += files.len();
             for (file, source) in files.iter().filter(|(_, s)| s.len() > MAX_SOURCE) {
                 over.push(format!("{} {:?} {}: {file}, {} KB", c.spec, c.sets, dtype.name(), source.len() / 1024));
