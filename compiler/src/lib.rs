@@ -4,8 +4,9 @@
 //! **Architecture Invariant:** the IR is plain data, printable and checkable
 //! without any device; nothing here depends on a GPU crate.
 
-pub mod builtins;
+pub use lower::builtins;
 pub mod codes;
+pub mod cost;
 pub mod diag;
 pub mod grad;
 pub mod ir;

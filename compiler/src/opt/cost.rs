@@ -1,173 +1,20 @@
-//! The cost model: a roofline per kernel launch,
-//! `time = max(flops / peak, bytes / bandwidth) + launches × launch overhead`,
-//! on a target profile, for f32 tensors.
-//!
-//! Layout operations (`split_heads`, `merge_heads`, `interleave`, …) are views:
-//! their consumers read through them, so they cost nothing. In inference,
-//! operations on weights alone are computed once at load time and cost nothing
-//! per call; in training they are charged every call.
+//! The cost of a whole program on a target: the roofline of every launch its
+//! plan makes (`crate::cost` has the formulas). In inference, operations on
+//! weights alone are computed once at load time and cost nothing per call;
+//! in training they are charged every call.
 
-use crate::ir::{Mask, MaskKind, Op, Program};
+pub use crate::cost::{op_cost, visible_pairs, weight_only, OpCost, Target, CPU, H200, TARGETS};
+use crate::ir::Program;
 use std::collections::BTreeMap;
 
-/// A machine described by its ceilings.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Target {
-    pub name: &'static str,
-    /// f32 FLOP/s.
-    pub peak_flops: f64,
-    /// Bytes/s of device memory.
-    pub bandwidth: f64,
-    /// Seconds per kernel launch.
-    pub launch: f64,
-    /// The plane width its kernels are tiled within the register file for
-    /// (`KernelSpec::fit_registers`: CUDA); `None` keeps the plan's tiles.
-    pub register_plane: Option<usize>,
-}
-
-/// NVIDIA H200: ~60 TFLOP/s f32 (790 TFLOP/s is bf16 matrix work, which f32
-/// kernels do not use), 4.3 TB/s HBM3e, ~3 µs per launch.
-pub const H200: Target =
-    Target { name: "h200", peak_flops: 60e12, bandwidth: 4.3e12, launch: 3e-6, register_plane: Some(32) };
-
-/// This project's CI machine through lavapipe: 2 cores, AVX2 FMA (≈ 150 GFLOP/s
-/// f32), ≈ 20 GB/s, and ≈ 100 µs per launch through Vulkan.
-pub const CPU: Target =
-    Target { name: "cpu", peak_flops: 150e9, bandwidth: 20e9, launch: 100e-6, register_plane: None };
-
-pub const TARGETS: &[Target] = &[H200, CPU];
-
-impl Target {
-    pub fn by_name(name: &str) -> Option<Target> {
-        TARGETS.iter().copied().find(|t| t.name == name)
-    }
-}
-
+/// How a program is charged: per call with its weights prepared, or every
+/// launch every step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Mode {
     /// Weights are frozen: weight-only work is done once, at load time.
     Inference,
     /// Weights change every step: everything is charged every call.
     Training,
-}
-
-/// The work of one operation.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct OpCost {
-    pub flops: f64,
-    pub bytes: f64,
-    pub launches: u32,
-}
-
-impl OpCost {
-    pub fn time(&self, t: &Target) -> f64 {
-        (self.flops / t.peak_flops).max(self.bytes / t.bandwidth) + f64::from(self.launches) * t.launch
-    }
-    pub fn add(&mut self, o: OpCost) {
-        self.flops += o.flops;
-        self.bytes += o.bytes;
-        self.launches += o.launches;
-    }
-}
-
-fn numel(s: &[usize]) -> f64 {
-    s.iter().map(|&d| d as f64).product()
-}
-
-/// Query/key pairs a mask lets through for `sq` query rows against `sk` key
-/// rows (queries aligned to the end of the keys, as [`Mask::visible`]).
-pub fn visible_pairs(mask: &Mask, sq: usize, sk: usize) -> f64 {
-    let block = mask.block.max(1) as i64;
-    let (sq, sk) = (sq as i64, sk as i64);
-    let tokens = sk / block;
-    // Keys in [lo, hi) of a range of length `len`, clamped to it.
-    let span = |lo: i64, hi: i64, len: i64| (hi.min(len) - lo.max(0)).max(0);
-    let mut pairs = 0.0;
-    for i in 0..sq {
-        let at = i + sk - sq;
-        let n = at.div_euclid(block);
-        let row = match (mask.kind, mask.window.map(|w| w as i64)) {
-            (MaskKind::None, None) => sk,
-            (MaskKind::None, Some(w)) => span(n - w + 1, n + w, tokens) * block,
-            (MaskKind::Causal, None) => span(0, at + 1, sk),
-            (MaskKind::Causal, Some(w)) => span(at - w * block + 1, at + 1, sk),
-            (MaskKind::TokenCausal, None) => span(0, n + 1, tokens) * block,
-            (MaskKind::TokenCausal, Some(w)) => span(n - w + 1, n + 1, tokens) * block,
-        };
-        pairs += row as f64;
-    }
-    pairs
-}
-
-/// The roofline work of `op` given its output shape and its operands' shapes.
-pub fn op_cost(op: &Op, out: &[usize], operands: &[Vec<usize>]) -> OpCost {
-    let io_bytes = 4.0 * (numel(out) + operands.iter().map(|s| numel(s)).sum::<f64>());
-    let kernel = |flops: f64| OpCost { flops, bytes: io_bytes, launches: 1 };
-    match op {
-        Op::Input { .. }
-        | Op::Scalar { .. }
-        | Op::Constant { .. }
-        | Op::SplitHeads { .. }
-        | Op::MergeHeads { .. }
-        | Op::Interleave { .. }
-        | Op::Deinterleave { .. }
-        | Op::UnflattenHeads { .. }
-        | Op::FlattenHeads { .. }
-        | Op::SliceCols { .. }
-        | Op::Transpose { .. }
-        | Op::Unsqueeze { .. } => OpCost::default(),
-        Op::MatMul { .. } => kernel(2.0 * numel(out) * operands[0].last().copied().unwrap_or(1) as f64),
-        Op::MixHeads { .. } | Op::MixCols { .. } => kernel(2.0 * numel(out) * operands[1][0] as f64),
-        Op::Collapse { .. } | Op::CollapseCols { .. } => kernel(2.0 * numel(out) * operands[1][1] as f64),
-        Op::CollapseRows { .. } => kernel(2.0 * numel(out) * operands[1][0] as f64),
-        Op::Rope { .. } => kernel(6.0 * numel(out)),
-        Op::Attention { mask, .. } => {
-            let (q, v) = (&operands[0], &operands[2]);
-            let (b, h, s, d, e) = (q[0], q[1], q[2], q[3], v[3]);
-            let pairs = (b * h) as f64 * visible_pairs(mask, s, v[2]);
-            kernel(pairs * (2.0 * d as f64 + 2.0 * e as f64 + 5.0))
-        }
-        Op::AttentionLse { mask, .. } | Op::AttentionGrad { mask, .. } => {
-            let (q, k) = (&operands[0], &operands[1]);
-            let (b, h, s, d) = (q[0], q[1], q[2], q[3]);
-            let pairs = (b * h) as f64 * visible_pairs(mask, s, k[2]);
-            // The backward recomputes the scores and multiplies twice more per operand.
-            let per_pair =
-                if matches!(op, Op::AttentionLse { .. }) { 2.0 * d as f64 + 3.0 } else { 6.0 * d as f64 + 5.0 };
-            kernel(pairs * per_pair)
-        }
-        Op::MatMulAt { .. } => kernel(2.0 * numel(&operands[0]) * out[1] as f64),
-        Op::MixHeadsT { .. } => kernel(2.0 * numel(&operands[0]) * operands[1][0] as f64),
-        Op::MixHeadsGrad { .. } => kernel(2.0 * numel(&operands[1]) * operands[0][1] as f64),
-        Op::CollapseT { .. } => kernel(2.0 * numel(out) * operands[1][0] as f64),
-        Op::CollapseGrad { .. } => kernel(2.0 * numel(&operands[0]) * out[0] as f64),
-        Op::MixColsT { .. } => kernel(2.0 * numel(&operands[0]) * operands[1][0] as f64),
-        Op::MixColsGrad { .. } => kernel(2.0 * numel(&operands[0]) * (out[1] * out[2]) as f64),
-        Op::CollapseColsGrad { .. } => kernel(2.0 * numel(&operands[1]) * out[1] as f64),
-        Op::CollapseRowsGrad { .. } => kernel(2.0 * numel(&operands[0]) * out[1] as f64),
-        Op::LooMean { .. } => kernel(2.0 * numel(out)),
-        Op::Reduce { .. } => kernel(numel(&operands[0])),
-        Op::Binary { .. }
-        | Op::Unary { .. }
-        | Op::Where { .. }
-        | Op::Thresholds { .. }
-        | Op::BlockDiag { .. }
-        | Op::ConcatCols { .. } => kernel(numel(out)),
-    }
-}
-
-/// Which nodes depend on weights (and constants) alone.
-pub fn weight_only(p: &Program) -> Vec<bool> {
-    let mut w = Vec::with_capacity(p.nodes.len());
-    for node in &p.nodes {
-        let v = match &node.op {
-            Op::Input { index } => p.inputs[*index].weight,
-            Op::Scalar { .. } | Op::Constant { .. } => true,
-            op => op.operands().iter().all(|o| w[o.0 as usize]),
-        };
-        w.push(v);
-    }
-    w
 }
 
 /// The predicted cost of a whole program: the roofline of every launch its
@@ -210,32 +57,4 @@ pub fn program_cost(p: &Program, dims: &BTreeMap<String, u64>, target: &Target, 
         out.launches.push((l.name.clone(), c, t));
     }
     out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The closed-form row counts agree with `Mask::visible`, pair by pair,
-    /// for equal and unequal query and key lengths.
-    #[test]
-    fn visible_pairs_counts_what_the_mask_shows() {
-        for kind in [MaskKind::None, MaskKind::Causal, MaskKind::TokenCausal] {
-            for window in [None, Some(1), Some(2), Some(5)] {
-                for block in [1u64, 2, 3] {
-                    for (tq, tk) in [(1u64, 1u64), (4, 4), (1, 6), (3, 7), (6, 2), (5, 5)] {
-                        let mask = Mask { kind, window, block };
-                        let (sq, sk) = (tq * block, tk * block);
-                        let brute = (0..sq).flat_map(|i| (0..sk).map(move |j| (i, j)));
-                        let count = brute.filter(|&(i, j)| mask.visible(i, j, sq, sk)).count();
-                        assert_eq!(
-                            visible_pairs(&mask, sq as usize, sk as usize),
-                            count as f64,
-                            "{mask:?} sq = {sq} sk = {sk}"
-                        );
-                    }
-                }
-            }
-        }
-    }
 }

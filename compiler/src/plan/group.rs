@@ -18,8 +18,8 @@
 //! O(G + K) per group instead of O(G·K). Any other use densifies it.
 
 use super::{reduce_views, row_major_strides, KernelSpec, View};
+use crate::cost::op_cost;
 use crate::ir::{BinaryOp, Op, Program, ReduceKind, UnaryOp};
-use crate::opt::cost::op_cost;
 use serde::Serialize;
 use std::collections::BTreeMap;
 

@@ -12,8 +12,8 @@ pub use dtype::Dtype;
 pub use spec::*;
 pub use view::*;
 
+use crate::cost::{op_cost, weight_only};
 use crate::ir::{concrete, AttnArg, BinaryOp, DimValues, Mask, NodeId, Op, Program};
-use crate::opt::cost::{op_cost, weight_only};
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -273,7 +273,7 @@ fn plan_gemm(
     mm: usize,
     mix: Option<MixEpilogue>,
     scale: Option<u64>,
-) -> (KernelSpec, Vec<usize>, crate::opt::cost::OpCost) {
+) -> (KernelSpec, Vec<usize>, crate::cost::OpCost) {
     let Op::MatMul { a, b } = p.nodes[mm].op else { unreachable!("node {mm} is a GEMM") };
     let (sa, sb) = (pl.shapes[a.0 as usize].clone(), pl.shapes[b.0 as usize].clone());
     let k = *sa.last().unwrap();

@@ -7,9 +7,7 @@ use super::kernels::{self as k, Stored};
 use super::{attention, attention_grad, attention_split, gemm, mma};
 use attnc_compiler::ir::{AttnArg, BinaryOp, MaskKind, ReduceKind, UnaryOp};
 use attnc_compiler::plan::group::{GroupStep, MapOp};
-use attnc_compiler::plan::{
-    AttnShape, Dtype, KernelSpec, View, GEMM_COLS, GEMM_ROWS, GEMM_STAGE_K, GEMM_UNITS, GROUP_UNITS,
-};
+use attnc_compiler::plan::{AttnShape, Dtype, KernelSpec, GEMM_COLS, GEMM_ROWS, GEMM_STAGE_K, GEMM_UNITS, GROUP_UNITS};
 use cubecl::prelude::*;
 use std::sync::Arc;
 
@@ -105,33 +103,6 @@ impl KernelMetadata for IrKernel {
 
     fn address_type(&self) -> ElemType {
         self.settings.address_type.unsigned_type()
-    }
-}
-
-/// `v(i)` for `i < range`, leaving out divisions by 1, remainders that
-/// cannot wrap and multiplications by 1.
-pub fn view(scope: &Scope, i: NativeExpand<usize>, v: &View, range: usize) -> NativeExpand<usize> {
-    let mut acc: Option<NativeExpand<usize>> = None;
-    for &(div, modulo, stride) in &v.terms {
-        let mut t = i;
-        if div > 1 {
-            t = k::idx_div::expand(scope, t, div);
-        }
-        if range.div_ceil(div) > modulo {
-            t = k::idx_mod::expand(scope, t, modulo);
-        }
-        if stride != 1 {
-            t = k::idx_mul::expand(scope, t, stride);
-        }
-        acc = Some(match acc {
-            Some(a) => k::add_index::expand(scope, a, t),
-            None => t,
-        });
-    }
-    match acc {
-        Some(a) if v.offset == 0 => a,
-        Some(a) => k::add_index::expand(scope, a, k::const_index::expand(scope, v.offset)),
-        None => k::const_index::expand(scope, v.offset),
     }
 }
 
@@ -404,40 +375,41 @@ impl IrKernel {
             let inside = k::below::expand(scope, i, len);
             if_expand(scope, inside, |scope| match spec {
                 KernelSpec::Gather { x, .. } => {
-                    let ix = view(scope, i, x, len);
+                    let ix = k::view(scope, i, x, len);
                     k::gather::expand(scope, &bufs[0], &mut out, i, ix);
                 }
                 KernelSpec::Binary { op, a, b, .. } => {
-                    let (ia, ib) = (view(scope, i, a, len), view(scope, i, b, len));
+                    let (ia, ib) = (k::view(scope, i, a, len), k::view(scope, i, b, len));
                     k::binary::expand(scope, &bufs[0], &bufs[1], &mut out, i, ia, ib, binary_code(*op));
                 }
                 KernelSpec::Unary { op, x, .. } => {
-                    let ix = view(scope, i, x, len);
+                    let ix = k::view(scope, i, x, len);
                     k::unary::expand(scope, &bufs[0], &mut out, i, ix, unary_code(*op))
                 }
                 KernelSpec::Where { cond, a, b, .. } => {
-                    let (ic, ia, ib) = (view(scope, i, cond, len), view(scope, i, a, len), view(scope, i, b, len));
+                    let (ic, ia, ib) =
+                        (k::view(scope, i, cond, len), k::view(scope, i, a, len), k::view(scope, i, b, len));
                     k::select::expand(scope, &bufs[0], &bufs[1], &bufs[2], &mut out, i, ic, ia, ib);
                 }
                 KernelSpec::Thresholds { levels, .. } => k::thresholds::expand(scope, &bufs[0], &mut out, i, *levels),
                 KernelSpec::MixHeads { batch, m, h, p, s, d, x, x_m } => {
                     let src = k::head_source::expand(scope, i, h * p, *m, *s, *d);
-                    let x0 = view(scope, src, x, batch * m * s * d);
+                    let x0 = k::view(scope, src, x, batch * m * s * d);
                     k::mix_heads::expand(scope, &bufs[0], &bufs[1], &mut out, i, x0, *m, *h, *p, *s, *d, *x_m)
                 }
                 KernelSpec::MixCols { rows, m, h, p, d, y, y_m } => {
                     let src = k::head_source::expand(scope, i, h * p, *m, 1, *d);
-                    let y0 = view(scope, src, y, rows * m * d);
+                    let y0 = k::view(scope, src, y, rows * m * d);
                     k::mix_cols::expand(scope, &bufs[0], &bufs[1], &mut out, i, y0, *m, *h, *p, *d, *y_m)
                 }
                 KernelSpec::Collapse { batch, h, c, s, d, x, x_c } => {
                     let src = k::head_source::expand(scope, i, *h, *c, *s, *d);
-                    let x0 = view(scope, src, x, batch * c * s * d);
+                    let x0 = k::view(scope, src, x, batch * c * s * d);
                     k::collapse::expand(scope, &bufs[0], &bufs[1], &mut out, i, x0, *h, *c, *s, *d, *x_c)
                 }
                 KernelSpec::CollapseCols { rows, h, c, d, y, y_c } => {
                     let src = k::head_source::expand(scope, i, *h, *c, 1, *d);
-                    let y0 = view(scope, src, y, rows * c * d);
+                    let y0 = k::view(scope, src, y, rows * c * d);
                     k::collapse_cols::expand(scope, &bufs[0], &bufs[1], &mut out, i, y0, *h, *c, *d, *y_c)
                 }
                 KernelSpec::CollapseRows { h, c, d, f } => {
@@ -452,11 +424,11 @@ impl IrKernel {
                 KernelSpec::Rope { rows, s, d, x, .. } => {
                     let first = k::rope_source::expand(scope, i, *d);
                     let second = k::add_index::expand(scope, first, k::const_index::expand(scope, d / 2));
-                    let (ia, ib) = (view(scope, first, x, rows * d), view(scope, second, x, rows * d));
+                    let (ia, ib) = (k::view(scope, first, x, rows * d), k::view(scope, second, x, rows * d));
                     k::rope::expand(scope, &bufs[0], &bufs[1], &mut out, i, ia, ib, *s, *d)
                 }
                 KernelSpec::Reduce { op, count, base, inner, .. } => {
-                    let b = view(scope, i, base, len);
+                    let b = k::view(scope, i, base, len);
                     let stride = inner.terms.first().map_or(0, |t| t.2);
                     k::reduce::expand::<Stored, Stored>(
                         scope,
@@ -557,7 +529,7 @@ fn group_body(
             }),
             GroupStep::Map { dst, len, op, args } => for_each_element(scope, *len, |scope, i| {
                 let xs: Vec<NativeExpand<f32>> =
-                    args.iter().map(|a| k::read::expand::<f32>(scope, &s, view(scope, i, a, *len))).collect();
+                    args.iter().map(|a| k::read::expand::<f32>(scope, &s, k::view(scope, i, a, *len))).collect();
                 let v = match (*op, &xs[..]) {
                     (MapOp::Where, [c, x, y]) => k::apply_select::expand(scope, *c, *x, *y),
                     (MapOp::Unary(op), [x]) => k::apply_unary::expand(scope, *x, unary_code(op)),
@@ -567,7 +539,7 @@ fn group_body(
                 k::write::expand::<f32>(scope, &mut s.clone_unchecked(), offset(scope, i, *dst), v);
             }),
             GroupStep::Thresholds { dst, len, levels, x } => for_each_element(scope, *len, |scope, i| {
-                let v = k::read::expand::<f32>(scope, &s, view(scope, i, x, *len));
+                let v = k::read::expand::<f32>(scope, &s, k::view(scope, i, x, *len));
                 let r = k::apply_threshold::expand(scope, v, i, *levels);
                 k::write::expand::<f32>(scope, &mut s.clone_unchecked(), offset(scope, i, *dst), r);
             }),
@@ -576,7 +548,7 @@ fn group_body(
                 k::write::expand::<f32>(scope, &mut s.clone_unchecked(), offset(scope, i, *dst), r);
             }),
             GroupStep::Reduce { dst, len, op, base, count, stride } => for_each_element(scope, *len, |scope, i| {
-                let from = view(scope, i, base, *len);
+                let from = k::view(scope, i, base, *len);
                 let o = offset(scope, i, *dst);
                 k::reduce::expand::<f32, f32>(
                     scope,

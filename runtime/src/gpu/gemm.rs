@@ -21,7 +21,6 @@
 //! epilogue either stores the tile or mixes heads ([`MixEpilogue`]), for which
 //! a cube's columns are `ce` channel vectors of each of the `m` heads.
 
-use super::define::view;
 use super::kernels::{self as k, Stored};
 use attnc_compiler::plan::{gemm_cols, MixEpilogue, View, GEMM_ROWS, GEMM_STAGE_K, GEMM_UNITS};
 use cubecl::prelude::*;
@@ -264,8 +263,10 @@ pub fn build<N: Size>(
     };
     let unit_rows: Vec<_> = (0..GEMM_ROWS).map(|m| unit_row::expand(scope, m, shape.fold)).collect();
     // Where each of this unit's rows of `a` starts (the last row for rows past the end).
-    let a_starts: Vec<_> =
-        unit_rows.iter().map(|r| view(scope, clamp_row::expand(scope, r.clone(), rows), &shape.a_rows, rows)).collect();
+    let a_starts: Vec<_> = unit_rows
+        .iter()
+        .map(|r| k::view(scope, clamp_row::expand(scope, r.clone(), rows), &shape.a_rows, rows))
+        .collect();
     // The columns of `b` this lane loads (fixed for the whole product).
     let b_cols: Vec<_> = (0..per)
         .map(|r| tile_col::expand(scope, lane_col::expand(scope, lane.clone(), per, r), cols, fl, ce, dl, shape.fold))
@@ -279,7 +280,7 @@ pub fn build<N: Size>(
         for_expand(scope, steps, false, |scope, kt| {
             let mut acc = acc;
             update::<N>(scope, &mut acc, GEMM_ROWS * cols, |sums| {
-                let col = view(scope, kt.clone(), &shape.a_cols, kl);
+                let col = k::view(scope, kt.clone(), &shape.a_cols, kl);
                 let av: Vec<_> = a_starts
                     .iter()
                     .map(|r| load::expand::<Stored, N>(scope, a, k::add_index::expand(scope, r.clone(), col.clone())))
@@ -340,7 +341,7 @@ pub fn build_staged<N: Size>(
             let idx = coop::expand(scope, i);
             let local = k::idx_div::expand(scope, idx.clone(), kv);
             let row = cube_row::expand(scope, local, rows, shape.fold);
-            (idx.clone(), view(scope, row, &shape.a_rows, rows), k::idx_mod::expand(scope, idx, kv))
+            (idx.clone(), k::view(scope, row, &shape.a_rows, rows), k::idx_mod::expand(scope, idx, kv))
         })
         .collect();
     let b_copy: Vec<_> = (0..b_len.div_ceil(GEMM_UNITS))
@@ -358,7 +359,7 @@ pub fn build_staged<N: Size>(
         for (idx, row_start, kq) in &a_copy {
             let kvec = k::add_index::expand(scope, k::idx_mul::expand(scope, s.clone(), kv), kq.clone());
             let inside = k::below::expand(scope, kvec.clone(), kl);
-            let col = view(scope, kvec, &shape.a_cols, kl);
+            let col = k::view(scope, kvec, &shape.a_cols, kl);
             let v = load_or_zero::expand::<N>(scope, a, k::add_index::expand(scope, row_start.clone(), col), inside);
             put::expand::<N>(scope, &mut stage, k::add_index::expand(scope, base_a.clone(), idx.clone()), v);
         }

@@ -13,6 +13,7 @@ mod vector;
 pub use group::*;
 pub use vector::*;
 
+use attnc_compiler::plan::View;
 use cubecl::prelude::*;
 
 // The element type of the plan's buffers (`plan::Dtype`), registered in
@@ -23,7 +24,7 @@ cubecl::define_scalar!(pub Stored);
 cubecl::define_scalar!(pub Operand);
 
 // The parts of a term `((i / div) % modulo) · stride` of a
-// [`attnc_compiler::plan::View`]; `define::view` leaves out the parts that
+// [`attnc_compiler::plan::View`]; `view` leaves out the parts that
 // cannot change the value.
 #[cube]
 pub fn idx_div(i: usize, #[comptime] div: usize) -> usize {
@@ -585,4 +586,31 @@ pub fn write<T: Float>(out: &mut [T], i: usize, v: f32) {
 #[cube]
 pub fn group_offset(b: usize, #[comptime] stride: usize) -> usize {
     b * stride
+}
+
+/// `v(i)` for `i < range`, leaving out divisions by 1, remainders that
+/// cannot wrap and multiplications by 1.
+pub fn view(scope: &Scope, i: NativeExpand<usize>, v: &View, range: usize) -> NativeExpand<usize> {
+    let mut acc: Option<NativeExpand<usize>> = None;
+    for &(div, modulo, stride) in &v.terms {
+        let mut t = i;
+        if div > 1 {
+            t = idx_div::expand(scope, t, div);
+        }
+        if range.div_ceil(div) > modulo {
+            t = idx_mod::expand(scope, t, modulo);
+        }
+        if stride != 1 {
+            t = idx_mul::expand(scope, t, stride);
+        }
+        acc = Some(match acc {
+            Some(a) => add_index::expand(scope, a, t),
+            None => t,
+        });
+    }
+    match acc {
+        Some(a) if v.offset == 0 => a,
+        Some(a) => add_index::expand(scope, a, const_index::expand(scope, v.offset)),
+        None => const_index::expand(scope, v.offset),
+    }
 }

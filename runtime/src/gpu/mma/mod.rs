@@ -407,7 +407,7 @@ pub fn build_gemm<N: Size>(
     let a_entry = |scope: &Scope, idx: NativeExpand<usize>| {
         let local = k::idx_div::expand(scope, idx.clone(), kv);
         let row = gemm::cube_row::expand(scope, local, rows, shape.fold);
-        (idx.clone(), super::define::view(scope, row, &shape.a_rows, rows), k::idx_mod::expand(scope, idx, kv))
+        (idx.clone(), k::view(scope, row, &shape.a_rows, rows), k::idx_mod::expand(scope, idx, kv))
     };
     // Scalar operands (an `a` read transposed) copy 64 values of `a` a unit
     // per stage: unrolled and hoisted, they took every register beside the
@@ -439,7 +439,7 @@ pub fn build_gemm<N: Size>(
         let copy_a = |scope: &Scope, stage: &mut NativeExpand<[Vector<Stored, N>]>, (idx, row_start, kq)| {
             let kvec = k::add_index::expand(scope, k::idx_mul::expand(scope, s.clone(), kv), kq);
             let inside = k::below::expand(scope, kvec.clone(), kl);
-            let col = super::define::view(scope, kvec, &shape.a_cols, kl);
+            let col = k::view(scope, kvec, &shape.a_cols, kl);
             let v = load_or_zero::expand::<N>(scope, a, k::add_index::expand(scope, row_start, col), inside);
             put::expand::<N>(scope, stage, idx, rounded(scope, v));
         };

@@ -2,7 +2,7 @@
 //! then every statement is lowered with its shapes inferred. Problems are
 //! collected, not thrown: one run reports every independent error.
 
-use crate::builtins;
+pub mod builtins;
 use crate::codes::Code;
 use crate::diag::{suggest, Diagnostic};
 use crate::ir::*;

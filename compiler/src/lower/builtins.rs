@@ -1,10 +1,10 @@
 //! The builtin tensor functions: one table of signatures (for argument
 //! matching and suggestions) and the lowering of each call to IR operations.
 
+use super::{Binding, Lowerer, Operand};
 use crate::codes::Code;
 use crate::diag::{suggest, Diagnostic};
 use crate::ir::*;
-use crate::lower::{Binding, Lowerer, Operand};
 use crate::value::{unknown_name, Value};
 use attnc_grammar::ast::{Arg, Expr, ExprKind, Ident, TypeKind};
 
