@@ -16,6 +16,14 @@ pub struct Signature {
     pub summary: &'static str,
 }
 
+/// `attention`'s `mask =` values and what each means: `flat_causal` (causal
+/// over the flattened positions) is the causal mask.
+const MASKS: [(&str, MaskKind); 4] = [
+    ("none", MaskKind::None),
+    ("causal", MaskKind::Causal),
+    ("flat_causal", MaskKind::Causal),
+    ("token_causal", MaskKind::TokenCausal),
+];
 /// The builtin table as `docs/language.md` shows it (a test keeps that page current).
 pub fn markdown_table() -> String {
     let mut out = String::from("| builtin | arguments (required first) | meaning |\n|---|---|---|\n");
@@ -125,16 +133,13 @@ pub(crate) fn lower_call(l: &mut Lowerer, call: &Expr, func: &Ident, args: &[Arg
         }
         "attention" => {
             let (q, k, v) = (args.tensor(l, 0), args.tensor(l, 1), args.tensor(l, 2));
-            let mask = args.choice(l, 3, &["none", "causal", "flat_causal", "token_causal"]).unwrap_or(Some("none"));
+            let mask = args.choice(l, 3, &MASKS.map(|(name, _)| name)).unwrap_or(Some("none"));
             let window = args.opt_size(l, 4);
             let block = if args.values[5].is_some() { args.size(l, 5) } else { Some(1) };
             let scale = args.opt_float(l, 6);
             let (q, k, v, mask, window, block, scale) = (q?, k?, v?, mask?, window?, block?, scale?);
-            let kind = match mask {
-                "none" => MaskKind::None,
-                "token_causal" => MaskKind::TokenCausal,
-                _ => MaskKind::Causal,
-            };
+            // `choice` accepted one of MASKS' names.
+            let kind = MASKS.iter().find(|(name, _)| *name == mask)?.1;
             let scale = match scale {
                 Some(s) => s,
                 None => match l.nodes[q.0 as usize].shape.0.last().and_then(Dim::as_known) {
