@@ -98,6 +98,23 @@ fn every_code_is_covered_and_explained() {
         ("E0801", "gradients.rs: discrete_inputs_have_no_gradient_and_say_so; cli.rs: grad_writes_gradients_or_refuses_clearly"),
         ("E0901", "internal: the validator rejecting lowered IR is a compiler bug, unreachable from specs"),
     ];
+    // Each test named above exists, and its file asserts the code (`"E0601"`,
+    // `error[E0601]` or the `Code` variant).
+    for (code, place) in elsewhere.iter().filter(|(_, place)| !place.starts_with("internal")) {
+        let variant = attnc_compiler::Code::ALL.iter().find(|c| c.as_str() == *code).expect("a known code");
+        let mut asserted = false;
+        for part in place.split("; ") {
+            let (file, tests) = part.split_once(": ").expect("file: tests");
+            let text = std::fs::read_to_string(common::root().join("tests").join(file)).unwrap();
+            for test in tests.split(", ") {
+                assert!(text.contains(&format!("fn {test}(")), "{code}: no test {test} in {file}");
+            }
+            asserted |= [format!("\"{code}\""), format!("[{code}]"), format!("Code::{variant:?}")]
+                .iter()
+                .any(|needle| text.contains(needle.as_str()));
+        }
+        assert!(asserted, "{code}: {place} never asserts it");
+    }
     for code in attnc_compiler::Code::ALL {
         assert!(code.explanation().len() > 20 && !code.title().is_empty(), "{} is not explained", code.as_str());
         assert!(
