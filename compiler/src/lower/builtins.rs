@@ -24,6 +24,7 @@ const MASKS: [(&str, MaskKind); 4] = [
     ("flat_causal", MaskKind::Causal),
     ("token_causal", MaskKind::TokenCausal),
 ];
+
 /// The builtin table as `docs/language.md` shows it (a test keeps that page current).
 pub fn markdown_table() -> String {
     let mut out = String::from("| builtin | arguments (required first) | meaning |\n|---|---|---|\n");

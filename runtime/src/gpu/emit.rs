@@ -10,6 +10,7 @@ use cubecl::ir::{DeviceIdentity, HardwareProperties, MemoryDeviceProperties};
 use cubecl::prelude::*;
 use cubecl::Compiler;
 use serde::Serialize;
+use std::collections::hash_map::{Entry, HashMap};
 use std::sync::Arc;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -280,7 +281,7 @@ pub fn emit(plan: &Plan, target: Target) -> Result<(Vec<(String, String)>, Manif
     let mut launches = vec![];
     // Launches of the same kernel (a program's projections, a backward's
     // GEMMs) differ only in their entry's name: each is built once.
-    let mut built: std::collections::HashMap<String, (String, String, usize, u32)> = Default::default();
+    let mut built: HashMap<String, (String, String, usize, u32)> = HashMap::new();
     for (i, l) in plan.launches.iter().enumerate() {
         // CUDA's kernels are tiled within the register file; WGSL keeps the plan's tiles.
         let spec = match target {
@@ -288,11 +289,14 @@ pub fn emit(plan: &Plan, target: Target) -> Result<(Vec<(String, String)>, Manif
             Target::Wgsl => l.spec.clone(),
         };
         let l = &attnc_compiler::plan::Launch { spec, ..l.clone() };
-        let (source, shared, plane_width) = match built.get(&format!("{:?}", l.spec)) {
-            Some((entry, source, shared, plane)) => (source.replace(entry.as_str(), &l.name), *shared, *plane),
-            None => {
+        let (source, shared, plane_width) = match built.entry(format!("{:?}", l.spec)) {
+            Entry::Occupied(e) => {
+                let (entry, source, shared, plane) = e.get();
+                (source.replace(entry.as_str(), &l.name), *shared, *plane)
+            }
+            Entry::Vacant(e) => {
                 let (source, shared, plane) = kernel_source(&l.name, &l.spec, plan.dtype, target)?;
-                built.insert(format!("{:?}", l.spec), (l.name.clone(), source.clone(), shared, plane));
+                e.insert((l.name.clone(), source.clone(), shared, plane));
                 (source, shared, plane)
             }
         };

@@ -63,11 +63,11 @@ fn copy_query<N: Size>(
 }
 
 /// The online softmax of this unit's row over one key tile of scores at
-/// `scores[UNIT_POS · bk ..]` (scaled; masked when `masked`, a boundary tile of a shape that has them): updates the
-/// state `[max, sum]`, rescales the accumulator (`e` values in `o`, `rest`
-/// in `o_rest`, see [`HELD`]) and writes
-/// the probabilities, in the storage type, at `dst + UNIT_POS · bk / N` of
-/// the shared array.
+/// `scores[UNIT_POS · bk ..]` (scaled here; masked when `masked`, a
+/// boundary tile of a `maskable` shape): updates the state `[max, sum]`,
+/// rescales the accumulator (`e` values in `o`, `rest` in `o_rest`, see
+/// [`HELD`]) and writes the probabilities, in the storage type, at
+/// `dst + UNIT_POS · bk / N` of the shared array.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn softmax_tile<N: Size>(
@@ -133,9 +133,16 @@ fn softmax_tile<N: Size>(
     }
     #[unroll]
     for c in 0..rest {
-        let at = comptime![c * ATTN_ROWS] + UNIT_POS as usize;
+        let at = rest_at(c);
         o_rest[at] = o_rest[at] * alpha;
     }
+}
+
+/// Where column `c` of the shared rest of this unit's output row is:
+/// column-major, `c · 64 + UNIT_POS`.
+#[cube]
+fn rest_at(#[comptime] c: usize) -> usize {
+    comptime![c * ATTN_ROWS] + UNIT_POS as usize
 }
 
 /// Zeroes this unit's column of the shared rest of the output rows.
@@ -143,7 +150,7 @@ fn softmax_tile<N: Size>(
 fn zero_rest(o_rest: &mut [f32], #[comptime] rest: usize) {
     #[unroll]
     for c in 0..rest {
-        o_rest[comptime![c * ATTN_ROWS] + UNIT_POS as usize] = f32::new(0.0);
+        o_rest[rest_at(c)] = f32::new(0.0);
     }
 }
 
@@ -156,7 +163,7 @@ const HELD: usize = 64;
 /// Output columns held in registers for rows of `ep` columns, the kernel's
 /// other shared arrays taking `base` bytes of the device's `limit`: all
 /// past [`HELD`] that do not fit in shared memory (64 on CUDA at d = 128,
-/// 47 KB in all; on lavapipe's 32 KB, 8 of 128 columns go to shared memory).
+/// 46 KB in all; on lavapipe's 32 KB, 7 of 128 columns go to shared memory).
 fn held_columns(ep: usize, base: usize, limit: usize) -> usize {
     // Slack for each shared array's alignment.
     let room = limit.saturating_sub(base + 128) / (4 * ATTN_ROWS);
@@ -180,8 +187,7 @@ fn add_fragment_row(
         if comptime![c0 + c < held] {
             o[comptime![c0] + c] += scratch[at + c];
         } else {
-            let r = comptime![(c0 + c - held) * ATTN_ROWS] + UNIT_POS as usize;
-            o_rest[r] += scratch[at + c];
+            o_rest[rest_at(comptime![c0 + c - held])] += scratch[at + c];
         }
     }
 }
@@ -215,7 +221,7 @@ fn store_row<N: Size>(
                 if comptime![col < held] {
                     v.insert(x, o[col] * inv);
                 } else {
-                    v.insert(x, o_rest[comptime![(col - held) * ATTN_ROWS] + UNIT_POS as usize] * inv);
+                    v.insert(x, o_rest[rest_at(comptime![col - held])] * inv);
                 }
             }
             out[slots[ROW_OUT] + c] = Vector::<Stored, N>::cast_from(v);
