@@ -21,7 +21,31 @@ enum Stmt {
     Affine(usize, f64, f64),
     Select(usize, usize),
     Reduce(&'static str, usize, bool),
+    /// One of [`FUNCTIONS`] of a value (and of an input).
+    Function(&'static str, usize, usize),
 }
+
+/// The elementwise builtins as the generator writes them: `{x}` an earlier
+/// value, `{b}` an input (|b| ≤ 1); each form keeps values bounded.
+const FUNCTIONS: [(&str, &str); 17] = [
+    ("exp", "exp(-abs({x}))"),
+    ("log", "log(abs({x}) + 1.0)"),
+    ("log1p", "log1p(abs({x}))"),
+    ("tanh", "tanh({x})"),
+    ("sigmoid", "sigmoid({x})"),
+    ("softplus", "softplus({x})"),
+    ("silu", "silu({x})"),
+    ("gelu", "gelu({x})"),
+    ("gelu_tanh", "gelu({x}, approximate = tanh)"),
+    ("erf", "erf({x})"),
+    ("sin", "sin({x})"),
+    ("cos", "cos({x})"),
+    ("floor", "floor({x} * 2.5)"),
+    ("ceil", "ceil({x} * 2.5)"),
+    ("sign", "sign({x})"),
+    ("pow", "pow(abs({x}) + 0.5, {b})"),
+    ("clamp", "clamp({x}, -0.5, {b})"),
+];
 
 fn stmt() -> impl Strategy<Value = Stmt> {
     let i = 0..64usize;
@@ -31,6 +55,8 @@ fn stmt() -> impl Strategy<Value = Stmt> {
             .prop_map(|(f, a, b)| Stmt::Call2(f, a, b)),
         (prop::sample::select(vec!["abs", "neg", "sqrt_abs", "safe_div"]), i.clone())
             .prop_map(|(f, a)| Stmt::Unary(f, a)),
+        (prop::sample::select(FUNCTIONS.iter().map(|(name, _)| *name).collect::<Vec<_>>()), i.clone(), i.clone())
+            .prop_map(|(f, a, b)| Stmt::Function(f, a, b)),
         (i.clone(), -1.5..1.5f64, -1.0..1.0f64).prop_map(|(a, m, c)| Stmt::Affine(a, m, c)),
         (i.clone(), i.clone()).prop_map(|(a, b)| Stmt::Select(a, b)),
         (prop::sample::select(vec!["mean", "max", "min", "sum", "std", "count"]), i, any::<bool>())
@@ -57,6 +83,10 @@ fn render(b: usize, g: usize, stmts: &[Stmt]) -> String {
             Stmt::Affine(x, m, c) => format!("{} * {m:?} + {c:?}", n(x)),
             Stmt::Select(x, y) => format!("where({} > {}, {}, {})", n(x), n(y), n(y), n(x)),
             Stmt::Reduce(f, x, all) => format!("{f}({}, axis = {})", n(x), if *all { "all" } else { "1" }),
+            Stmt::Function(f, x, y) => {
+                let form = FUNCTIONS.iter().find(|(name, _)| name == f).unwrap().1;
+                form.replace("{x}", &n(x)).replace("{b}", &names[y % 2])
+            }
         };
         let name = format!("t{k}");
         text.push_str(&format!("let {name} = {expr}\n"));
@@ -189,5 +219,51 @@ proptest! {
         let text = render(b, g, &stmts);
         let (compared, total) = check_gradients(&text, b, g, seed);
         prop_assert!(2 * compared >= total, "only {} of {} derivatives settled for\n{}", compared, total, text);
+    }
+}
+
+/// Every elementwise builtin in one spec, each on the output's path: the
+/// gradients against central differences, and the kernels (forward and
+/// gradient program, N = 3000 elements, not a multiple of any tile) against
+/// the interpreter (relative error ≤ 1e-5; every element within 1e-4 of
+/// its reference, relative to max(1, |reference|)).
+#[test]
+fn every_elementwise_function_has_a_checked_gradient_and_kernel() {
+    let unary: Vec<&str> = attnc_compiler::ir::UnaryOp::ALL.iter().map(|op| op.name()).collect();
+    for name in unary.iter().filter(|n| **n != "neg" && **n != "sqrt" && **n != "abs") {
+        assert!(FUNCTIONS.iter().any(|(f, _)| f == name), "the generator never writes `{name}`");
+    }
+    let mut text = String::from("spec every\n\ndim B = 3\ndim G = 1000\n\ninput a: [B, G] in finite\ninput b: [B, G] in finite\n\n");
+    let mut terms = vec![];
+    for (k, (_, form)) in FUNCTIONS.iter().enumerate() {
+        let x = if k % 2 == 0 { "a" } else { "a * 1.7 - b" };
+        text.push_str(&format!("let f{k} = {}\n", form.replace("{x}", &format!("({x})")).replace("{b}", "b")));
+        terms.push(format!("f{k} * {:?}", 0.3 + 0.1 * k as f64));
+    }
+    text.push_str(&format!("\noutput out = {}\n", terms.join(" + ")));
+    let small = text.replace("dim G = 1000", "dim G = 4");
+    let (compared, total) = check_gradients(&small, 3, 4, 5);
+    assert!(compared * 10 >= total * 9, "only {compared} of {total} derivatives settled");
+
+    let compiled = attnc_compiler::compile(&text, &[]).unwrap_or_else(|d| panic!("{}", attnc_compiler::render("every.attn", &text, &d)));
+    let grad = attnc_compiler::grad::differentiate(&compiled.program, &[]).unwrap();
+    let mut rng = Rng::for_input(9, "every");
+    let mut draw = || Tensor::new(vec![3, 1000], (0..3000).map(|_| 4.0 * rng.unit() - 2.0).collect());
+    let inputs = common::named(vec![("a", draw()), ("b", draw()), ("cot_out", draw())]);
+    let gpu = Gpu::wgpu().unwrap_or_else(|e| panic!("this test needs a device: {e}"));
+    for p in [&compiled.program, &grad] {
+        let inputs: std::collections::BTreeMap<_, _> =
+            inputs.iter().filter(|(n, _)| p.inputs.iter().any(|i| &i.name == *n)).map(|(n, t)| (n.clone(), t.clone())).collect();
+        let (tensors, dims) = bind::bind_inputs(p, inputs.clone(), &Default::default()).unwrap();
+        let want = interp::evaluate(p, &tensors, &dims);
+        let got = gpu.run(&plan::plan(p, &dims), &inputs).unwrap().0;
+        for ((name, _), (g, w)) in p.outputs.iter().zip(got.iter().zip(&want)) {
+            assert!(w.data.iter().all(|v| v.is_finite()), "reference {name} is not finite");
+            let e = attnc_runtime::relative_error(&g.data, &w.data);
+            assert!(e <= 1e-5, "kernel {name} differs by {e:e}");
+            for (i, (x, y)) in g.data.iter().zip(&w.data).enumerate() {
+                assert!((x - y).abs() <= 1e-4 * y.abs().max(1.0), "{name}[{i}]: kernel {x} vs interpreter {y}");
+            }
+        }
     }
 }

@@ -72,6 +72,8 @@ pub enum BinaryOp {
     Gt,
     /// 1.0 where `a == b`, else 0.0.
     Eq,
+    /// `a^b` (`powf`).
+    Pow,
 }
 
 /// What a `Reduce` computes over its axes.
@@ -89,11 +91,39 @@ pub enum ReduceKind {
     },
 }
 
+/// `√(2/π)`, the inner factor of GELU's tanh form.
+pub const GELU_TANH_C: f64 = 0.797_884_560_802_865_4;
+/// The cubic coefficient of GELU's tanh form.
+pub const GELU_TANH_A: f64 = 0.044_715;
+
+/// Elementwise functions of one value; their meaning is
+/// `docs/semantics.md` §5 (the interpreter's `interp::scalar`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum UnaryOp {
     Neg,
     Sqrt,
     Abs,
+    Exp,
+    Log,
+    Log1p,
+    Tanh,
+    /// `1 / (1 + e^−x)`.
+    Sigmoid,
+    /// `log(1 + e^x)`.
+    Softplus,
+    /// `x · sigmoid(x)`.
+    Silu,
+    /// `x · Φ(x) = x/2 · (1 + erf(x/√2))`.
+    Gelu,
+    /// `x/2 · (1 + tanh(√(2/π) (x + 0.044715 x³)))`.
+    GeluTanh,
+    Erf,
+    Sin,
+    Cos,
+    Floor,
+    Ceil,
+    /// −1, 0 or 1 (NaN stays NaN).
+    Sign,
 }
 
 impl BinaryOp {
@@ -108,6 +138,7 @@ impl BinaryOp {
             BinaryOp::Ge => "ge",
             BinaryOp::Gt => "gt",
             BinaryOp::Eq => "eq",
+            BinaryOp::Pow => "pow",
         }
     }
 }
@@ -118,8 +149,29 @@ impl UnaryOp {
             UnaryOp::Neg => "neg",
             UnaryOp::Sqrt => "sqrt",
             UnaryOp::Abs => "abs",
+            UnaryOp::Exp => "exp",
+            UnaryOp::Log => "log",
+            UnaryOp::Log1p => "log1p",
+            UnaryOp::Tanh => "tanh",
+            UnaryOp::Sigmoid => "sigmoid",
+            UnaryOp::Softplus => "softplus",
+            UnaryOp::Silu => "silu",
+            UnaryOp::Gelu => "gelu",
+            UnaryOp::GeluTanh => "gelu_tanh",
+            UnaryOp::Erf => "erf",
+            UnaryOp::Sin => "sin",
+            UnaryOp::Cos => "cos",
+            UnaryOp::Floor => "floor",
+            UnaryOp::Ceil => "ceil",
+            UnaryOp::Sign => "sign",
         }
     }
+
+    /// Every unary operation, in declaration order.
+    pub const ALL: [UnaryOp; 18] = {
+        use UnaryOp::*;
+        [Neg, Sqrt, Abs, Exp, Log, Log1p, Tanh, Sigmoid, Softplus, Silu, Gelu, GeluTanh, Erf, Sin, Cos, Floor, Ceil, Sign]
+    };
 }
 
 impl ReduceKind {

@@ -52,6 +52,22 @@ pub const BUILTINS: &[Signature] = &[
     Signature { name: "attention",    params: &["q", "k", "v", "mask", "window", "block", "scale"], required: 3, summary: "softmax(q kᵀ · scale + mask) v" },
     Signature { name: "sqrt",         params: &["x"], required: 1, summary: "elementwise square root" },
     Signature { name: "abs",          params: &["x"], required: 1, summary: "elementwise absolute value" },
+    Signature { name: "exp",          params: &["x"], required: 1, summary: "elementwise e^x" },
+    Signature { name: "log",          params: &["x"], required: 1, summary: "elementwise natural logarithm" },
+    Signature { name: "log1p",        params: &["x"], required: 1, summary: "elementwise log(1 + x), exact near 0" },
+    Signature { name: "tanh",         params: &["x"], required: 1, summary: "elementwise hyperbolic tangent" },
+    Signature { name: "sigmoid",      params: &["x"], required: 1, summary: "elementwise 1 / (1 + e^-x)" },
+    Signature { name: "softplus",     params: &["x"], required: 1, summary: "elementwise log(1 + e^x)" },
+    Signature { name: "silu",         params: &["x"], required: 1, summary: "elementwise x * sigmoid(x)" },
+    Signature { name: "gelu",         params: &["x", "approximate"], required: 1, summary: "elementwise x * Phi(x); approximate = none or tanh" },
+    Signature { name: "erf",          params: &["x"], required: 1, summary: "elementwise error function" },
+    Signature { name: "sin",          params: &["x"], required: 1, summary: "elementwise sine" },
+    Signature { name: "cos",          params: &["x"], required: 1, summary: "elementwise cosine" },
+    Signature { name: "floor",        params: &["x"], required: 1, summary: "elementwise round down" },
+    Signature { name: "ceil",         params: &["x"], required: 1, summary: "elementwise round up" },
+    Signature { name: "sign",         params: &["x"], required: 1, summary: "elementwise -1, 0 or 1" },
+    Signature { name: "pow",          params: &["a", "b"], required: 2, summary: "elementwise a^b, broadcasting" },
+    Signature { name: "clamp",        params: &["x", "lo", "hi"], required: 3, summary: "elementwise min(max(x, lo), hi), broadcasting" },
     Signature { name: "maximum",      params: &["a", "b"], required: 2, summary: "elementwise maximum, broadcasting" },
     Signature { name: "minimum",      params: &["a", "b"], required: 2, summary: "elementwise minimum, broadcasting" },
     Signature { name: "where",        params: &["cond", "a", "b"], required: 3, summary: "elementwise cond != 0 ? a : b, broadcasting" },
@@ -164,15 +180,32 @@ pub(crate) fn lower_call(l: &mut Lowerer, call: &Expr, func: &Ident, args: &[Arg
                 &args.spans(&[0, 1, 2]),
             )
         }
-        "sqrt" | "abs" => {
-            let op = if sig.name == "sqrt" { UnaryOp::Sqrt } else { UnaryOp::Abs };
+        "gelu" => {
+            let x = args.tensor(l, 0);
+            let form = args.choice(l, 1, &["none", "tanh"]).unwrap_or(Some("none"));
+            let op = if form? == "tanh" { UnaryOp::GeluTanh } else { UnaryOp::Gelu };
+            l.add(Op::Unary { op, x: x? }, call.span, &args.spans(&[0]))
+        }
+        name if UnaryOp::ALL.iter().any(|op| op.name() == name) => {
+            let op = *UnaryOp::ALL.iter().find(|op| op.name() == name)?;
             let x = args.tensor(l, 0)?;
             l.add(Op::Unary { op, x }, call.span, &args.spans(&[0]))
         }
-        "maximum" | "minimum" => {
-            let op = if sig.name == "maximum" { BinaryOp::Max } else { BinaryOp::Min };
+        "maximum" | "minimum" | "pow" => {
+            let op = match sig.name {
+                "maximum" => BinaryOp::Max,
+                "minimum" => BinaryOp::Min,
+                "pow" => BinaryOp::Pow,
+                other => unreachable!("`{other}` is not in this arm's pattern"),
+            };
             let (a, b) = (args.number_or_tensor(l, 0), args.number_or_tensor(l, 1));
             l.add(Op::Binary { op, a: a?, b: b? }, call.span, &args.spans(&[0, 1]))
+        }
+        "clamp" => {
+            let (x, lo, hi) = (args.number_or_tensor(l, 0), args.number_or_tensor(l, 1), args.number_or_tensor(l, 2));
+            let spans = args.spans(&[0, 1, 2]);
+            let low = l.add(Op::Binary { op: BinaryOp::Max, a: x?, b: lo? }, call.span, &spans[..2])?;
+            l.add(Op::Binary { op: BinaryOp::Min, a: low, b: hi? }, call.span, &[spans[0], spans[2]])
         }
         "where" => {
             let (c, a, b) = (args.number_or_tensor(l, 0), args.number_or_tensor(l, 1), args.number_or_tensor(l, 2));

@@ -5,7 +5,7 @@
 
 use super::kernels::{self as k, Stored};
 use super::{attention, attention_grad, attention_split, gemm, mma};
-use attnc_compiler::ir::{AttnArg, BinaryOp, MaskKind, ReduceKind, UnaryOp};
+use attnc_compiler::ir::{AttnArg, MaskKind, ReduceKind};
 use attnc_compiler::plan::group::{GroupStep, MapOp};
 use attnc_compiler::plan::{AttnShape, Dtype, KernelSpec, GEMM_COLS, GEMM_ROWS, GEMM_STAGE_K, GEMM_UNITS, GROUP_UNITS};
 use cubecl::prelude::*;
@@ -103,28 +103,6 @@ impl KernelMetadata for IrKernel {
 
     fn address_type(&self) -> ElemType {
         self.settings.address_type.unsigned_type()
-    }
-}
-
-fn binary_code(op: BinaryOp) -> u32 {
-    match op {
-        BinaryOp::Add => k::ADD,
-        BinaryOp::Sub => k::SUB,
-        BinaryOp::Mul => k::MUL,
-        BinaryOp::Div => k::DIV,
-        BinaryOp::Max => k::MAX,
-        BinaryOp::Min => k::MIN,
-        BinaryOp::Ge => k::GE,
-        BinaryOp::Gt => k::GT,
-        BinaryOp::Eq => k::EQ,
-    }
-}
-
-fn unary_code(op: UnaryOp) -> u32 {
-    match op {
-        UnaryOp::Neg => k::NEG,
-        UnaryOp::Sqrt => k::SQRT,
-        UnaryOp::Abs => k::ABS,
     }
 }
 
@@ -380,11 +358,14 @@ impl IrKernel {
                 }
                 KernelSpec::Binary { op, a, b, .. } => {
                     let (ia, ib) = (k::view(scope, i, a, len), k::view(scope, i, b, len));
-                    k::binary::expand(scope, &bufs[0], &bufs[1], &mut out, i, ia, ib, binary_code(*op));
+                    let (x, y) = (k::read::expand::<Stored>(scope, &bufs[0], ia), k::read::expand::<Stored>(scope, &bufs[1], ib));
+                    let v = k::math::binary(scope, *op, x, y);
+                    k::write::expand::<Stored>(scope, &mut out, i, v);
                 }
                 KernelSpec::Unary { op, x, .. } => {
                     let ix = k::view(scope, i, x, len);
-                    k::unary::expand(scope, &bufs[0], &mut out, i, ix, unary_code(*op))
+                    let v = k::math::unary(scope, *op, k::read::expand::<Stored>(scope, &bufs[0], ix));
+                    k::write::expand::<Stored>(scope, &mut out, i, v);
                 }
                 KernelSpec::Where { cond, a, b, .. } => {
                     let (ic, ia, ib) =
@@ -532,8 +513,8 @@ fn group_body(
                     args.iter().map(|a| k::read::expand::<f32>(scope, &s, k::view(scope, i, a, *len))).collect();
                 let v = match (*op, &xs[..]) {
                     (MapOp::Where, [c, x, y]) => k::apply_select::expand(scope, *c, *x, *y),
-                    (MapOp::Unary(op), [x]) => k::apply_unary::expand(scope, *x, unary_code(op)),
-                    (MapOp::Binary(op), [x, y]) => k::apply_binary::expand(scope, *x, *y, binary_code(op)),
+                    (MapOp::Unary(op), [x]) => k::math::unary(scope, op, *x),
+                    (MapOp::Binary(op), [x, y]) => k::math::binary(scope, op, *x, *y),
                     (op, xs) => unreachable!("`{}` is planned with {} operands", op.name(), xs.len()),
                 };
                 k::write::expand::<f32>(scope, &mut s.clone_unchecked(), offset(scope, i, *dst), v);

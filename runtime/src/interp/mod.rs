@@ -3,6 +3,7 @@
 //! loops that read like the equations of `docs/semantics.md` over speed.
 
 mod backward;
+pub mod scalar;
 
 use crate::tensor::Tensor;
 use attnc_compiler::ir::*;
@@ -374,20 +375,7 @@ fn broadcast_map(shape: Vec<usize>, operands: &[&Tensor], f: impl Fn(&[f64]) -> 
 }
 
 fn binary(op: BinaryOp, a: &Tensor, b: &Tensor, shape: Vec<usize>) -> Tensor {
-    broadcast_map(shape, &[a, b], |v| {
-        let (x, y) = (v[0], v[1]);
-        match op {
-            BinaryOp::Add => x + y,
-            BinaryOp::Sub => x - y,
-            BinaryOp::Mul => x * y,
-            BinaryOp::Div => x / y,
-            BinaryOp::Max => x.max(y),
-            BinaryOp::Min => x.min(y),
-            BinaryOp::Ge => f64::from(u8::from(x >= y)),
-            BinaryOp::Gt => f64::from(u8::from(x > y)),
-            BinaryOp::Eq => f64::from(u8::from(x == y)),
-        }
-    })
+    broadcast_map(shape, &[a, b], |v| scalar::binary(op, v[0], v[1]))
 }
 
 fn select(cond: &Tensor, a: &Tensor, b: &Tensor, shape: Vec<usize>) -> Tensor {
@@ -474,12 +462,7 @@ fn thresholds(x: &Tensor, levels: usize, shape: Vec<usize>) -> Tensor {
 }
 
 fn unary(op: UnaryOp, x: &Tensor) -> Tensor {
-    let f = match op {
-        UnaryOp::Neg => |v: f64| -v,
-        UnaryOp::Sqrt => f64::sqrt,
-        UnaryOp::Abs => f64::abs,
-    };
-    Tensor { shape: x.shape.clone(), data: x.data.iter().map(|v| f(*v)).collect() }
+    Tensor { shape: x.shape.clone(), data: x.data.iter().map(|v| scalar::unary(op, *v)).collect() }
 }
 
 fn mix_cols(y: &Tensor, alpha: &Tensor, shape: Vec<usize>) -> Tensor {

@@ -8,6 +8,7 @@
 //! the helpers register-blocked kernels are assembled from.
 
 mod group;
+pub mod math;
 mod vector;
 
 pub use group::*;
@@ -66,72 +67,6 @@ pub fn has_elements(out: &[Stored]) -> bool {
 #[cube]
 pub fn gather(x: &[Stored], out: &mut [Stored], i: usize, ix: usize) {
     out[i] = x[ix];
-}
-
-/// Operator codes shared with `define.rs`.
-pub const ADD: u32 = 0;
-pub const SUB: u32 = 1;
-pub const MUL: u32 = 2;
-pub const DIV: u32 = 3;
-pub const MAX: u32 = 4;
-pub const MIN: u32 = 5;
-pub const GE: u32 = 6;
-pub const GT: u32 = 7;
-pub const EQ: u32 = 8;
-
-#[cube]
-pub fn binary(a: &[Stored], b: &[Stored], out: &mut [Stored], i: usize, ia: usize, ib: usize, #[comptime] op: u32) {
-    out[i] = Stored::cast_from(apply_binary(f32::cast_from(a[ia]), f32::cast_from(b[ib]), op));
-}
-
-/// `op(x, y)`; comparisons give 1.0 or 0.0.
-#[cube]
-pub fn apply_binary(x: f32, y: f32, #[comptime] op: u32) -> f32 {
-    let mut r = f32::new(0.0);
-    if comptime![op == ADD] {
-        r = x + y;
-    } else if comptime![op == SUB] {
-        r = x - y;
-    } else if comptime![op == MUL] {
-        r = x * y;
-    } else if comptime![op == DIV] {
-        r = x / y;
-    } else if comptime![op == MAX] {
-        r = max(x, y);
-    } else if comptime![op == MIN] {
-        r = min(x, y);
-    } else if comptime![op == GE] {
-        if x >= y {
-            r = f32::new(1.0);
-        }
-    } else if comptime![op == GT] {
-        if x > y {
-            r = f32::new(1.0);
-        }
-    } else if x == y {
-        r = f32::new(1.0);
-    }
-    r
-}
-
-pub const NEG: u32 = 0;
-pub const SQRT: u32 = 1;
-pub const ABS: u32 = 2;
-
-#[cube]
-pub fn unary(x: &[Stored], out: &mut [Stored], i: usize, ix: usize, #[comptime] op: u32) {
-    out[i] = Stored::cast_from(apply_unary(f32::cast_from(x[ix]), op));
-}
-
-#[cube]
-pub fn apply_unary(v: f32, #[comptime] op: u32) -> f32 {
-    let mut r = -v;
-    if comptime![op == SQRT] {
-        r = v.sqrt();
-    } else if comptime![op == ABS] {
-        r = v.abs();
-    }
-    r
 }
 
 #[cube]

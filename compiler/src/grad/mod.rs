@@ -16,6 +16,8 @@
 //! (piecewise constant); an input with a discrete domain (`integers`,
 //! `binary`) has none, and asking for it is error E0801.
 
+mod elementwise;
+
 use crate::ir::*;
 use crate::Code;
 use std::collections::BTreeMap;
@@ -300,6 +302,10 @@ impl Builder {
                     let gb = self.push(Op::Where { cond: pick_a, a: zero, b: g })?;
                     vec![(a, self.reduce_to(ga, a)?), (b, self.reduce_to(gb, b)?)]
                 }
+                B::Pow => {
+                    let [ga, gb] = self.pow_vjp(a, b, id, g)?;
+                    vec![(a, self.reduce_to(ga, a)?), (b, self.reduce_to(gb, b)?)]
+                }
                 B::Ge | B::Gt | B::Eq => vec![],
             },
             Op::Unary { op, x } => match op {
@@ -319,6 +325,10 @@ impl Builder {
                     let sign = self.binary(B::Sub, pos, neg)?;
                     vec![(x, self.binary(B::Mul, g, sign)?)]
                 }
+                _ => match self.unary_derivative(op, x, id)? {
+                    Some(d) => vec![(x, self.binary(B::Mul, g, d)?)],
+                    None => vec![],
+                },
             },
             Op::Reduce { x, kind, ref axes, keepdim } => {
                 let axes = axes.clone();
