@@ -16,6 +16,10 @@ fn small(spec: &str) -> Vec<(&'static str, String)> {
         "mha" | "gqa" => &[("H", "2"), ("H_kv", "1"), ("d", "4"), ("N", "5")],
         "mqa" => &[("H", "2"), ("d", "4"), ("N", "5")],
         "gdpo" => &[("B", "2"), ("G", "3"), ("C", "2")],
+        // Attention with score and mask functions over given q, k, v.
+        "alibi" | "softcap" => &[("H", "2"), ("H_kv", "1"), ("d", "4"), ("M", "5"), ("N", "7")],
+        "relative_bias" => &[("H", "2"), ("H_kv", "1"), ("d", "4"), ("M", "5"), ("N", "7"), ("R", "3")],
+        "document" | "prefix_lm" | "sinks" => &[("H", "2"), ("H_kv", "1"), ("d", "4"), ("N", "7")],
         _ => &[("B", "2"), ("G", "3")],
     };
     s.iter().map(|(k, v)| (*k, v.to_string())).collect()

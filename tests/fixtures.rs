@@ -94,6 +94,7 @@ fn every_code_is_covered_and_explained() {
         ("E0601", "cli.rs: run_errors_name_the_tensor_and_write_nothing"),
         ("E0603", "cli.rs: budget_and_io_refusals_have_their_own_codes"),
         ("E0602", "reward_props.rs: bad_ratings_and_rewards_are_named_errors"),
+        ("E0604", "functions.rs: an_out_of_range_read_names_the_tensor_and_the_index"),
         ("E0701", "cli.rs: cuda_backend_without_cuda_is_a_clear_error"),
         ("E0801", "gradients.rs: discrete_inputs_have_no_gradient_and_say_so; cli.rs: grad_writes_gradients_or_refuses_clearly"),
         ("E0901", "internal: the validator rejecting lowered IR is a compiler bug, unreachable from specs"),

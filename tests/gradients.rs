@@ -111,11 +111,24 @@ fn attention_specs_gradients_match_finite_differences() {
             ]),
         ),
     ];
-    for (i, (spec, s)) in cases.iter().enumerate() {
+    for (i, (spec, s)) in cases.iter().chain(&function_cases()).enumerate() {
         let c = compile_stdlib(spec, s);
         let worst = check(&c.program, 40 + i as u64, &format!("{spec} {s:?}"));
         eprintln!("{spec} {s:?}: worst relative error {worst:.1e}");
     }
+}
+
+/// The stdlib variants with score and mask functions (their q, k and v;
+/// the tensors the functions read have no gradient yet).
+fn function_cases() -> Vec<(&'static str, Vec<(&'static str, String)>)> {
+    vec![
+        ("alibi", sets(&[("H", "2"), ("H_kv", "1"), ("d", "3"), ("M", "6"), ("N", "9")])),
+        ("softcap", sets(&[("H", "2"), ("d", "4"), ("M", "7"), ("N", "7"), ("cap", "0.5")])),
+        ("document", sets(&[("H", "2"), ("d", "3"), ("N", "10")])),
+        ("prefix_lm", sets(&[("H", "2"), ("d", "3"), ("N", "9"), ("prefix", "4")])),
+        ("sinks", sets(&[("H", "2"), ("d", "3"), ("N", "12"), ("window", "3"), ("sinks", "2")])),
+        ("relative_bias", sets(&[("H", "2"), ("d", "3"), ("M", "5"), ("N", "8"), ("R", "2")])),
+    ]
 }
 
 #[test]

@@ -396,8 +396,15 @@ fn limits_stop_the_run_with_a_report() {
 fn explain_reports_for_every_stdlib_spec() {
     for spec in stdlib_names() {
         let attention = ["iha", "mha", "gqa", "mqa"].contains(&spec.as_str());
+        // Attention cores with functions over given q, k, v (M queries where the spec has them).
+        let core = ["alibi", "softcap", "document", "prefix_lm", "sinks", "relative_bias"].contains(&spec.as_str());
+        let queries = ["alibi", "softcap", "relative_bias"].contains(&spec.as_str());
         let sizes: [(&str, Vec<(&str, String)>); 2] = if attention {
             [("prefill", vec![("N", "8192".into())]), ("decode", vec![("N", "1".into())])]
+        } else if core && queries {
+            [("prefill", vec![("N", "8192".into()), ("M", "8192".into())]), ("decode", vec![("N", "8192".into()), ("M", "1".into())])]
+        } else if core {
+            [("small", vec![]), ("prefill", vec![("N", "8192".into())])]
         } else {
             [("small", vec![]), ("large", vec![("B", "1024".into()), ("G", "64".into())])]
         };

@@ -79,6 +79,8 @@ codes! {
         "A spec, tensor or output file could not be read or written: the message names the path and the operating system's reason (no such file, permission denied, disk full). Check the path; outputs are written whole or not at all.";
     BadInputValue = "E0602", "invalid input value",
         "An input holds a value the spec's semantics reject, e.g. a rating outside 1..K or a NaN reward. The message names the group and sample.";
+    OutOfRange = "E0604", "read out of range",
+        "A score or mask function read an entry outside a tensor's shape, e.g. `bias[h, i - j]` with `j > i`. The message names the function, the tensor, the index, its shape and the (b, h, i, j) of the call. The interpreter stops there; the kernels clamp each index into range (docs/language.md, \"Score and mask functions\"). Check the index arithmetic, or the values of a tensor used as an index.";
     NoGradient = "E0801", "no gradient",
         "A gradient was asked of an input that has none: its values are discrete (`integers`, `binary`), or it is not an input of the spec. Gradients flow through every continuous operation; comparisons, `thresholds` and `count` pass none. `attnc grad --wrt` takes the continuous inputs.";
     Internal = "E0901", "internal compiler error",

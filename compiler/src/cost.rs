@@ -90,6 +90,18 @@ pub fn visible_pairs(mask: &Mask, sq: usize, sk: usize) -> f64 {
     pairs
 }
 
+/// Operations per logit of attention's score and mask functions (and,
+/// `with_slope`, of the score function's derivative), each counted as one
+/// flop. The mask function runs on every pair a visited tile holds, which
+/// `visible_pairs` does not count: a mask function is priced as unmasked.
+fn function_ops(fns: &Option<Box<crate::ir::AttnFns>>, with_slope: bool) -> f64 {
+    let Some(f) = fns else { return 0.0 };
+    let score = f.score.as_ref().map_or(0, |s| {
+        s.body.ops() + if with_slope { crate::grad::score_slope(s).body.ops() } else { 0 }
+    });
+    (score + f.mask.as_ref().map_or(0, |m| m.body.ops())) as f64
+}
+
 /// The roofline work of `op` given its output shape and its operands' shapes.
 pub fn op_cost(op: &Op, out: &[usize], operands: &[Vec<usize>]) -> OpCost {
     let io_bytes = 4.0 * (numel(out) + operands.iter().map(|s| numel(s)).sum::<f64>());
@@ -112,19 +124,22 @@ pub fn op_cost(op: &Op, out: &[usize], operands: &[Vec<usize>]) -> OpCost {
         Op::Collapse { .. } | Op::CollapseCols { .. } => kernel(2.0 * numel(out) * operands[1][1] as f64),
         Op::CollapseRows { .. } => kernel(2.0 * numel(out) * operands[1][0] as f64),
         Op::Rope { .. } => kernel(6.0 * numel(out)),
-        Op::Attention { mask, .. } => {
+        Op::Attention { mask, fns, .. } => {
             let (q, v) = (&operands[0], &operands[2]);
             let (b, h, s, d, e) = (q[0], q[1], q[2], q[3], v[3]);
             let pairs = (b * h) as f64 * visible_pairs(mask, s, v[2]);
-            kernel(pairs * (2.0 * d as f64 + 2.0 * e as f64 + 5.0))
+            kernel(pairs * (2.0 * d as f64 + 2.0 * e as f64 + 5.0 + function_ops(fns, false)))
         }
-        Op::AttentionLse { mask, .. } | Op::AttentionGrad { mask, .. } => {
+        Op::AttentionLse { mask, fns, .. } | Op::AttentionGrad { mask, fns, .. } => {
             let (q, k) = (&operands[0], &operands[1]);
             let (b, h, s, d) = (q[0], q[1], q[2], q[3]);
             let pairs = (b * h) as f64 * visible_pairs(mask, s, k[2]);
             // The backward recomputes the scores and multiplies twice more per operand.
-            let per_pair =
-                if matches!(op, Op::AttentionLse { .. }) { 2.0 * d as f64 + 3.0 } else { 6.0 * d as f64 + 5.0 };
+            let per_pair = if matches!(op, Op::AttentionLse { .. }) {
+                2.0 * d as f64 + 3.0 + function_ops(fns, false)
+            } else {
+                6.0 * d as f64 + 5.0 + function_ops(fns, true)
+            };
             kernel(pairs * per_pair)
         }
         Op::MatMulAt { .. } => kernel(2.0 * numel(&operands[0]) * out[1] as f64),

@@ -92,6 +92,11 @@ fn eval_inner(e: &Expr, scope: &dyn Scope, symbol_ok: bool) -> Result<Value, Dia
             None if symbol_ok => Value::Enum(n.clone()),
             None => return Err(unknown_name(n, e.span, scope)),
         },
+        ExprKind::Lambda { .. } | ExprKind::Index { .. } => {
+            return Err(Diagnostic::error(Code::WrongKind, "functions and indexing are not constants")
+                .at(e.span, "not a constant")
+                .note("functions are arguments of `attention`, and only they index tensors"))
+        }
         ExprKind::List(items) => {
             Value::List(items.iter().map(|x| eval_inner(x, scope, false)).collect::<Result<_, _>>()?)
         }

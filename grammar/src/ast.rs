@@ -129,6 +129,10 @@ pub enum ExprKind {
     },
     /// `if COND then A else B`: the condition is a constant, so only one branch is lowered.
     If(Box<Expr>, Box<Expr>, Box<Expr>),
+    /// `|a, b| body`: a function (attention's `score =` and `mask =`).
+    Lambda { params: Vec<Ident>, body: Box<Expr> },
+    /// `x[i, j]`: an entry of a tensor (inside a function).
+    Index { base: Ident, indices: Vec<Expr> },
 }
 
 /// A call argument: positional (`name == None`) or keyword (`key = value`).
@@ -264,6 +268,14 @@ impl Expr {
                     arg.value.strip_spans();
                 }
             }
+            ExprKind::Lambda { params, body } => {
+                params.iter_mut().for_each(|p| p.span = Span::default());
+                body.strip_spans();
+            }
+            ExprKind::Index { base, indices } => {
+                base.span = Span::default();
+                indices.iter_mut().for_each(Expr::strip_spans);
+            }
         }
     }
 
@@ -283,6 +295,8 @@ impl Expr {
                 b.walk(f);
             }
             ExprKind::Call { args, .. } => args.iter().for_each(|a| a.value.walk(f)),
+            ExprKind::Lambda { body, .. } => body.walk(f),
+            ExprKind::Index { indices, .. } => indices.iter().for_each(|e| e.walk(f)),
             _ => {}
         }
     }

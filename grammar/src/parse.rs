@@ -339,6 +339,26 @@ fn primary(pair: Pair<Rule>) -> Result<(Expr, usize), SyntaxError> {
             let depth = 1 + args.iter().map(|a| depth_of(&a.value)).max().unwrap_or(0);
             Ok((Expr { kind: ExprKind::Call { func, args }, span }, depth))
         }
+        Rule::lambda => {
+            let mut params = vec![];
+            let mut body = None;
+            for p in pair.into_inner() {
+                match p.as_rule() {
+                    Rule::ident => params.push(ident(p)),
+                    _ => body = Some(expr(p)?),
+                }
+            }
+            let body = body.expect("grammar: a lambda has a body");
+            let depth = 1 + depth_of(&body);
+            Ok((Expr { kind: ExprKind::Lambda { params, body: Box::new(body) }, span }, depth))
+        }
+        Rule::index => {
+            let mut inner = pair.into_inner();
+            let base = ident(inner.next().unwrap());
+            let indices: Vec<Expr> = inner.map(expr).collect::<Result<_, _>>()?;
+            let depth = 1 + indices.iter().map(depth_of).max().unwrap_or(0);
+            Ok((Expr { kind: ExprKind::Index { base, indices }, span }, depth))
+        }
         other => unreachable!("grammar: unexpected primary {other:?}"),
     }
 }
@@ -351,6 +371,8 @@ fn depth_of(e: &Expr) -> usize {
         ExprKind::Binary(_, a, b) => 1 + depth_of(a).max(depth_of(b)),
         ExprKind::Call { args, .. } => 1 + args.iter().map(|a| depth_of(&a.value)).max().unwrap_or(0),
         ExprKind::If(c, a, b) => 1 + depth_of(c).max(depth_of(a)).max(depth_of(b)),
+        ExprKind::Lambda { body, .. } => 1 + depth_of(body),
+        ExprKind::Index { indices, .. } => 1 + indices.iter().map(depth_of).max().unwrap_or(0),
         _ => 1,
     }
 }
@@ -392,7 +414,7 @@ fn describe(rule: &Rule) -> Option<&'static str> {
         Rule::or | Rule::and | Rule::eq | Rule::ne | Rule::le | Rule::ge | Rule::lt | Rule::gt => "an operator",
         Rule::add | Rule::sub | Rule::mul | Rule::div | Rule::rem | Rule::matmul => "an operator",
         Rule::neg | Rule::not => "an expression",
-        Rule::call | Rule::list | Rule::kwarg | Rule::if_expr => "an expression",
+        Rule::call | Rule::list | Rule::kwarg | Rule::if_expr | Rule::lambda | Rule::index => "an expression",
         Rule::domain | Rule::kw_in => "`in DOMAIN`",
         Rule::init => "`~ DISTRIBUTION`",
         Rule::kw_then => "`then`",

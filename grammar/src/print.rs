@@ -87,8 +87,9 @@ fn precedence(e: &Expr) -> u8 {
     match &e.kind {
         ExprKind::Binary(op, ..) => op.precedence(),
         ExprKind::Unary(..) => UNARY_PRECEDENCE,
-        // `if` extends as far right as it can: parenthesised inside any operator.
-        ExprKind::If(..) => 0,
+        // `if` and a function's body extend as far right as they can:
+        // parenthesised inside any operator.
+        ExprKind::If(..) | ExprKind::Lambda { .. } => 0,
         _ => u8::MAX,
     }
 }
@@ -148,6 +149,23 @@ fn write_expr(e: &Expr, min: u8, out: &mut String) {
                 write_expr(&a.value, 0, out);
             }
             out.push(')');
+        }
+        ExprKind::Lambda { params, body } => {
+            out.push('|');
+            for (i, p) in params.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                out.push_str(&p.name);
+            }
+            out.push_str("| ");
+            write_expr(body, 0, out);
+        }
+        ExprKind::Index { base, indices } => {
+            out.push_str(&base.name);
+            out.push('[');
+            write_list(indices.iter(), out);
+            out.push(']');
         }
     }
     if paren {

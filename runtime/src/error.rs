@@ -17,6 +17,9 @@ pub enum RunError {
     /// Over `--memory-budget` or `--max-flops`: the estimate, the limit and the flag.
     #[error("{0}")]
     OverBudget(String),
+    /// A score or mask function read outside a tensor.
+    #[error("{0}")]
+    OutOfRange(String),
 }
 
 impl RunError {
@@ -28,6 +31,7 @@ impl RunError {
             RunError::BadSize(_) => Code::BadSize,
             RunError::BadInputValue(_) => Code::BadInputValue,
             RunError::BadSetting(_) => Code::BadSetting,
+            RunError::OutOfRange(_) => Code::OutOfRange,
         }
     }
 }

@@ -394,7 +394,9 @@ impl Bound {
 
     /// The float64 interpreter's outputs (the program's meaning).
     pub fn interpret(&self) -> Result<BTreeMap<String, Tensor>, Error> {
-        Ok(self.name_outputs(interp::evaluate(&self.chosen, &self.tensors()?, &self.dims)))
+        let outputs = interp::try_evaluate(&self.chosen, &self.tensors()?, &self.dims)
+            .map_err(|e| RunError::OutOfRange(e.to_string()))?;
+        Ok(self.name_outputs(outputs))
     }
 
     /// The inputs in declaration order; an error for a program bound without them.

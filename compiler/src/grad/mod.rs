@@ -17,6 +17,9 @@
 //! `binary`) has none, and asking for it is error E0801.
 
 mod elementwise;
+mod func;
+
+pub use func::score_slope;
 
 use crate::ir::*;
 use crate::Code;
@@ -56,7 +59,18 @@ pub fn gradient_name(input: &str) -> String {
 /// The inputs a gradient may be asked for: every input whose domain is
 /// continuous.
 pub fn differentiable_inputs(program: &Program) -> Vec<String> {
-    program.inputs.iter().filter(|i| continuous(i)).map(|i| i.name.clone()).collect()
+    let read = read_by_functions(program);
+    program.inputs.iter().filter(|i| continuous(i) && !read.contains(&i.node)).map(|i| i.name.clone()).collect()
+}
+
+/// The inputs attention's score and mask functions read: their gradients
+/// are not built yet.
+fn read_by_functions(program: &Program) -> Vec<NodeId> {
+    let fns = program.nodes.iter().filter_map(|n| match &n.op {
+        Op::Attention { fns: Some(f), .. } => Some(f.captures.clone()),
+        _ => None,
+    });
+    fns.flatten().collect()
 }
 
 fn continuous(input: &Input) -> bool {
@@ -86,6 +100,12 @@ pub fn differentiate(program: &Program, wrt: &[String]) -> Result<Program, GradE
                     s if s.is_empty() => "nothing: no input of this spec is continuous".to_string(),
                     s => s,
                 }
+            )));
+        }
+        if read_by_functions(program).contains(&input.node) {
+            return Err(no_gradient(format!(
+                "input `{name}` is read by a score or mask function; gradients of such tensors are not \
+                 built yet (those of q, k and v are)"
             )));
         }
         if !wanted.contains(&index) {
@@ -266,13 +286,15 @@ impl Builder {
                 let rotated = self.push(Op::Rope { x: flipped, base })?;
                 vec![(x, self.binary(B::Mul, rotated, n)?)]
             }
-            Op::Attention { q, k, v, mask, scale } => {
-                let lse = self.push(Op::AttentionLse { q, k, mask, scale })?;
+            Op::Attention { q, k, v, mask, scale, ref fns } => {
+                let fns = fns.clone();
+                let lse = self.push(Op::AttentionLse { q, k, mask, scale, fns: fns.clone() })?;
                 let mut out = vec![];
                 for (operand, wrt) in [(q, AttnArg::Q), (k, AttnArg::K), (v, AttnArg::V)] {
+                    let fns = fns.clone();
                     out.push((
                         operand,
-                        self.push(Op::AttentionGrad { q, k, v, o: id, dout: g, lse, mask, scale, wrt })?,
+                        self.push(Op::AttentionGrad { q, k, v, o: id, dout: g, lse, mask, scale, wrt, fns })?,
                     ));
                 }
                 out
@@ -303,7 +325,8 @@ impl Builder {
                     vec![(a, self.reduce_to(ga, a)?), (b, self.reduce_to(gb, b)?)]
                 }
                 B::Pow => {
-                    let [ga, gb] = self.pow_vjp(a, b, id, g)?;
+                    let [da, db] = elementwise::pow_partials(self, a, b, id)?;
+                    let (ga, gb) = (self.binary(B::Mul, g, da)?, self.binary(B::Mul, g, db)?);
                     vec![(a, self.reduce_to(ga, a)?), (b, self.reduce_to(gb, b)?)]
                 }
                 B::Ge | B::Gt | B::Eq => vec![],
@@ -325,7 +348,7 @@ impl Builder {
                     let sign = self.binary(B::Sub, pos, neg)?;
                     vec![(x, self.binary(B::Mul, g, sign)?)]
                 }
-                _ => match self.unary_derivative(op, x, id)? {
+                _ => match elementwise::unary_derivative(self, op, x, id)? {
                     Some(d) => vec![(x, self.binary(B::Mul, g, d)?)],
                     None => vec![],
                 },

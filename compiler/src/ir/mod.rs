@@ -7,14 +7,16 @@
 //! implementation of them, used by lowering and by the validator alike.
 //!
 //! `shape` (dims, shapes, node ids, broadcasting), `op` (the operations and
-//! their options), `infer` (the shape rules), `program` (nodes, inputs, the
+//! their options), `func` (attention's score and mask functions), `infer` (the shape rules), `program` (nodes, inputs, the
 //! program and its printing); everything is re-exported here.
 
+mod func;
 mod infer;
 mod op;
 mod program;
 mod shape;
 
+pub use func::*;
 pub use infer::*;
 pub use op::*;
 pub use program::*;

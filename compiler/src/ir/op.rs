@@ -253,7 +253,8 @@ pub enum Op {
     /// ## Shape rules
     /// `q: [B, H, S, d]`, `k: [B, H_kv, S, d]`, `v: [B, H_kv, S, e]`, `H_kv` divides `H`,
     /// `S` a multiple of `mask.block` → `[B, H, S, e]`.
-    Attention { q: NodeId, k: NodeId, v: NodeId, mask: Mask, scale: f64 },
+    /// Score and mask functions (`fns`) apply to every logit after scaling.
+    Attention { q: NodeId, k: NodeId, v: NodeId, mask: Mask, scale: f64, fns: Option<Box<AttnFns>> },
     /// Elementwise `op(a, b)` with numpy broadcasting.
     /// ## Shape rules
     /// Axes aligned from the end; each pair equal or one of them 1 (or missing).
@@ -369,7 +370,7 @@ pub enum Op {
     /// scores (−∞ for a row that sees no key): what the backward saves.
     /// ## Shape rules
     /// `q: [B, H, S, d]`, `k: [B, H_kv, S_k, d]` → `[B, H, S]`.
-    AttentionLse { q: NodeId, k: NodeId, mask: Mask, scale: f64 },
+    AttentionLse { q: NodeId, k: NodeId, mask: Mask, scale: f64, fns: Option<Box<AttnFns>> },
     /// FlashAttention's backward: the gradient of `Attention` in its `wrt`
     /// operand, from the forward output `o`, its cotangent `dout` and the rows'
     /// `lse`; probabilities are recomputed, never stored.
@@ -385,6 +386,7 @@ pub enum Op {
         mask: Mask,
         scale: f64,
         wrt: AttnArg,
+        fns: Option<Box<AttnFns>>,
     },
 }
 
@@ -404,6 +406,11 @@ impl AttnArg {
             AttnArg::V => "v",
         }
     }
+}
+
+/// The tensors attention's functions read, after its own operands.
+fn captures(fns: &Option<Box<AttnFns>>) -> Vec<NodeId> {
+    fns.as_ref().map_or(vec![], |f| f.captures.clone())
 }
 
 impl Op {
@@ -428,17 +435,19 @@ impl Op {
             Op::MixHeads { x, alpha } => vec![x, alpha],
             Op::BlockDiag { r, .. } => vec![r],
             Op::Collapse { x, r } => vec![x, r],
-            Op::Attention { q, k, v, .. } => vec![q, k, v],
+            Op::Attention { q, k, v, ref fns, .. } => [q, k, v].into_iter().chain(captures(fns)).collect(),
             Op::Transpose { x } | Op::Unsqueeze { x, .. } => vec![x],
             Op::MatMulAt { a, b } => vec![a, b],
             Op::MixHeadsT { y, alpha } => vec![y, alpha],
             Op::MixHeadsGrad { x, dy } | Op::CollapseGrad { x, dy } => vec![x, dy],
             Op::CollapseT { dy, r, .. } => vec![dy, r],
-            Op::AttentionLse { q, k, .. } => vec![q, k],
+            Op::AttentionLse { q, k, ref fns, .. } => [q, k].into_iter().chain(captures(fns)).collect(),
             Op::MixColsT { dy, alpha } => vec![dy, alpha],
             Op::MixColsGrad { y, dy, .. } | Op::CollapseColsGrad { y, dy, .. } => vec![y, dy],
             Op::CollapseRowsGrad { w, dy, .. } => vec![w, dy],
-            Op::AttentionGrad { q, k, v, o, dout, lse, .. } => vec![q, k, v, o, dout, lse],
+            Op::AttentionGrad { q, k, v, o, dout, lse, ref fns, .. } => {
+                [q, k, v, o, dout, lse].into_iter().chain(captures(fns)).collect()
+            }
         }
     }
 
@@ -469,7 +478,18 @@ impl Op {
                 *x = f(*x);
                 *y = f(*y);
             }
-            Op::Attention { q: a, k: b, v: c, .. } | Op::Where { cond: a, a: b, b: c } => {
+            Op::Attention { q: a, k: b, v: c, fns, .. } => {
+                *a = f(*a);
+                *b = f(*b);
+                *c = f(*c);
+                fns.iter_mut().flat_map(|x| x.captures.iter_mut()).for_each(|x| *x = f(*x));
+            }
+            Op::AttentionLse { q: a, k: b, fns, .. } => {
+                *a = f(*a);
+                *b = f(*b);
+                fns.iter_mut().flat_map(|x| x.captures.iter_mut()).for_each(|x| *x = f(*x));
+            }
+            Op::Where { cond: a, a: b, b: c } => {
                 *a = f(*a);
                 *b = f(*b);
                 *c = f(*c);
@@ -480,7 +500,6 @@ impl Op {
             | Op::MixHeadsGrad { x, dy: y }
             | Op::CollapseGrad { x, dy: y }
             | Op::CollapseT { dy: x, r: y, .. }
-            | Op::AttentionLse { q: x, k: y, .. }
             | Op::MixColsT { dy: x, alpha: y }
             | Op::MixColsGrad { y: x, dy: y, .. }
             | Op::CollapseColsGrad { y: x, dy: y, .. }
@@ -488,10 +507,11 @@ impl Op {
                 *x = f(*x);
                 *y = f(*y);
             }
-            Op::AttentionGrad { q, k, v, o, dout, lse, .. } => {
+            Op::AttentionGrad { q, k, v, o, dout, lse, fns, .. } => {
                 for id in [q, k, v, o, dout, lse] {
                     *id = f(*id);
                 }
+                fns.iter_mut().flat_map(|x| x.captures.iter_mut()).for_each(|x| *x = f(*x));
             }
         }
     }

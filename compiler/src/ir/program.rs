@@ -121,6 +121,16 @@ impl Program {
             let window = mask.window.map_or("none".into(), |w| w.to_string());
             format!("mask={}, window={window}, block={}", mask.kind.name(), mask.block)
         };
+        let fns_text = |fns: &Option<Box<AttnFns>>| {
+            let Some(f) = fns else { return String::new() };
+            let mut t = String::new();
+            for func in [&f.score, &f.mask].into_iter().flatten() {
+                let _ = write!(t, ", {}_fn={func}", func.kind.name());
+            }
+            let reads: Vec<String> = f.captures.iter().map(|c| c.to_string()).collect();
+            let _ = write!(t, ", reads=[{}]", reads.join(", "));
+            t
+        };
         let mut out = format!("program {}\n", self.name);
         for d in &self.dims {
             let _ = writeln!(out, "  dim {}{}", d.name, d.default.map_or(String::new(), |v| format!(" = {v}")));
@@ -147,8 +157,8 @@ impl Program {
                 Op::BlockDiag { r, block } => format!("block_diag {r}, block={block}"),
                 Op::Collapse { x, r } => format!("collapse {x}, {r}"),
                 Op::Rope { x, base } => format!("rope {x}, base={base:?}"),
-                Op::Attention { q, k, v, mask, scale } => {
-                    format!("attention {q}, {k}, {v}, {}, scale={scale:?}", mask_text(mask))
+                Op::Attention { q, k, v, mask, scale, fns } => {
+                    format!("attention {q}, {k}, {v}, {}, scale={scale:?}{}", mask_text(mask), fns_text(fns))
                 }
                 Op::Binary { op, a, b } => format!("{} {a}, {b}", op.name()),
                 Op::Unary { op, x } => format!("{} {x}", op.name()),
@@ -173,17 +183,18 @@ impl Program {
                 Op::MixHeadsGrad { x, dy } => format!("mix_heads_grad {x}, {dy}"),
                 Op::CollapseT { dy, r, pseudo } => format!("collapse_t {dy}, {r}, pseudo={pseudo}"),
                 Op::CollapseGrad { x, dy } => format!("collapse_grad {x}, {dy}"),
-                Op::AttentionLse { q, k, mask, scale } => {
-                    format!("attention_lse {q}, {k}, {}, scale={scale:?}", mask_text(mask))
+                Op::AttentionLse { q, k, mask, scale, fns } => {
+                    format!("attention_lse {q}, {k}, {}, scale={scale:?}{}", mask_text(mask), fns_text(fns))
                 }
                 Op::MixColsT { dy, alpha } => format!("mix_cols_t {dy}, {alpha}"),
                 Op::MixColsGrad { y, dy, m, h, p } => format!("mix_cols_grad {y}, {dy}, m={m}, h={h}, p={p}"),
                 Op::CollapseColsGrad { y, dy, h } => format!("collapse_cols_grad {y}, {dy}, h={h}"),
                 Op::CollapseRowsGrad { w, dy, h } => format!("collapse_rows_grad {w}, {dy}, h={h}"),
-                Op::AttentionGrad { q, k, v, o, dout, lse, mask, scale, wrt } => format!(
-                    "attention_grad_{} {q}, {k}, {v}, {o}, {dout}, {lse}, {}, scale={scale:?}",
+                Op::AttentionGrad { q, k, v, o, dout, lse, mask, scale, wrt, fns } => format!(
+                    "attention_grad_{} {q}, {k}, {v}, {o}, {dout}, {lse}, {}, scale={scale:?}{}",
                     format!("{wrt:?}").to_lowercase(),
-                    mask_text(mask)
+                    mask_text(mask),
+                    fns_text(fns)
                 ),
             };
             let _ = writeln!(out, "  %{i} = {desc} : {}", n.shape);

@@ -49,7 +49,7 @@ pub const BUILTINS: &[Signature] = &[
     Signature { name: "deinterleave", params: &["x", "pseudo"], required: 2, summary: "[B, H, S*P, d] -> [B, H, P, S, d]" },
     Signature { name: "collapse",     params: &["x", "r", "mode"], required: 2, summary: "x [B, H', P, S, d], r [H, H'*P] -> [B, H, S, d]; mode global | per_head" },
     Signature { name: "rope",         params: &["x", "base"], required: 1, summary: "rotary embedding by row index; base none = identity" },
-    Signature { name: "attention",    params: &["q", "k", "v", "mask", "window", "block", "scale"], required: 3, summary: "softmax(q kᵀ · scale + mask) v" },
+    Signature { name: "attention",    params: &["q", "k", "v", "mask", "window", "block", "scale", "score"], required: 3, summary: "softmax(score(q kᵀ · scale) + mask) v; mask a name or a function of (b, h, i, j) to bool, score a function of (s, b, h, i, j)" },
     Signature { name: "sqrt",         params: &["x"], required: 1, summary: "elementwise square root" },
     Signature { name: "abs",          params: &["x"], required: 1, summary: "elementwise absolute value" },
     Signature { name: "exp",          params: &["x"], required: 1, summary: "elementwise e^x" },
@@ -87,7 +87,12 @@ pub const BUILTINS: &[Signature] = &[
 struct Args<'e> {
     func: &'static Signature,
     values: Vec<Option<(Operand, &'e Expr)>>,
+    /// Arguments given as functions (`|a, b| …`), where `FUNCTION_PARAMS` allows.
+    functions: Vec<Option<&'e Expr>>,
 }
+
+/// The (builtin, parameter) pairs that take a function.
+const FUNCTION_PARAMS: [(&str, &str); 2] = [("attention", "mask"), ("attention", "score")];
 
 pub(crate) fn lower_call(l: &mut Lowerer, call: &Expr, func: &Ident, args: &[Arg]) -> Option<Operand> {
     let Some(sig) = BUILTINS.iter().find(|s| s.name == func.name) else {
@@ -150,11 +155,27 @@ pub(crate) fn lower_call(l: &mut Lowerer, call: &Expr, func: &Ident, args: &[Arg
         }
         "attention" => {
             let (q, k, v) = (args.tensor(l, 0), args.tensor(l, 1), args.tensor(l, 2));
-            let mask = args.choice(l, 3, &MASKS.map(|(name, _)| name)).unwrap_or(Some("none"));
+            let mut captures = vec![];
+            let mask_fn = args.function(l, 3, FuncKind::Mask, &mut captures);
+            let score_fn = args.function(l, 7, FuncKind::Score, &mut captures);
+            let mask = match mask_fn {
+                Some(Some(_)) => Some("none"),
+                _ => args.choice(l, 3, &MASKS.map(|(name, _)| name)).unwrap_or(Some("none")),
+            };
             let window = args.opt_size(l, 4);
             let block = if args.values[5].is_some() { args.size(l, 5) } else { Some(1) };
             let scale = args.opt_float(l, 6);
             let (q, k, v, mask, window, block, scale) = (q?, k?, v?, mask?, window?, block?, scale?);
+            let (mask_fn, score_fn) = (mask_fn?, score_fn?);
+            if let (Some(_), Some(_)) = (&mask_fn, window) {
+                let span = args.values[4].as_ref().unwrap().1.span;
+                l.diags.push(
+                    Diagnostic::error(Code::TypeMismatch, "a window applies to the built-in masks")
+                        .at(span, "with a mask function")
+                        .hint("write the window into the mask function, e.g. `i - j < 128`"),
+                );
+                return None;
+            }
             // `choice` accepted one of MASKS' names.
             let kind = MASKS.iter().find(|(name, _)| *name == mask)?.1;
             let scale = match scale {
@@ -174,8 +195,10 @@ pub(crate) fn lower_call(l: &mut Lowerer, call: &Expr, func: &Ident, args: &[Arg
                     }
                 },
             };
+            let fns = (mask_fn.is_some() || score_fn.is_some())
+                .then(|| Box::new(AttnFns { score: score_fn, mask: mask_fn, captures }));
             l.add(
-                Op::Attention { q, k, v, mask: Mask { kind, window, block }, scale },
+                Op::Attention { q, k, v, mask: Mask { kind, window, block }, scale, fns },
                 call.span,
                 &args.spans(&[0, 1, 2]),
             )
@@ -288,6 +311,7 @@ fn match_args<'e>(
     args: &'e [Arg],
 ) -> Option<Args<'e>> {
     let mut values: Vec<Option<(Operand, &Expr)>> = vec![None; sig.params.len()];
+    let mut functions: Vec<Option<&Expr>> = vec![None; sig.params.len()];
     let mut given = vec![false; sig.params.len()];
     let mut ok = true;
     let mut positional = 0;
@@ -352,6 +376,22 @@ fn match_args<'e>(
         // accessors report it as an unknown name where a value was needed.
         let value = match &a.value.kind {
             ExprKind::Name(n) if !l.scope.contains_key(n) => Some(Operand::Const(Value::Enum(n.clone()))),
+            ExprKind::Lambda { .. } if FUNCTION_PARAMS.contains(&(sig.name, sig.params[slot])) => {
+                functions[slot] = Some(&a.value);
+                continue;
+            }
+            ExprKind::Lambda { .. } => {
+                l.diags.push(
+                    Diagnostic::error(
+                        Code::WrongKind,
+                        format!("argument `{}` of `{}` is not a function", sig.params[slot], sig.name),
+                    )
+                    .at(a.value.span, "a function")
+                    .note("functions are arguments of `attention` only: `score = |s, b, h, i, j| ...`, `mask = |b, h, i, j| ...`"),
+                );
+                ok = false;
+                continue;
+            }
             _ => l.operand(&a.value),
         };
         match value {
@@ -369,7 +409,7 @@ fn match_args<'e>(
             ok = false;
         }
     }
-    ok.then_some(Args { func: sig, values })
+    ok.then_some(Args { func: sig, values, functions })
 }
 
 impl Args<'_> {
@@ -402,6 +442,20 @@ impl Args<'_> {
             )
             .at(e.span, "this argument"),
         );
+    }
+
+    /// An optional function of `kind`: `Some(None)` when the argument is
+    /// not a function (a score must be; a mask may be a name instead);
+    /// `None` when the function has errors (reported).
+    fn function(&self, l: &mut Lowerer, i: usize, kind: FuncKind, captures: &mut Vec<NodeId>) -> Option<Option<Func>> {
+        match (self.functions[i], &self.values[i]) {
+            (Some(e), _) => super::func::lower_func(l, kind, e, captures).map(Some),
+            (None, Some(_)) if kind == FuncKind::Score => {
+                self.wrong(l, i, "a function `|s, b, h, i, j| ...`");
+                None
+            }
+            _ => Some(None),
+        }
     }
 
     fn tensor(&self, l: &mut Lowerer, i: usize) -> Option<NodeId> {

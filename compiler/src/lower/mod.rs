@@ -3,6 +3,7 @@
 //! collected, not thrown: one run reports every independent error.
 
 pub mod builtins;
+mod func;
 use crate::codes::Code;
 use crate::diag::{suggest, Diagnostic};
 use crate::ir::*;
@@ -578,6 +579,22 @@ impl Lowerer {
                 self.add(Op::Binary { op: bop, a: x, b: y }, e.span, &[sa, sb]).map(Operand::Tensor)
             }
             ExprKind::Call { func, args } => builtins::lower_call(self, e, func, args),
+            ExprKind::Lambda { .. } => {
+                self.diags.push(
+                    Diagnostic::error(Code::WrongKind, "a function is not a tensor")
+                        .at(e.span, "a function")
+                        .note("functions are arguments of `attention`: `score = |s, b, h, i, j| ...`, `mask = |b, h, i, j| ...`"),
+                );
+                None
+            }
+            ExprKind::Index { base, .. } => {
+                self.diags.push(
+                    Diagnostic::error(Code::WrongKind, format!("`{}[...]` reads one entry, inside a function only", base.name))
+                        .at(e.span, "an entry")
+                        .note("outside functions tensors are used whole; slicing is not part of the language"),
+                );
+                None
+            }
             ExprKind::If(c, a, b) => match eval_strict(c, self) {
                 Ok(Value::Bool(true)) => self.operand(a),
                 Ok(Value::Bool(false)) => self.operand(b),
@@ -614,6 +631,7 @@ impl Lowerer {
             }
             ExprKind::Binary(_, a, b) => self.is_constant(a) && self.is_constant(b),
             ExprKind::If(c, a, b) => self.is_constant(c) && self.is_constant(a) && self.is_constant(b),
+            ExprKind::Lambda { .. } | ExprKind::Index { .. } => false,
             ExprKind::Call { func, args } => {
                 SCALAR_FUNCTIONS.contains(&func.name.as_str()) && args.iter().all(|a| self.is_constant(&a.value))
             }

@@ -13,7 +13,7 @@ pub use spec::*;
 pub use view::*;
 
 use crate::cost::{op_cost, weight_only};
-use crate::ir::{concrete, AttnArg, BinaryOp, DimValues, Mask, NodeId, Op, Program};
+use crate::ir::{concrete, AttnArg, AttnFns, BinaryOp, DimValues, Mask, NodeId, Op, Program};
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -83,8 +83,9 @@ impl Plan {
         for l in &mut self.launches {
             l.bytes *= ratio;
             let lanes = l.spec.line_size();
-            if let KernelSpec::Attention { shape: AttnShape { d, e, .. }, ref mut fragments, .. } = l.spec {
-                *fragments = dtype.is_half() && frag_key_tile(d, e, lanes).is_some();
+            if let KernelSpec::Attention { shape: AttnShape { d, e, ref fns, .. }, ref mut fragments, .. } = l.spec {
+                // Score and mask functions run on the scalar kernels.
+                *fragments = dtype.is_half() && frag_key_tile(d, e, lanes).is_some() && fns.is_none();
             }
         }
         self.dtype = dtype;
@@ -118,7 +119,7 @@ pub(crate) fn reduce_views(shape: &[usize], axes: &[usize], offset: usize) -> (V
 
 /// The attention launch shape of queries `sq` (`[batch, h, s, d]`) against
 /// keys `sk` (`[batch, hk, sk, d]`) and values `e` wide (0 where none are read).
-fn attn_shape(sq: &[usize], sk: &[usize], e: usize, mask: &Mask, scale: f64) -> AttnShape {
+fn attn_shape(sq: &[usize], sk: &[usize], e: usize, mask: &Mask, scale: f64, fns: Option<KernelFns>) -> AttnShape {
     let Mask { kind, window, block } = *mask;
     AttnShape {
         batch: sq[0],
@@ -132,7 +133,18 @@ fn attn_shape(sq: &[usize], sk: &[usize], e: usize, mask: &Mask, scale: f64) -> 
         window: window.map(|w| w as usize),
         block: block as usize,
         scale_bits: scale.to_bits(),
+        fns,
     }
+}
+
+/// Attention's functions for kernels (dims resolved, captured shapes), if any.
+fn kernel_fns(fns: &Option<Box<AttnFns>>, shapes: &[Vec<usize>], dims: &DimValues) -> Option<KernelFns> {
+    let f = fns.as_deref()?;
+    Some(KernelFns {
+        score: f.score.as_ref().map(|x| x.resolve(dims)),
+        mask: f.mask.as_ref().map(|x| x.resolve(dims)),
+        captures: f.captures.iter().map(|c| shapes[c.0 as usize].clone()).collect(),
+    })
 }
 
 fn push_buffer(buffers: &mut Vec<Buffer>, shape: &[usize], role: BufferRole) -> usize {
@@ -519,7 +531,7 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
                 let (bx, vx) = pl.read(*x, |l| Some(l.view()));
                 (KernelSpec::Rope { rows: len / d, s, d, base_bits: base.to_bits(), x: vx }, vec![bx])
             }
-            Op::Attention { q, k, v, mask, scale } => {
+            Op::Attention { q, k, v, mask, scale, fns } => {
                 let (sq, sk, sv) = (sh(0), sh(1), sh(2));
                 let (bq, vq) = pl.read(*q, Layout::row_view);
                 let (bk, vk) = pl.read(*k, Layout::row_view);
@@ -540,7 +552,7 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
                 }
                 let out = out_layout.row_view().expect("attention writes rows of its output contiguously");
                 let spec = KernelSpec::Attention {
-                    shape: attn_shape(&sq, &sk, sv[3], mask, *scale),
+                    shape: attn_shape(&sq, &sk, sv[3], mask, *scale, kernel_fns(fns, &shapes, dims)),
                     q: vq,
                     k: vk,
                     v: vv,
@@ -548,7 +560,9 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
                     fragments: false,
                     split: 0,
                 };
-                (spec, vec![bq, bk, bv])
+                let mut bindings = vec![bq, bk, bv];
+                bindings.extend(fns.iter().flat_map(|f| f.captures.iter()).map(|c| pl.contiguous(*c)));
+                (spec, bindings)
             }
             Op::Reduce { x, kind, axes, .. } => {
                 let sx = sh(0);
@@ -673,20 +687,22 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
                 let spec = KernelSpec::Contract { rows: 1, o1, o2, inner: sw[0] / o1 * sw[1] };
                 (spec, vec![pl.contiguous(*w), pl.contiguous(*dy)])
             }
-            Op::AttentionLse { q, k, mask, scale } => {
+            Op::AttentionLse { q, k, mask, scale, fns } => {
                 let (sq, sk) = (sh(0), sh(1));
                 let (bq, vq) = pl.read(*q, Layout::row_view);
                 let (bk, vk) = pl.read(*k, Layout::row_view);
                 let spec = KernelSpec::AttentionLse {
-                    shape: attn_shape(&sq, &sk, 0, mask, *scale),
+                    shape: attn_shape(&sq, &sk, 0, mask, *scale, kernel_fns(fns, &shapes, dims)),
                     q: vq,
                     k: vk,
                     tile: grad_key_tile(sq[3], 0),
                     split: 0,
                 };
-                (spec, vec![bq, bk])
+                let mut bindings = vec![bq, bk];
+                bindings.extend(fns.iter().flat_map(|f| f.captures.iter()).map(|c| pl.contiguous(*c)));
+                (spec, bindings)
             }
-            Op::AttentionGrad { q, k, v, o, dout, lse, mask, scale, wrt } => {
+            Op::AttentionGrad { q, k, v, o, dout, lse, mask, scale, wrt, fns } => {
                 let (sq, sk, sv) = (sh(0), sh(1), sh(2));
                 let mut views = vec![];
                 let mut bindings = vec![];
@@ -700,8 +716,9 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
                     // dV reads neither v nor o (wgpu drops unread bindings).
                     bindings.drain(2..4);
                 }
+                bindings.extend(fns.iter().flat_map(|f| f.captures.iter()).map(|c| pl.contiguous(*c)));
                 let spec = KernelSpec::AttentionGrad {
-                    shape: attn_shape(&sq, &sk, sv[3], mask, *scale),
+                    shape: attn_shape(&sq, &sk, sv[3], mask, *scale, kernel_fns(fns, &shapes, dims)),
                     wrt: *wrt,
                     q: views[0],
                     k: views[1],

@@ -3,7 +3,7 @@
 
 use super::group::{self, GroupStep};
 use super::view::{RowView, View};
-use crate::ir::{AttnArg, BinaryOp, MaskKind, ReduceKind, UnaryOp};
+use crate::ir::{AttnArg, BinaryOp, Func, MaskKind, ReduceKind, UnaryOp};
 use serde::Serialize;
 
 /// What one launch computes. Sizes are comptime constants of the kernel.
@@ -138,7 +138,7 @@ pub enum KernelSpec {
 /// computes with: `batch` × `h` query heads of `s` rows against `hk`
 /// key/value heads of `sk` rows, query and key width `d`, value width `e`,
 /// the mask, and the score scale (`f64` bits, so the spec compares exactly).
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct AttnShape {
     pub batch: usize,
     pub h: usize,
@@ -151,6 +151,22 @@ pub struct AttnShape {
     pub window: Option<usize>,
     pub block: usize,
     pub scale_bits: u64,
+    /// Score and mask functions, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fns: Option<KernelFns>,
+}
+
+/// Attention's score and mask functions as kernels compile them: dims
+/// replaced by their values. The tensors they read are bound after the
+/// launch's operands, before its output.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct KernelFns {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub score: Option<Func>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mask: Option<Func>,
+    /// The shapes of the tensors read, in binding order.
+    pub captures: Vec<Vec<usize>>,
 }
 
 impl AttnShape {
@@ -453,7 +469,17 @@ impl KernelSpec {
 
     /// Whether a vectorised kernel reads binding `slot` as single floats.
     pub fn scalar_binding(&self, slot: usize) -> bool {
-        matches!(self, KernelSpec::MatMul { mix: Some(_), .. }) && slot == 2
+        match self {
+            KernelSpec::MatMul { mix: Some(_), .. } => slot == 2,
+            // The tensors score and mask functions read, after q, k and v.
+            KernelSpec::Attention { shape: AttnShape { fns: Some(f), .. }, .. } => (3..3 + f.captures.len()).contains(&slot),
+            _ => false,
+        }
+    }
+
+    /// What the kernels cannot compute yet for this launch, if anything.
+    pub fn kernel_gap(&self) -> Option<&'static str> {
+        None
     }
 
     /// The most loop iterations one unit runs (every loop, nested ones

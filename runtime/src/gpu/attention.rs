@@ -21,15 +21,12 @@
 //! Loop iterations per unit: one per key tile, and per part of a tile
 //! unrolled in parts (see `plan::KernelSpec::loop_trips`).
 
+use super::func::{Fns, Indices};
 use super::kernels::{self as k, shifted, visible, Stored, MASK_CAUSAL, MASK_NONE, MASK_TOKEN_CAUSAL};
 use attnc_compiler::plan::{AttnTiles, RowView, ATTN_ROWS};
 use cubecl::prelude::*;
 
-/// Masked score for a key no query sees: `exp(MASKED − m)` is 0 for any
-/// finite running max `m ≥ M_INIT` (WGSL has no infinite literals).
-pub(super) const MASKED: f32 = -3.4e38;
-/// The running max before any key.
-pub(super) const M_INIT: f32 = -3.0e38;
+pub(super) use super::kernels::{MASKED, M_INIT};
 
 /// Slots of the per-cube setup array.
 pub const SET_K: usize = 0;
@@ -266,6 +263,9 @@ pub(super) fn mask_tile(
 
 /// [`mask_tile`] over the tile's scores as host-side values: they go through
 /// a register array and come back masked (unchanged with no `masked` flag).
+/// Score and mask functions (`a.fns`) apply first, to every score of every
+/// tile: the score function to the scaled logit, the mask function's hidden
+/// keys set to [`MASKED`].
 #[allow(clippy::too_many_arguments)]
 pub(super) fn mask_scores(
     scope: &Scope,
@@ -275,6 +275,10 @@ pub(super) fn mask_scores(
     k0: NativeExpand<usize>,
     a: &Shape,
 ) -> Vec<NativeExpand<f32>> {
+    let scores = match &a.fns {
+        Some(fns) => apply_fns(scope, fns, scores, i, k0, a),
+        None => scores,
+    };
     let Some(masked) = masked else { return scores };
     let bk = scores.len();
     let mut arr = k::zeros::expand(scope, bk);
@@ -283,6 +287,41 @@ pub(super) fn mask_scores(
     }
     mask_tile::expand(scope, &mut arr, masked.clone(), i, k0, bk, a.s, a.sk, a.kind, a.window, a.block);
     (0..bk).map(|jj| k::fget::expand(scope, &arr, jj)).collect()
+}
+
+/// The score function of each score of query row `i` against key rows
+/// `k0 ..`, and [`MASKED`] where the mask function hides the key.
+fn apply_fns(
+    scope: &Scope,
+    fns: &Fns,
+    scores: Vec<NativeExpand<f32>>,
+    i: NativeExpand<usize>,
+    k0: NativeExpand<usize>,
+    a: &Shape,
+) -> Vec<NativeExpand<f32>> {
+    let bh = k::cube_y::expand(scope, a.fold);
+    let (b, h) = (k::idx_div::expand(scope, bh, a.h), k::idx_mod::expand(scope, bh, a.h));
+    (scores.into_iter().enumerate())
+        .map(|(jj, s)| {
+            let j = k::add_index::expand(scope, k0, k::const_index::expand(scope, jj));
+            let at = Indices { b, h, i, j };
+            let s = fns.score(scope, s, &at);
+            match fns.visible(scope, &at) {
+                Some(seen) => seen_or_masked::expand(scope, seen, s),
+                None => s,
+            }
+        })
+        .collect()
+}
+
+/// `score` where `seen`, else [`MASKED`].
+#[cube]
+fn seen_or_masked(seen: bool, score: f32) -> f32 {
+    let mut r = f32::new(MASKED);
+    if seen {
+        r = score;
+    }
+    r
 }
 
 /// Vector offset of key row `k0 + jj` (clamped to the last) in view `v`, from
@@ -401,6 +440,8 @@ pub struct Shape {
     pub fold: usize,
     /// 16-bit storage (each load also converts).
     pub half: bool,
+    /// Score and mask functions and the tensors they read.
+    pub fns: Option<Fns>,
 }
 
 /// Emit the kernel body for vectors of `N` (`lanes` floats), spreading each

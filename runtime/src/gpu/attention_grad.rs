@@ -30,6 +30,7 @@
 
 use super::attention::{key_hi, key_lo, key_row_of, view_row, MASKED, M_INIT};
 use super::attention_split::xor_add;
+use super::func::{score_hook, slope_hook, Hook};
 use super::kernels::{self as k, shifted, visible, Stored, MASK_CAUSAL, MASK_TOKEN_CAUSAL};
 use attnc_compiler::plan::{grad_chunk, RowView};
 use cubecl::prelude::*;
@@ -411,6 +412,7 @@ pub fn lse(
     #[comptime] qv: RowView,
     #[comptime] kv: RowView,
     #[comptime] scale: f32,
+    #[comptime] hook: Hook,
 ) {
     let QueryRow { bh, b, hi, kh, i, real } = query_row(g);
     let qr = load_row(q, b, hi, i, qv, comptime![g.d], comptime![g.lanes]);
@@ -430,7 +432,7 @@ pub fn lse(
                 comptime![g.lanes],
             );
             if j < comptime![g.sk] && sees(i, j, g) {
-                let sc = dot * f32::new(scale);
+                let sc = score_hook(dot * f32::new(scale), b, hi, i, j, hook.clone());
                 let mn = max(m, sc);
                 l = l * (m - mn).exp() + (sc - mn).exp();
                 m = mn;
@@ -462,6 +464,7 @@ pub fn grad_q(
     #[comptime] g: Dims,
     #[comptime] views: [RowView; 5],
     #[comptime] scale: f32,
+    #[comptime] hook: Hook,
 ) {
     let lanes = comptime![g.lanes];
     let QueryRow { bh, b, hi, kh, i, real } = query_row(g);
@@ -484,8 +487,8 @@ pub fn grad_q(
             let sc = lane_sum(dot_tile(&qr, &kt, jj * comptime![g.d], comptime![g.d], lanes), lanes) * f32::new(scale);
             let dp = lane_sum(dot_tile(&dor, &vt, jj * comptime![g.e], comptime![g.e], lanes), lanes);
             if live && j < comptime![g.sk] && sees(i, j, g) {
-                let p = (sc - l).exp();
-                let ds = p * (dp - delta) * f32::new(scale);
+                let p = (score_hook(sc, b, hi, i, j, hook.clone()) - l).exp();
+                let ds = slope_hook(p * (dp - delta), sc, b, hi, i, j, hook.clone()) * f32::new(scale);
                 axpy_tile(&mut dq, ds, &kt, jj * comptime![g.d], comptime![g.d], lanes);
             }
         }
@@ -513,6 +516,7 @@ pub fn grad_kv(
     #[comptime] views: [RowView; 5],
     #[comptime] scale: f32,
     #[comptime] wrt_k: bool,
+    #[comptime] hook: Hook,
 ) {
     let lanes = comptime![g.lanes];
     let bh = k::cube_y(comptime![g.fold]);
@@ -567,9 +571,10 @@ pub fn grad_kv(
                     f32::new(0.0)
                 };
                 if real && i < comptime![g.s] && l > f32::new(NO_KEYS_BELOW) && sees(i, j, g) {
-                    let p = (sc - l).exp();
+                    let p = (score_hook(sc, b, hi, i, j, hook.clone()) - l).exp();
                     if comptime![wrt_k] {
-                        let ds = p * (dp - st[comptime![g.tile] + ii]) * f32::new(scale);
+                        let ds = slope_hook(p * (dp - st[comptime![g.tile] + ii]), sc, b, hi, i, j, hook.clone())
+                            * f32::new(scale);
                         axpy_tile(&mut acc, ds, &qt, ii * comptime![g.d], comptime![g.d], lanes);
                     } else {
                         axpy_tile(&mut acc, p, &dt, ii * comptime![g.e], comptime![g.e], lanes);

@@ -4,10 +4,11 @@
 //! is the same in debug and release builds.
 
 use super::kernels::{self as k, Stored};
+use super::func::{Capture, Fns, Hook};
 use super::{attention, attention_grad, attention_split, gemm, mma};
 use attnc_compiler::ir::{AttnArg, MaskKind, ReduceKind};
 use attnc_compiler::plan::group::{GroupStep, MapOp};
-use attnc_compiler::plan::{AttnShape, Dtype, KernelSpec, GEMM_COLS, GEMM_ROWS, GEMM_STAGE_K, GEMM_UNITS, GROUP_UNITS};
+use attnc_compiler::plan::{AttnShape, Dtype, KernelFns, KernelSpec, GEMM_COLS, GEMM_ROWS, GEMM_STAGE_K, GEMM_UNITS, GROUP_UNITS};
 use cubecl::prelude::*;
 use std::sync::Arc;
 
@@ -72,14 +73,15 @@ impl IrKernel {
         match self.spec {
             KernelSpec::Gather { .. } | KernelSpec::Unary { .. } | KernelSpec::Thresholds { .. } => 1,
             KernelSpec::Reduce { .. } | KernelSpec::LooMean { .. } | KernelSpec::BlockDiag { .. } => 1,
-            KernelSpec::Where { .. } | KernelSpec::Attention { .. } => 3,
+            KernelSpec::Attention { ref shape, .. } => 3 + captures(shape),
+            KernelSpec::Where { .. } => 3,
             KernelSpec::MatMul { mix: Some(_), .. } => 3,
             KernelSpec::Group { inputs, .. } => inputs,
-            KernelSpec::AttentionGrad { wrt: AttnArg::V, .. } => 4,
-            KernelSpec::AttentionGrad { .. } => 6,
+            KernelSpec::AttentionGrad { wrt: AttnArg::V, ref shape, .. } => 4 + captures(shape),
+            KernelSpec::AttentionGrad { ref shape, .. } => 6 + captures(shape),
+            KernelSpec::AttentionLse { ref shape, .. } => 2 + captures(shape),
             KernelSpec::Binary { .. }
             | KernelSpec::Contract { .. }
-            | KernelSpec::AttentionLse { .. }
             | KernelSpec::MatMul { .. }
             | KernelSpec::MixHeads { .. }
             | KernelSpec::MixCols { .. }
@@ -103,6 +105,26 @@ impl KernelMetadata for IrKernel {
 
     fn address_type(&self) -> ElemType {
         self.settings.address_type.unsigned_type()
+    }
+}
+
+/// How many tensors attention's functions read.
+fn captures(shape: &AttnShape) -> usize {
+    shape.fns.as_ref().map_or(0, |f| f.captures.len())
+}
+
+/// Attention's functions over the capture buffers `caps` (bound after the launch's operands).
+fn hook(shape: &AttnShape, caps: &[NativeExpand<[Stored]>]) -> Hook {
+    Hook(shape.fns.as_ref().map(|f| std::rc::Rc::new(fns_of(f, caps))))
+}
+
+fn fns_of(f: &KernelFns, caps: &[NativeExpand<[Stored]>]) -> Fns {
+    Fns {
+        score: f.score.clone(),
+        mask: f.mask.clone(),
+        captures: (caps.iter().zip(&f.captures))
+            .map(|(buf, shape)| Capture { buf: (*buf).clone_unchecked(), shape: shape.clone() })
+            .collect(),
     }
 }
 
@@ -272,6 +294,7 @@ impl IrKernel {
                     }
                 }
                 KernelSpec::Attention { shape: ref sh, q, k: kv, v, out: o, .. } => {
+                    let fns = sh.fns.as_ref().map(|f| fns_of(f, &scalars));
                     let shape = attention::Shape {
                         h: sh.h,
                         hk: sh.hk,
@@ -286,6 +309,7 @@ impl IrKernel {
                         tiles: self.spec.attention_tiles(),
                         fold: self.spec.fold_x(),
                         half: self.dtype.is_half(),
+                        fns,
                     };
                     let scale = scale.expect("attention takes a scale");
                     if self.mma != Mma::Off {
@@ -327,21 +351,22 @@ impl IrKernel {
             k::contract::expand(scope, &bufs[0], &bufs[1], &mut out, rows, o1, o2, inner, fold);
         } else if let KernelSpec::AttentionLse { ref shape, q, k: kv, tile, .. } = *spec {
             let g = grad_dims(spec, shape, tile, fold);
-            attention_grad::lse::expand(scope, &bufs[0], &bufs[1], &mut out, g, q, kv, shape.scale());
+            let hook = hook(shape, &bufs[2..]);
+            attention_grad::lse::expand(scope, &bufs[0], &bufs[1], &mut out, g, q, kv, shape.scale(), hook);
         } else if let KernelSpec::AttentionGrad { ref shape, wrt, q, k: kv, v, o, dout, tile, .. } = *spec {
             let g = grad_dims(spec, shape, tile, fold);
             let (scale, views) = (shape.scale(), [q, kv, v, o, dout]);
             let b = bufs;
             match wrt {
                 AttnArg::Q => attention_grad::grad_q::expand(
-                    scope, &b[0], &b[1], &b[2], &b[3], &b[4], &b[5], &mut out, g, views, scale,
+                    scope, &b[0], &b[1], &b[2], &b[3], &b[4], &b[5], &mut out, g, views, scale, hook(shape, &b[6..]),
                 ),
                 AttnArg::K => attention_grad::grad_kv::expand(
-                    scope, &b[0], &b[1], &b[2], &b[3], &b[4], &b[5], &mut out, g, views, scale, true,
+                    scope, &b[0], &b[1], &b[2], &b[3], &b[4], &b[5], &mut out, g, views, scale, true, hook(shape, &b[6..]),
                 ),
                 // dV binds q, k, dout and the log-sum-exp; `v` and `o` are not read.
                 AttnArg::V => attention_grad::grad_kv::expand(
-                    scope, &b[0], &b[1], &b[0], &b[0], &b[2], &b[3], &mut out, g, views, scale, false,
+                    scope, &b[0], &b[1], &b[0], &b[0], &b[2], &b[3], &mut out, g, views, scale, false, hook(shape, &b[4..]),
                 ),
             }
         } else {

@@ -283,6 +283,9 @@ pub fn emit(plan: &Plan, target: Target) -> Result<(Vec<(String, String)>, Manif
     // GEMMs) differ only in their entry's name: each is built once.
     let mut built: HashMap<String, (String, String, usize, u32)> = HashMap::new();
     for (i, l) in plan.launches.iter().enumerate() {
+        if let Some(what) = l.spec.kernel_gap() {
+            return Err(format!("kernel `{}` needs {what}, which the kernels do not compute yet", l.name));
+        }
         // CUDA's kernels are tiled within the register file; WGSL keeps the plan's tiles.
         let spec = match target {
             Target::Cuda => l.spec.fit_registers(32),
@@ -322,7 +325,7 @@ pub fn emit(plan: &Plan, target: Target) -> Result<(Vec<(String, String)>, Manif
                 line_size: l.spec.binding_line_size(slot),
             })
             .collect();
-        let scalars = match l.spec {
+        let scalars = match &l.spec {
             KernelSpec::Attention { shape, .. } => {
                 vec![ScalarInfo { name: "scale", dtype: "f32", value: f64::from_bits(shape.scale_bits) }]
             }

@@ -30,6 +30,8 @@ pub enum GpuError {
     LoopLimit { kernel: String, trips: usize, limit: usize },
     #[error("the {backend} device `{adapter}` cannot run {dtype} kernels ({why}); use {hint}")]
     Dtype { backend: &'static str, adapter: String, dtype: Dtype, why: &'static str, hint: &'static str },
+    #[error("kernel `{kernel}` needs {what}, which the kernels do not compute yet; use `--backend interp`")]
+    Unsupported { kernel: String, what: &'static str },
 }
 
 /// A device and its client.
@@ -230,6 +232,9 @@ impl Gpu {
     /// (before anything runs).
     pub fn check(&self, plan: &Plan) -> Result<(), GpuError> {
         self.supports(plan.dtype)?;
+        if let Some((l, what)) = plan.launches.iter().find_map(|l| l.spec.kernel_gap().map(|w| (l, w))) {
+            return Err(GpuError::Unsupported { kernel: l.name.clone(), what });
+        }
         if !self.bounds_loops() {
             return Ok(());
         }

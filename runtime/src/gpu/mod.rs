@@ -6,6 +6,7 @@
 //! - `attention.rs`, `gemm.rs` — the tiled kernels, assembled from helpers;
 //! - `mma.rs` — the same on matrix fragments (tensor cores) for half precision;
 //! - `attention_grad.rs` — attention's backward and the log-sum-exp it saves;
+//! - `func.rs` — score and mask functions compiled into attention kernels;
 //! - `define.rs` — a plan launch → a cubecl kernel definition.
 
 pub mod attention;
@@ -16,6 +17,7 @@ pub mod bench;
 pub mod define;
 pub mod emit;
 pub mod exec;
+pub mod func;
 pub mod gemm;
 pub mod kernels;
 pub mod mma;

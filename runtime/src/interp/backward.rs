@@ -1,8 +1,10 @@
 //! The interpreter's gradient operations (`compiler::grad`): each the plain
 //! float64 loop of its definition in `ir::Op`.
 
+use super::attention::Scores;
+use super::func::ReadError;
 use crate::tensor::Tensor;
-use attnc_compiler::ir::{AttnArg, Mask};
+use attnc_compiler::ir::AttnArg;
 
 pub(super) fn transpose(x: &Tensor, shape: Vec<usize>) -> Tensor {
     let (k, f) = (x.shape[0], x.shape[1]);
@@ -114,38 +116,18 @@ pub(super) fn collapse_grad(x: &Tensor, dy: &Tensor, shape: Vec<usize>) -> Tenso
     out
 }
 
-/// The scaled score of query row `i` against key row `j` if visible.
-struct Scores<'a> {
-    q: &'a Tensor,
-    k: &'a Tensor,
-    mask: &'a Mask,
-    scale: f64,
-}
-
-impl Scores<'_> {
-    fn at(&self, bi: usize, hi: usize, i: usize, j: usize) -> Option<f64> {
-        let (h, s, d) = (self.q.shape[1], self.q.shape[2], self.q.shape[3]);
-        let (hk, sk) = (self.k.shape[1], self.k.shape[2]);
-        if !self.mask.visible(i as u64, j as u64, s as u64, sk as u64) {
-            return None;
-        }
-        let g = hi / (h / hk);
-        let q = &self.q.data[((bi * h + hi) * s + i) * d..][..d];
-        let k = &self.k.data[((bi * hk + g) * sk + j) * d..][..d];
-        Some(self.scale * q.iter().zip(k).map(|(a, b)| a * b).sum::<f64>())
-    }
-}
-
 /// Per query row, `log Σ_j exp(score)` over visible keys (−∞ when none).
-pub(super) fn attention_lse(q: &Tensor, k: &Tensor, mask: &Mask, scale: f64, shape: Vec<usize>) -> Tensor {
-    let (b, h, s) = (q.shape[0], q.shape[1], q.shape[2]);
-    let sk = k.shape[2];
-    let scores = Scores { q, k, mask, scale };
+pub(super) fn attention_lse(scores: &Scores, shape: Vec<usize>) -> Result<Tensor, ReadError> {
+    let (b, h, s) = (scores.q.shape[0], scores.q.shape[1], scores.q.shape[2]);
+    let sk = scores.k.shape[2];
     let mut out = Tensor::zeros(shape);
     for bi in 0..b {
         for hi in 0..h {
             for i in 0..s {
-                let row: Vec<f64> = (0..sk).filter_map(|j| scores.at(bi, hi, i, j)).collect();
+                let mut row = Vec::with_capacity(sk);
+                for j in 0..sk {
+                    row.extend(scores.at(bi, hi, i, j)?);
+                }
                 let max = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
                 out.data[(bi * h + hi) * s + i] = if row.is_empty() {
                     f64::NEG_INFINITY
@@ -157,30 +139,24 @@ pub(super) fn attention_lse(q: &Tensor, k: &Tensor, mask: &Mask, scale: f64, sha
             }
         }
     }
-    out
+    Ok(out)
 }
 
 /// The gradient of attention in `wrt` (FlashAttention-2's backward, in
 /// float64): with `P_ij = exp(score_ij − lse_i)`, `D_i = Σ_e dO_ie · O_ie`,
 /// `dS_ij = P_ij (dO_i · V_j − D_i)`: `dQ_i = scale Σ_j dS_ij K_j`,
 /// `dK_j = scale Σ_i dS_ij Q_i`, `dV_j = Σ_i P_ij dO_i`, key/value heads
-/// summing over the query heads that share them.
-#[allow(clippy::too_many_arguments)]
+/// summing over the query heads that share them. A score function `f`
+/// multiplies `dS_ij` by `∂f/∂s` at the scaled logit.
 pub(super) fn attention_grad(
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    o: &Tensor,
-    dout: &Tensor,
-    lse: &Tensor,
-    mask: &Mask,
-    scale: f64,
+    scores: &Scores,
+    [v, o, dout, lse]: [&Tensor; 4],
     wrt: AttnArg,
     shape: Vec<usize>,
-) -> Tensor {
+) -> Result<Tensor, ReadError> {
+    let (q, k, scale) = (scores.q, scores.k, scores.scale);
     let (b, h, s, d) = (q.shape[0], q.shape[1], q.shape[2], q.shape[3]);
     let (hk, sk, e) = (k.shape[1], k.shape[2], v.shape[3]);
-    let scores = Scores { q, k, mask, scale };
     let mut out = Tensor::zeros(shape);
     for bi in 0..b {
         for hi in 0..h {
@@ -194,12 +170,12 @@ pub(super) fn attention_grad(
                 let (o_i, do_i) = (&o.data[row * e..][..e], &dout.data[row * e..][..e]);
                 let delta: f64 = o_i.iter().zip(do_i).map(|(a, b)| a * b).sum();
                 for j in 0..sk {
-                    let Some(sc) = scores.at(bi, hi, i, j) else { continue };
+                    let Some((sc, slope)) = scores.with_slope(bi, hi, i, j)? else { continue };
                     let p = (sc - l).exp();
                     let kv = (bi * hk + g) * sk + j;
                     let v_j = &v.data[kv * e..][..e];
                     let dp: f64 = do_i.iter().zip(v_j).map(|(a, b)| a * b).sum();
-                    let ds = p * (dp - delta);
+                    let ds = p * (dp - delta) * slope;
                     match wrt {
                         AttnArg::Q => {
                             for c in 0..d {
@@ -221,7 +197,7 @@ pub(super) fn attention_grad(
             }
         }
     }
-    out
+    Ok(out)
 }
 
 /// `out[.., m·d + e] = Σ_{h,j} alpha[m,h,j] · dy[.., (h·P + j)·d + e]`.

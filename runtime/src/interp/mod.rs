@@ -2,8 +2,12 @@
 //! means. Kernels and rewrites are tested against it, so it favours plain
 //! loops that read like the equations of `docs/semantics.md` over speed.
 
+mod attention;
 mod backward;
+pub mod func;
 pub mod scalar;
+
+pub use func::ReadError;
 
 use crate::tensor::Tensor;
 use attnc_compiler::ir::*;
@@ -11,8 +15,14 @@ pub use attnc_compiler::ir::{concrete, DimValues};
 use attnc_compiler::plan::{Dtype, Plan};
 
 /// Evaluate `program` on `inputs` (in declaration order); returns the outputs
-/// in declaration order.
+/// in declaration order. Panics where a score or mask function reads
+/// outside a tensor: [`try_evaluate`] returns that as an error.
 pub fn evaluate(program: &Program, inputs: &[Tensor], dims: &DimValues) -> Vec<Tensor> {
+    try_evaluate(program, inputs, dims).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`evaluate`], with a read outside a captured tensor as an error.
+pub fn try_evaluate(program: &Program, inputs: &[Tensor], dims: &DimValues) -> Result<Vec<Tensor>, ReadError> {
     evaluate_with(program, inputs, dims, &Rounding { dtype: None, stored: None })
 }
 
@@ -25,7 +35,7 @@ pub fn evaluate(program: &Program, inputs: &[Tensor], dims: &DimValues) -> Vec<T
 /// For `tf32` (f32 storage), GEMM operands are rounded to TF32 as the
 /// tensor cores read them.
 pub fn evaluate_rounded(program: &Program, inputs: &[Tensor], dims: &DimValues, dtype: Dtype) -> Vec<Tensor> {
-    evaluate_with(program, inputs, dims, &Rounding { dtype: Some(dtype), stored: None })
+    evaluate_with(program, inputs, dims, &Rounding { dtype: Some(dtype), stored: None }).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// The same-dtype reference for `plan`'s kernels, which runs `program` in
@@ -41,6 +51,7 @@ pub fn evaluate_rounded(program: &Program, inputs: &[Tensor], dims: &DimValues, 
 pub fn evaluate_planned(program: &Program, plan: &Plan, inputs: &[Tensor]) -> Vec<Tensor> {
     assert_eq!(plan.stored.len(), program.nodes.len(), "the plan is of another program");
     evaluate_with(program, inputs, &plan.dims, &Rounding { dtype: Some(plan.dtype), stored: Some(&plan.stored) })
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Where a rounded evaluation rounds: stored values (every node's, or
@@ -62,7 +73,12 @@ impl Rounding<'_> {
     }
 }
 
-fn evaluate_with(program: &Program, inputs: &[Tensor], dims: &DimValues, rounding: &Rounding) -> Vec<Tensor> {
+fn evaluate_with(
+    program: &Program,
+    inputs: &[Tensor],
+    dims: &DimValues,
+    rounding: &Rounding,
+) -> Result<Vec<Tensor>, ReadError> {
     let round = &|x| rounding.store(x);
     fn operand<'t>(t: &'t Tensor, rounding: &Rounding) -> std::borrow::Cow<'t, Tensor> {
         match rounding.operand_dtype() {
@@ -77,6 +93,7 @@ fn evaluate_with(program: &Program, inputs: &[Tensor], dims: &DimValues, roundin
     for node in &program.nodes {
         let shape = concrete(&node.shape, dims);
         let v = |id: NodeId| &values[id.0 as usize];
+        let scores = |q: &NodeId, k: &NodeId, mask, scale, fns| scores(program, &values, dims, [*q, *k], mask, scale, fns);
         let out = match &node.op {
             Op::Input { index } => inputs[*index].clone(),
             Op::Scalar { value } => Tensor::new(vec![], vec![*value]),
@@ -89,7 +106,9 @@ fn evaluate_with(program: &Program, inputs: &[Tensor], dims: &DimValues, roundin
             Op::BlockDiag { r, block } => block_diag(v(*r), *block as usize),
             Op::Collapse { x, r } => collapse(v(*x), v(*r), shape),
             Op::Rope { x, base } => rope(v(*x), *base, round),
-            Op::Attention { q, k, v: vv, mask, scale } => attention(v(*q), v(*k), v(*vv), mask, *scale, shape, round),
+            Op::Attention { q, k, v: vv, mask, scale, fns } => {
+                attention::attention(&scores(q, k, mask, *scale, fns), v(*vv), shape, round)?
+            }
             Op::Binary { op, a, b } => binary(*op, v(*a), v(*b), shape),
             Op::Unary { op, x } => unary(*op, v(*x)),
             Op::Constant { values } => Tensor::new(vec![values.len()], values.clone()),
@@ -111,13 +130,16 @@ fn evaluate_with(program: &Program, inputs: &[Tensor], dims: &DimValues, roundin
             Op::MixHeadsGrad { x, dy } => backward::mix_heads_grad(v(*x), v(*dy), shape),
             Op::CollapseT { dy, r, .. } => backward::collapse_t(v(*dy), v(*r), shape),
             Op::CollapseGrad { x, dy } => backward::collapse_grad(v(*x), v(*dy), shape),
-            Op::AttentionLse { q, k, mask, scale } => backward::attention_lse(v(*q), v(*k), mask, *scale, shape),
+            Op::AttentionLse { q, k, mask, scale, fns } => {
+                backward::attention_lse(&scores(q, k, mask, *scale, fns), shape)?
+            }
             Op::MixColsT { dy, alpha } => backward::mix_cols_t(v(*dy), v(*alpha), shape),
             Op::MixColsGrad { y, dy, .. } => backward::mix_cols_grad(v(*y), v(*dy), shape),
             Op::CollapseColsGrad { y, dy, .. } => backward::collapse_cols_grad(v(*y), v(*dy), shape),
             Op::CollapseRowsGrad { w, dy, .. } => backward::collapse_rows_grad(v(*w), v(*dy), shape),
-            Op::AttentionGrad { q, k, v: vv, o, dout, lse, mask, scale, wrt } => {
-                backward::attention_grad(v(*q), v(*k), v(*vv), v(*o), v(*dout), v(*lse), mask, *scale, *wrt, shape)
+            Op::AttentionGrad { q, k, v: vv, o, dout, lse, mask, scale, wrt, fns } => {
+                let operands = [v(*vv), v(*o), v(*dout), v(*lse)];
+                backward::attention_grad(&scores(q, k, mask, *scale, fns), operands, *wrt, shape)?
             }
         };
         debug_assert_eq!(out.shape, concrete(&node.shape, dims), "interpreter produced a shape other than the IR's");
@@ -127,7 +149,7 @@ fn evaluate_with(program: &Program, inputs: &[Tensor], dims: &DimValues, roundin
         }
         values.push(out);
     }
-    program.outputs.iter().map(|(_, id)| values[id.0 as usize].clone()).collect()
+    Ok(program.outputs.iter().map(|(_, id)| values[id.0 as usize].clone()).collect())
 }
 
 fn matmul(a: &Tensor, b: &Tensor, shape: Vec<usize>) -> Tensor {
@@ -290,54 +312,18 @@ fn rope(x: &Tensor, base: f64, round: &dyn Fn(f64) -> f64) -> Tensor {
 }
 
 /// `round` applies to the probabilities before they weigh the values.
-fn attention(
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    mask: &Mask,
+/// Attention's scores of operands `q`, `k` with the functions' environment.
+fn scores<'a>(
+    program: &'a Program,
+    values: &'a [Tensor],
+    dims: &'a DimValues,
+    [q, k]: [NodeId; 2],
+    mask: &'a Mask,
     scale: f64,
-    shape: Vec<usize>,
-    round: &dyn Fn(f64) -> f64,
-) -> Tensor {
-    let (b, h, s, d) = (q.shape[0], q.shape[1], q.shape[2], q.shape[3]);
-    let (hk, sk, e) = (k.shape[1], k.shape[2], v.shape[3]);
-    let group = h / hk;
-    let mut out = Tensor::zeros(shape);
-    let mut scores = vec![0.0; sk];
-    for bi in 0..b {
-        for hi in 0..h {
-            let g = hi / group;
-            for i in 0..s {
-                let qrow = &q.data[((bi * h + hi) * s + i) * d..][..d];
-                let mut max = f64::NEG_INFINITY;
-                let mut any = false;
-                for (j, sc) in scores.iter_mut().enumerate() {
-                    *sc = f64::NEG_INFINITY;
-                    if mask.visible(i as u64, j as u64, s as u64, sk as u64) {
-                        let krow = &k.data[((bi * hk + g) * sk + j) * d..][..d];
-                        *sc = scale * qrow.iter().zip(krow).map(|(a, b)| a * b).sum::<f64>();
-                        // NaN propagates (IEEE 754), unlike f64::max.
-                        max = if sc.is_nan() || max.is_nan() { f64::NAN } else { max.max(*sc) };
-                        any = true;
-                    }
-                }
-                if !any {
-                    continue; // no visible key: the row is 0
-                }
-                let total: f64 = scores.iter().map(|sc| (sc - max).exp()).sum();
-                let orow = ((bi * h + hi) * s + i) * e;
-                for (j, sc) in scores.iter().enumerate() {
-                    let w = round((sc - max).exp() / total);
-                    if w != 0.0 {
-                        for c in 0..e {
-                            out.data[orow + c] += w * v.data[((bi * hk + g) * sk + j) * e + c];
-                        }
-                    }
-                }
-            }
-        }
-    }
-    out
+    fns: &'a Option<Box<AttnFns>>,
+) -> attention::Scores<'a> {
+    let fns = fns.as_deref().map(|f| (f, func::Env::new(program, f, values, dims)));
+    attention::Scores::new([&values[q.0 as usize], &values[k.0 as usize]], mask, scale, fns)
 }
 
 /// Row-major strides of `shape` aligned to `rank` axes, 0 on broadcast axes.

@@ -24,6 +24,12 @@ cubecl::define_scalar!(pub Stored);
 // The element type of matrix-fragment operands: `Stored`, or TF32 for f32 storage.
 cubecl::define_scalar!(pub Operand);
 
+/// Masked score for a key no query sees: `exp(MASKED − m)` is 0 for any
+/// finite running max `m ≥ M_INIT` (WGSL has no infinite literals).
+pub const MASKED: f32 = -3.4e38;
+/// The running max before any key.
+pub const M_INIT: f32 = -3.0e38;
+
 // The parts of a term `((i / div) % modulo) · stride` of a
 // [`attnc_compiler::plan::View`]; `view` leaves out the parts that
 // cannot change the value.

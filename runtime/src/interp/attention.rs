@@ -1,0 +1,141 @@
+//! Attention in float64: which keys a query sees and what each logit
+//! scores ([`Scores`], the one definition the forward, the log-sum-exp and
+//! the backward read), and the forward softmax.
+
+use super::func::{self, Env, FVal, ReadError};
+use crate::tensor::Tensor;
+use attnc_compiler::ir::{AttnFns, Func, Mask};
+
+/// The score of query row `i` against key row `j`: `scale · q_i · k_j`,
+/// then the score function; `None` where the built-in mask or the mask
+/// function hides the key (the score function is then not evaluated).
+pub(super) struct Scores<'a> {
+    pub q: &'a Tensor,
+    pub k: &'a Tensor,
+    pub mask: &'a Mask,
+    pub scale: f64,
+    pub fns: Option<(&'a AttnFns, Env<'a>)>,
+    /// `∂score/∂s` of the score function, for the backward.
+    slope: Option<Func>,
+}
+
+impl<'a> Scores<'a> {
+    pub fn new(
+        [q, k]: [&'a Tensor; 2],
+        mask: &'a Mask,
+        scale: f64,
+        fns: Option<(&'a AttnFns, Env<'a>)>,
+    ) -> Scores<'a> {
+        let slope = fns.as_ref().and_then(|(f, _)| f.score.as_ref()).map(attnc_compiler::grad::score_slope);
+        Scores { q, k, mask, scale, fns, slope }
+    }
+
+    fn logit(&self, bi: usize, hi: usize, i: usize, j: usize) -> f64 {
+        let (h, s, d) = (self.q.shape[1], self.q.shape[2], self.q.shape[3]);
+        let (hk, sk) = (self.k.shape[1], self.k.shape[2]);
+        let g = hi / (h / hk);
+        let q = &self.q.data[((bi * h + hi) * s + i) * d..][..d];
+        let k = &self.k.data[((bi * hk + g) * sk + j) * d..][..d];
+        self.scale * q.iter().zip(k).map(|(a, b)| a * b).sum::<f64>()
+    }
+
+    /// Whether query row `i` sees key row `j`.
+    fn visible(&self, bi: usize, hi: usize, i: usize, j: usize) -> Result<bool, ReadError> {
+        let (s, sk) = (self.q.shape[2], self.k.shape[2]);
+        if !self.mask.visible(i as u64, j as u64, s as u64, sk as u64) {
+            return Ok(false);
+        }
+        match &self.fns {
+            Some((AttnFns { mask: Some(m), .. }, env)) => {
+                let args = [bi, hi, i, j].map(|x| FVal::Int(x as i64));
+                Ok(matches!(func::call(m, &args, env, [bi, hi, i, j])?, FVal::Bool(true)))
+            }
+            _ => Ok(true),
+        }
+    }
+
+    fn score_args(&self, s: f64, [bi, hi, i, j]: [usize; 4]) -> [FVal; 5] {
+        [FVal::Float(s), FVal::Int(bi as i64), FVal::Int(hi as i64), FVal::Int(i as i64), FVal::Int(j as i64)]
+    }
+
+    pub fn at(&self, bi: usize, hi: usize, i: usize, j: usize) -> Result<Option<f64>, ReadError> {
+        if !self.visible(bi, hi, i, j)? {
+            return Ok(None);
+        }
+        let s = self.logit(bi, hi, i, j);
+        match &self.fns {
+            Some((AttnFns { score: Some(f), .. }, env)) => {
+                let v = func::call(f, &self.score_args(s, [bi, hi, i, j]), env, [bi, hi, i, j])?;
+                Ok(Some(float(v)))
+            }
+            _ => Ok(Some(s)),
+        }
+    }
+
+    /// The score and its derivative by the scaled logit (1 without a score function).
+    pub fn with_slope(&self, bi: usize, hi: usize, i: usize, j: usize) -> Result<Option<(f64, f64)>, ReadError> {
+        let Some(score) = self.at(bi, hi, i, j)? else { return Ok(None) };
+        let slope = match (&self.slope, &self.fns) {
+            (Some(f), Some((_, env))) => {
+                let s = self.logit(bi, hi, i, j);
+                float(func::call(f, &self.score_args(s, [bi, hi, i, j]), env, [bi, hi, i, j])?)
+            }
+            _ => 1.0,
+        };
+        Ok(Some((score, slope)))
+    }
+}
+
+fn float(v: FVal) -> f64 {
+    match v {
+        FVal::Float(x) => x,
+        FVal::Int(x) => x as f64,
+        FVal::Bool(_) => unreachable!("a score function returns a float"),
+    }
+}
+
+/// `softmax(scores) · v` per query row; a row that sees no key is 0;
+/// `round` rounds the probabilities (the same-dtype references).
+pub(super) fn attention(
+    scores: &Scores,
+    v: &Tensor,
+    shape: Vec<usize>,
+    round: &dyn Fn(f64) -> f64,
+) -> Result<Tensor, ReadError> {
+    let (q, k) = (scores.q, scores.k);
+    let (b, h, s) = (q.shape[0], q.shape[1], q.shape[2]);
+    let (hk, sk, e) = (k.shape[1], k.shape[2], v.shape[3]);
+    let group = h / hk;
+    let mut out = Tensor::zeros(shape);
+    let mut row = vec![None; sk];
+    for bi in 0..b {
+        for hi in 0..h {
+            let g = hi / group;
+            for i in 0..s {
+                let mut max = f64::NEG_INFINITY;
+                for (j, sc) in row.iter_mut().enumerate() {
+                    *sc = scores.at(bi, hi, i, j)?;
+                    if let Some(x) = *sc {
+                        // NaN propagates (IEEE 754), unlike f64::max.
+                        max = if x.is_nan() || max.is_nan() { f64::NAN } else { max.max(x) };
+                    }
+                }
+                if row.iter().all(Option::is_none) {
+                    continue; // no visible key: the row is 0
+                }
+                let total: f64 = row.iter().flatten().map(|sc| (sc - max).exp()).sum();
+                let orow = ((bi * h + hi) * s + i) * e;
+                for (j, sc) in row.iter().enumerate() {
+                    let Some(sc) = sc else { continue };
+                    let w = round((sc - max).exp() / total);
+                    if w != 0.0 {
+                        for c in 0..e {
+                            out.data[orow + c] += w * v.data[((bi * hk + g) * sk + j) * e + c];
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(out)
+}
