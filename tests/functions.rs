@@ -147,6 +147,12 @@ fn stdlib_variants_on_the_kernels_match_the_interpreter() {
         let got = gpu.run(&plan::plan(&c.program, &dims), &inputs).unwrap().0.remove(0);
         assert!(got.data.iter().all(|v| !v.is_nan()), "{name}: NaN from the kernels");
         assert_close(&got, &want, 1e-4, &format!("{name} forward {s:?}"));
+        // The kernel CUDA runs: rows shared by the lanes of a plane (`attention_split`).
+        if seed % 2 == 0 {
+            let tiled = Gpu::wgpu().unwrap().with_register_tiles();
+            let got = tiled.run(&plan::plan(&c.program, &dims), &inputs).unwrap().0.remove(0);
+            assert_close(&got, &want, 1e-4, &format!("{name} forward, register tiles"));
+        }
     }
     // The gradient programs (dQ, dK, dV through the functions) at smaller sizes.
     for (seed, name) in VARIANTS.iter().enumerate() {
@@ -212,12 +218,18 @@ fn errors_inside_functions_point_at_them() {
         ("mask = |b, h, i, j| i % 2.0 == 0", "E0201", "`%` takes integers", "i % 2.0"),
         ("mask = |b, h, i, j| sinh(i) > 0.0", "E0102", "`sinh` cannot be called inside a mask function", "sinh"),
         ("mask = |b, h, i, i| true", "E0103", "parameter `i` is named twice", "i"),
-        ("window = |b, h, i, j| true", "E0203", "argument `window` of `attention` is not a function", "|b, h, i, j| true"),
+        (
+            "window = |b, h, i, j| true",
+            "E0203",
+            "argument `window` of `attention` is not a function",
+            "|b, h, i, j| true",
+        ),
     ];
     for (arg, code, message, at) in cases {
         let text = format!("{head}output o = attention(q, k, v, {arg})\n");
         let diags = attnc_compiler::compile(&text, &[]).expect_err(arg);
-        let d = diags.iter().find(|d| d.code.as_str() == code).unwrap_or_else(|| panic!("{arg}: no {code} in {diags:?}"));
+        let d =
+            diags.iter().find(|d| d.code.as_str() == code).unwrap_or_else(|| panic!("{arg}: no {code} in {diags:?}"));
         assert!(d.message.contains(message), "{arg}: message {:?}", d.message);
         let span = d.primary.as_ref().expect("a located diagnostic").0;
         let out_line = text.lines().last().unwrap();
@@ -231,9 +243,8 @@ fn errors_inside_functions_point_at_them() {
 /// arithmetic, comparisons, logic, `where`, float functions, reads of a
 /// captured tensor and dims.
 fn int_expr() -> impl Strategy<Value = String> {
-    let leaf = prop_oneof![
-        prop::sample::select(vec!["i", "j", "h", "b", "N", "3", "7", "0"]).prop_map(str::to_string),
-    ];
+    let leaf =
+        prop_oneof![prop::sample::select(vec!["i", "j", "h", "b", "N", "3", "7", "0"]).prop_map(str::to_string),];
     leaf.prop_recursive(2, 8, 2, |inner| {
         prop_oneof![
             (inner.clone(), prop::sample::select(vec!["+", "-", "*", "%"]), inner.clone())
@@ -302,5 +313,59 @@ proptest! {
         prop_assert!(got.data.iter().all(|v| !v.is_nan()), "NaN for\n{}", text);
         let e = attnc_runtime::relative_error(&got.data, &want.data);
         prop_assert!(e <= 1e-4, "kernels differ by {:e} for\n{}", e, text);
+    }
+}
+
+/// The tile functions (`sparsity`) are sound: over tiles of several sizes
+/// and places, a tile called empty (`any` false) has no visible pair and a
+/// tile called full (`hidden` false) no hidden one, the mask evaluated at
+/// every pair by the interpreter. The stdlib masks' tiles are mostly decided
+/// (at least one empty or full tile each), as their kernels rely on.
+#[test]
+fn tile_functions_never_misjudge_a_tile() {
+    use attnc_compiler::ir::Op;
+    use attnc_runtime::interp::func::{call, Env, FVal};
+    for (seed, name) in ["document", "prefix_lm", "sinks"].iter().enumerate() {
+        let c = compile_stdlib(name, &variant_sets(name, "300"));
+        let inputs = inputs_of(&c, 400 + seed as u64);
+        let (_, dims) = bind::bind_inputs(&c.program, inputs.clone(), &Default::default()).unwrap();
+        let fns = c.program.nodes.iter().find_map(|n| match &n.op {
+            Op::Attention { fns: Some(f), .. } => Some(f.clone()),
+            _ => None,
+        });
+        let fns = fns.expect("a mask function");
+        let mask = fns.mask.as_ref().unwrap().resolve(&dims);
+        let tiles = attnc_compiler::sparsity::tile_fns(&mask);
+        let (any, hidden) = (tiles.any.resolve(&dims), tiles.hidden.resolve(&dims));
+        let names: Vec<String> = fns
+            .captures
+            .iter()
+            .map(|id| c.program.inputs.iter().find(|i| i.node == *id).unwrap().name.clone())
+            .collect();
+        let env = Env { captures: names.iter().map(|n| (n.as_str(), &inputs[n])).collect(), dims: &dims };
+        let n = 300usize;
+        let (mut empty, mut full) = (0, 0);
+        for (bq, bk) in [(64usize, 8usize), (1, 1), (37, 13), (256, 32)] {
+            for q0 in (0..n).step_by(bq) {
+                for k0 in (0..n).step_by(bk) {
+                    let (q1, k1) = ((q0 + bq - 1).min(n - 1), (k0 + bk - 1).min(n - 1));
+                    let args = [0, 1, q0, q1, k0, k1].map(|x| FVal::Int(x as i64));
+                    let may_see = call(&any, &args, &env, [0, 1, q0, k0]).unwrap() == FVal::Bool(true);
+                    let may_hide = call(&hidden, &args, &env, [0, 1, q0, k0]).unwrap() == FVal::Bool(true);
+                    let seen: Vec<bool> = (q0..=q1)
+                        .flat_map(|i| (k0..=k1).map(move |j| (i, j)))
+                        .map(|(i, j)| {
+                            let a = [0, 1, i, j].map(|x| FVal::Int(x as i64));
+                            call(&mask, &a, &env, [0, 1, i, j]).unwrap() == FVal::Bool(true)
+                        })
+                        .collect();
+                    assert!(may_see || !seen.iter().any(|s| *s), "{name}: tile {q0}..={q1} x {k0}..={k1} called empty");
+                    assert!(may_hide || seen.iter().all(|s| *s), "{name}: tile {q0}..={q1} x {k0}..={k1} called full");
+                    empty += usize::from(!may_see);
+                    full += usize::from(!may_hide);
+                }
+            }
+        }
+        assert!(empty > 0 && full > 0, "{name}: {empty} tiles decided empty, {full} full");
     }
 }

@@ -233,7 +233,9 @@ fn every_elementwise_function_has_a_checked_gradient_and_kernel() {
     for name in unary.iter().filter(|n| **n != "neg" && **n != "sqrt" && **n != "abs") {
         assert!(FUNCTIONS.iter().any(|(f, _)| f == name), "the generator never writes `{name}`");
     }
-    let mut text = String::from("spec every\n\ndim B = 3\ndim G = 1000\n\ninput a: [B, G] in finite\ninput b: [B, G] in finite\n\n");
+    let mut text = String::from(
+        "spec every\n\ndim B = 3\ndim G = 1000\n\ninput a: [B, G] in finite\ninput b: [B, G] in finite\n\n",
+    );
     let mut terms = vec![];
     for (k, (_, form)) in FUNCTIONS.iter().enumerate() {
         let x = if k % 2 == 0 { "a" } else { "a * 1.7 - b" };
@@ -245,15 +247,19 @@ fn every_elementwise_function_has_a_checked_gradient_and_kernel() {
     let (compared, total) = check_gradients(&small, 3, 4, 5);
     assert!(compared * 10 >= total * 9, "only {compared} of {total} derivatives settled");
 
-    let compiled = attnc_compiler::compile(&text, &[]).unwrap_or_else(|d| panic!("{}", attnc_compiler::render("every.attn", &text, &d)));
+    let compiled = attnc_compiler::compile(&text, &[])
+        .unwrap_or_else(|d| panic!("{}", attnc_compiler::render("every.attn", &text, &d)));
     let grad = attnc_compiler::grad::differentiate(&compiled.program, &[]).unwrap();
     let mut rng = Rng::for_input(9, "every");
     let mut draw = || Tensor::new(vec![3, 1000], (0..3000).map(|_| 4.0 * rng.unit() - 2.0).collect());
     let inputs = common::named(vec![("a", draw()), ("b", draw()), ("cot_out", draw())]);
     let gpu = Gpu::wgpu().unwrap_or_else(|e| panic!("this test needs a device: {e}"));
     for p in [&compiled.program, &grad] {
-        let inputs: std::collections::BTreeMap<_, _> =
-            inputs.iter().filter(|(n, _)| p.inputs.iter().any(|i| &i.name == *n)).map(|(n, t)| (n.clone(), t.clone())).collect();
+        let inputs: std::collections::BTreeMap<_, _> = inputs
+            .iter()
+            .filter(|(n, _)| p.inputs.iter().any(|i| &i.name == *n))
+            .map(|(n, t)| (n.clone(), t.clone()))
+            .collect();
         let (tensors, dims) = bind::bind_inputs(p, inputs.clone(), &Default::default()).unwrap();
         let want = interp::evaluate(p, &tensors, &dims);
         let got = gpu.run(&plan::plan(p, &dims), &inputs).unwrap().0;

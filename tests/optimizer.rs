@@ -402,7 +402,10 @@ fn explain_reports_for_every_stdlib_spec() {
         let sizes: [(&str, Vec<(&str, String)>); 2] = if attention {
             [("prefill", vec![("N", "8192".into())]), ("decode", vec![("N", "1".into())])]
         } else if core && queries {
-            [("prefill", vec![("N", "8192".into()), ("M", "8192".into())]), ("decode", vec![("N", "8192".into()), ("M", "1".into())])]
+            [
+                ("prefill", vec![("N", "8192".into()), ("M", "8192".into())]),
+                ("decode", vec![("N", "8192".into()), ("M", "1".into())]),
+            ]
         } else if core {
             [("small", vec![]), ("prefill", vec![("N", "8192".into())])]
         } else {

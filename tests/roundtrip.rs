@@ -53,12 +53,16 @@ fn expr() -> impl Strategy<Value = Expr> {
                 Box::new(a),
                 Box::new(b)
             ))),
-            (ident(), prop::collection::vec((prop::option::of(ident()), inner.clone()), 0..4)).prop_map(|(func, args)| e(
-                ExprKind::Call { func, args: args.into_iter().map(|(name, value)| Arg { name, value }).collect() }
-            )),
+            (ident(), prop::collection::vec((prop::option::of(ident()), inner.clone()), 0..4)).prop_map(
+                |(func, args)| e(ExprKind::Call {
+                    func,
+                    args: args.into_iter().map(|(name, value)| Arg { name, value }).collect()
+                })
+            ),
             (prop::collection::vec(ident(), 0..5), inner.clone())
                 .prop_map(|(params, body)| e(ExprKind::Lambda { params, body: Box::new(body) })),
-            (ident(), prop::collection::vec(inner, 1..4)).prop_map(|(base, indices)| e(ExprKind::Index { base, indices })),
+            (ident(), prop::collection::vec(inner, 1..4))
+                .prop_map(|(base, indices)| e(ExprKind::Index { base, indices })),
         ]
     })
 }

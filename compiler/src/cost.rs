@@ -96,9 +96,10 @@ pub fn visible_pairs(mask: &Mask, sq: usize, sk: usize) -> f64 {
 /// `visible_pairs` does not count: a mask function is priced as unmasked.
 fn function_ops(fns: &Option<Box<crate::ir::AttnFns>>, with_slope: bool) -> f64 {
     let Some(f) = fns else { return 0.0 };
-    let score = f.score.as_ref().map_or(0, |s| {
-        s.body.ops() + if with_slope { crate::grad::score_slope(s).body.ops() } else { 0 }
-    });
+    let score = f
+        .score
+        .as_ref()
+        .map_or(0, |s| s.body.ops() + if with_slope { crate::grad::score_slope(s).body.ops() } else { 0 });
     (score + f.mask.as_ref().map_or(0, |m| m.body.ops())) as f64
 }
 

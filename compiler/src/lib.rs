@@ -13,6 +13,7 @@ pub mod ir;
 mod lower;
 pub mod opt;
 pub mod plan;
+pub mod sparsity;
 pub mod valid;
 pub mod value;
 

@@ -130,9 +130,15 @@ pub enum ExprKind {
     /// `if COND then A else B`: the condition is a constant, so only one branch is lowered.
     If(Box<Expr>, Box<Expr>, Box<Expr>),
     /// `|a, b| body`: a function (attention's `score =` and `mask =`).
-    Lambda { params: Vec<Ident>, body: Box<Expr> },
+    Lambda {
+        params: Vec<Ident>,
+        body: Box<Expr>,
+    },
     /// `x[i, j]`: an entry of a tensor (inside a function).
-    Index { base: Ident, indices: Vec<Expr> },
+    Index {
+        base: Ident,
+        indices: Vec<Expr>,
+    },
 }
 
 /// A call argument: positional (`name == None`) or keyword (`key = value`).

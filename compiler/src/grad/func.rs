@@ -23,6 +23,7 @@ fn derivative(e: &FExpr, types: &[FType]) -> FExpr {
     match e {
         FExpr::Param(0) => FExpr::Float(1.0),
         FExpr::Param(_) | FExpr::Float(_) | FExpr::Read { .. } | FExpr::ToFloat(_) => FExpr::Float(0.0),
+        FExpr::ReadBound { .. } => unreachable!("tile functions are not differentiated"),
         FExpr::Int(_) | FExpr::Bool(_) | FExpr::Dim(_) | FExpr::Not(_) => FExpr::Float(0.0),
         FExpr::Neg(x) => ok(a.times(-1.0, d(x))),
         FExpr::Where(c, x, y) => FExpr::Where(c.clone(), Box::new(d(x)), Box::new(d(y))),

@@ -105,7 +105,20 @@ pub enum FExpr {
     Dim(String),
     /// A float entry of captured tensor `capture` (an index into the
     /// attention's `captures`), one integer index per axis.
-    Read { capture: usize, indices: Vec<FExpr> },
+    Read {
+        capture: usize,
+        indices: Vec<FExpr>,
+    },
+    /// The least (`max` false) or greatest entry of captured tensor
+    /// `capture` over the box `lo..=hi` of indices, each axis clamped into
+    /// the tensor's shape; −∞ or +∞ when the box holds more than
+    /// `READ_BOX` entries. Only the tile functions of `sparsity` use it.
+    ReadBound {
+        capture: usize,
+        lo: Vec<FExpr>,
+        hi: Vec<FExpr>,
+        max: bool,
+    },
     /// An integer as a float.
     ToFloat(Box<FExpr>),
     /// `−x` on ints or floats.
@@ -118,13 +131,20 @@ pub enum FExpr {
     Where(Box<FExpr>, Box<FExpr>, Box<FExpr>),
 }
 
-/// What a function computes: the score of a logit, or which keys a query sees.
+/// The most entries a `ReadBound` scans.
+pub const READ_BOX: usize = 4096;
+
+/// What a function computes: the score of a logit, which keys a query
+/// sees, or a fact about a tile of query and key rows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum FuncKind {
     /// `|s, b, h, i, j| float`: `s` the scaled logit.
     Score,
     /// `|b, h, i, j| bool`: true where query `i` sees key `j`.
     Mask,
+    /// `|b, h, i0, i1, j0, j1| bool` (`sparsity::TileFns`): of query rows
+    /// `i0..=i1` against key rows `j0..=j1`.
+    Tile,
 }
 
 impl FuncKind {
@@ -133,6 +153,7 @@ impl FuncKind {
         match self {
             FuncKind::Score => &[FType::Float, FType::Int, FType::Int, FType::Int, FType::Int],
             FuncKind::Mask => &[FType::Int, FType::Int, FType::Int, FType::Int],
+            FuncKind::Tile => &[FType::Int; 6],
         }
     }
 
@@ -141,13 +162,14 @@ impl FuncKind {
         match self {
             FuncKind::Score => &["score", "b", "h", "q_idx", "kv_idx"],
             FuncKind::Mask => &["b", "h", "q_idx", "kv_idx"],
+            FuncKind::Tile => &["b", "h", "i0", "i1", "j0", "j1"],
         }
     }
 
     pub fn result(self) -> FType {
         match self {
             FuncKind::Score => FType::Float,
-            FuncKind::Mask => FType::Bool,
+            FuncKind::Mask | FuncKind::Tile => FType::Bool,
         }
     }
 
@@ -155,6 +177,7 @@ impl FuncKind {
         match self {
             FuncKind::Score => "score",
             FuncKind::Mask => "mask",
+            FuncKind::Tile => "tile",
         }
     }
 }
@@ -174,7 +197,7 @@ impl FExpr {
         match self {
             FExpr::Param(n) => params[*n],
             FExpr::Int(_) | FExpr::Dim(_) => FType::Int,
-            FExpr::Float(_) | FExpr::Read { .. } | FExpr::ToFloat(_) => FType::Float,
+            FExpr::Float(_) | FExpr::Read { .. } | FExpr::ReadBound { .. } | FExpr::ToFloat(_) => FType::Float,
             FExpr::Bool(_) | FExpr::Not(_) => FType::Bool,
             FExpr::Neg(x) => x.ty(params),
             FExpr::Unary(op, x) => match op {
@@ -203,6 +226,7 @@ impl FExpr {
         match self {
             FExpr::Param(_) | FExpr::Int(_) | FExpr::Float(_) | FExpr::Bool(_) | FExpr::Dim(_) => {}
             FExpr::Read { indices, .. } => indices.iter().for_each(|x| x.walk(f)),
+            FExpr::ReadBound { lo, hi, .. } => lo.iter().chain(hi).for_each(|x| x.walk(f)),
             FExpr::ToFloat(x) | FExpr::Neg(x) | FExpr::Not(x) | FExpr::Unary(_, x) => x.walk(f),
             FExpr::Bin(_, a, b) => {
                 a.walk(f);
@@ -219,7 +243,7 @@ impl FExpr {
     /// Whether the value depends on a captured tensor.
     pub fn reads(&self) -> bool {
         let mut any = false;
-        self.walk(&mut |e| any |= matches!(e, FExpr::Read { .. }));
+        self.walk(&mut |e| any |= matches!(e, FExpr::Read { .. } | FExpr::ReadBound { .. }));
         any
     }
 
@@ -228,7 +252,10 @@ impl FExpr {
     pub fn ops(&self) -> usize {
         let mut n = 0;
         self.walk(&mut |e| {
-            n += usize::from(!matches!(e, FExpr::Param(_) | FExpr::Int(_) | FExpr::Float(_) | FExpr::Bool(_) | FExpr::Dim(_)))
+            n += usize::from(!matches!(
+                e,
+                FExpr::Param(_) | FExpr::Int(_) | FExpr::Float(_) | FExpr::Bool(_) | FExpr::Dim(_)
+            ))
         });
         n
     }
@@ -258,6 +285,12 @@ impl Func {
                 FExpr::Read { capture, indices } => {
                     FExpr::Read { capture: *capture, indices: indices.iter().map(|x| go(x, dims)).collect() }
                 }
+                FExpr::ReadBound { capture, lo, hi, max } => FExpr::ReadBound {
+                    capture: *capture,
+                    lo: lo.iter().map(|x| go(x, dims)).collect(),
+                    hi: hi.iter().map(|x| go(x, dims)).collect(),
+                    max: *max,
+                },
                 FExpr::ToFloat(x) => FExpr::ToFloat(b(x)),
                 FExpr::Neg(x) => FExpr::Neg(b(x)),
                 FExpr::Not(x) => FExpr::Not(b(x)),
@@ -298,6 +331,18 @@ fn write_expr(e: &FExpr, params: &[String], f: &mut fmt::Formatter<'_>) -> fmt::
             write!(f, "#{capture}[")?;
             list(&indices.iter().collect::<Vec<_>>(), f)?;
             f.write_str("]")
+        }
+        FExpr::ReadBound { capture, lo, hi, max } => {
+            write!(f, "{}(#{capture}[", if *max { "max" } else { "min" })?;
+            for (n, (l, h)) in lo.iter().zip(hi).enumerate() {
+                if n > 0 {
+                    f.write_str(", ")?;
+                }
+                write_expr(l, params, f)?;
+                f.write_str("..=")?;
+                write_expr(h, params, f)?;
+            }
+            f.write_str("])")
         }
         FExpr::ToFloat(x) => {
             f.write_str("float(")?;

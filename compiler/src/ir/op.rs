@@ -170,7 +170,10 @@ impl UnaryOp {
     /// Every unary operation, in declaration order.
     pub const ALL: [UnaryOp; 18] = {
         use UnaryOp::*;
-        [Neg, Sqrt, Abs, Exp, Log, Log1p, Tanh, Sigmoid, Softplus, Silu, Gelu, GeluTanh, Erf, Sin, Cos, Floor, Ceil, Sign]
+        [
+            Neg, Sqrt, Abs, Exp, Log, Log1p, Tanh, Sigmoid, Softplus, Silu, Gelu, GeluTanh, Erf, Sin, Cos, Floor, Ceil,
+            Sign,
+        ]
     };
 }
 

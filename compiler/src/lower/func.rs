@@ -11,7 +11,8 @@ use crate::value::{unknown_name, Value};
 use attnc_grammar::ast::{BinOp, Expr, ExprKind, Ident, Span, UnOp};
 
 /// The functions a score or mask function may call, with their arity.
-const CALLS: &[(&str, usize)] = &[("where", 3), ("maximum", 2), ("minimum", 2), ("pow", 2), ("clamp", 3), ("floordiv", 2)];
+const CALLS: &[(&str, usize)] =
+    &[("where", 3), ("maximum", 2), ("minimum", 2), ("pow", 2), ("clamp", 3), ("floordiv", 2)];
 
 /// Lowers `e`, which must be a function of `kind`'s parameters; tensors it
 /// reads are added to `captures` (once each).
@@ -48,6 +49,7 @@ pub(crate) fn lower_func(l: &mut Lowerer, kind: FuncKind, e: &Expr, captures: &m
             let hint = match kind {
                 FuncKind::Score => "a score function returns the new score, a number",
                 FuncKind::Mask => "a mask function returns true where query `i` sees key `j`, e.g. `j <= i`",
+                FuncKind::Tile => unreachable!("tile functions are derived, not written"),
             };
             f.l.diags.push(
                 Diagnostic::error(
@@ -96,7 +98,9 @@ impl FuncLowerer<'_> {
             ExprKind::Unary(UnOp::Neg, x) => {
                 let (x, ty) = self.expr(x)?;
                 match ty {
-                    FType::Bool => self.error(Code::TypeMismatch, "`-` needs a number, not a bool".into(), e.span, "here"),
+                    FType::Bool => {
+                        self.error(Code::TypeMismatch, "`-` needs a number, not a bool".into(), e.span, "here")
+                    }
                     _ => Some((FExpr::Neg(Box::new(x)), ty)),
                 }
             }
@@ -319,7 +323,12 @@ impl FuncLowerer<'_> {
         if args.len() != arity {
             return self.error(
                 Code::TooManyArguments,
-                format!("`{}` takes {arity} argument{}, not {}", func.name, if arity == 1 { "" } else { "s" }, args.len()),
+                format!(
+                    "`{}` takes {arity} argument{}, not {}",
+                    func.name,
+                    if arity == 1 { "" } else { "s" },
+                    args.len()
+                ),
                 span,
                 "this call",
             );

@@ -589,9 +589,12 @@ impl Lowerer {
             }
             ExprKind::Index { base, .. } => {
                 self.diags.push(
-                    Diagnostic::error(Code::WrongKind, format!("`{}[...]` reads one entry, inside a function only", base.name))
-                        .at(e.span, "an entry")
-                        .note("outside functions tensors are used whole; slicing is not part of the language"),
+                    Diagnostic::error(
+                        Code::WrongKind,
+                        format!("`{}[...]` reads one entry, inside a function only", base.name),
+                    )
+                    .at(e.span, "an entry")
+                    .note("outside functions tensors are used whole; slicing is not part of the language"),
                 );
                 None
             }

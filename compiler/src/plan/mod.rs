@@ -143,6 +143,10 @@ fn kernel_fns(fns: &Option<Box<AttnFns>>, shapes: &[Vec<usize>], dims: &DimValue
     Some(KernelFns {
         score: f.score.as_ref().map(|x| x.resolve(dims)),
         mask: f.mask.as_ref().map(|x| x.resolve(dims)),
+        tiles: f.mask.as_ref().map(|m| {
+            let t = crate::sparsity::tile_fns(m);
+            crate::sparsity::TileFns { any: t.any.resolve(dims), hidden: t.hidden.resolve(dims) }
+        }),
         captures: f.captures.iter().map(|c| shapes[c.0 as usize].clone()).collect(),
     })
 }

@@ -4,6 +4,7 @@
 use super::group::{self, GroupStep};
 use super::view::{RowView, View};
 use crate::ir::{AttnArg, BinaryOp, Func, MaskKind, ReduceKind, UnaryOp};
+use crate::sparsity::TileFns;
 use serde::Serialize;
 
 /// What one launch computes. Sizes are comptime constants of the kernel.
@@ -165,6 +166,10 @@ pub struct KernelFns {
     pub score: Option<Func>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mask: Option<Func>,
+    /// The mask's tile functions (`sparsity`), which skip empty tiles and
+    /// the mask on full ones.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tiles: Option<TileFns>,
     /// The shapes of the tensors read, in binding order.
     pub captures: Vec<Vec<usize>>,
 }
@@ -472,7 +477,9 @@ impl KernelSpec {
         match self {
             KernelSpec::MatMul { mix: Some(_), .. } => slot == 2,
             // The tensors score and mask functions read, after q, k and v.
-            KernelSpec::Attention { shape: AttnShape { fns: Some(f), .. }, .. } => (3..3 + f.captures.len()).contains(&slot),
+            KernelSpec::Attention { shape: AttnShape { fns: Some(f), .. }, .. } => {
+                (3..3 + f.captures.len()).contains(&slot)
+            }
             _ => false,
         }
     }
@@ -490,11 +497,12 @@ impl KernelSpec {
             KernelSpec::MatMul { k, mix, .. } => k / self.line_size() + mix.map_or(0, |m| m.h * m.p),
             // One loop over the visible key tiles; a tile unrolled in parts
             // loops over them (`AttnTiles::unrolled_rows`).
-            KernelSpec::Attention { shape: AttnShape { sk, d, e, .. }, split, .. } => {
+            KernelSpec::Attention { shape: AttnShape { sk, d, e, ref fns, .. }, split, .. } => {
                 let t = self.attention_tiles();
                 let part = t.unrolled_rows((d + e) / self.line_size(), half);
                 let parts = if split == 0 && part < t.key_tile { t.key_tile / part + 1 } else { 0 };
-                (sk.div_ceil(t.key_tile) + 1) * (1 + parts) + 1
+                let tiles = sk.div_ceil(t.key_tile);
+                (tiles + 1) * (1 + parts) + 1 + read_trips(fns, t.cube_rows(), t.key_tile, tiles, true)
             }
             KernelSpec::MixHeads { m, .. } => m,
             KernelSpec::MixCols { m, .. } => m,
@@ -512,18 +520,21 @@ impl KernelSpec {
                 (rows * inner).div_ceil(GROUP_UNITS) + GROUP_UNITS.ilog2() as usize
             }
             // A loop over a tile's rows, and per row the channel loops of `grad_chunk`.
-            KernelSpec::AttentionLse { shape: AttnShape { sk, d, .. }, tile, split, .. } => {
+            KernelSpec::AttentionLse { shape: AttnShape { sk, d, ref fns, .. }, tile, split, .. } => {
                 let d = d / split.max(1);
-                sk.div_ceil(tile) * (1 + tile * (1 + grad_steps(d))) + grad_steps(d)
+                let reads = read_trips(fns, self.attention_tiles().cube_rows(), tile, sk.div_ceil(tile), true);
+                sk.div_ceil(tile) * (1 + tile * (1 + grad_steps(d))) + grad_steps(d) + reads
             }
-            KernelSpec::AttentionGrad { shape: AttnShape { s, sk, h, hk, d, e, .. }, tile, wrt, split, .. } => {
+            KernelSpec::AttentionGrad { shape: AttnShape { s, sk, h, hk, d, e, ref fns, .. }, tile, wrt, split, .. } => {
                 let (d, e) = (d / split.max(1), e / split.max(1));
                 let per_row = 1 + 2 * grad_steps(d) + grad_steps(e);
                 let once = 2 * grad_steps(d) + 3 * grad_steps(e);
+                let rows = self.attention_tiles().cube_rows();
                 match wrt {
-                    AttnArg::Q => sk.div_ceil(tile) * (1 + tile * per_row) + once,
+                    AttnArg::Q => sk.div_ceil(tile) * (1 + tile * per_row) + once + read_trips(fns, rows, tile, sk.div_ceil(tile), true),
                     AttnArg::K | AttnArg::V => {
-                        (h / hk) * (1 + s.div_ceil(tile) * (1 + tile * per_row + grad_steps(e))) + once
+                        let reads = read_trips(fns, rows, tile, s.div_ceil(tile), false);
+                        (h / hk) * (1 + s.div_ceil(tile) * (1 + tile * per_row + grad_steps(e)) + reads) + once
                     }
                 }
             }
@@ -774,3 +785,11 @@ fn grad_steps(n: usize) -> usize {
 
 /// Units per group-kernel cube (`kernels::unit_element` strides by it).
 pub const GROUP_UNITS: usize = 256;
+
+/// Loop iterations the reads of a mask's tile functions add (`sparsity::read_trips`).
+fn read_trips(fns: &Option<KernelFns>, rows: usize, tile: usize, tiles: usize, keys: bool) -> usize {
+    match fns.as_ref().and_then(|f| f.tiles.as_ref()) {
+        Some(t) => crate::sparsity::read_trips(t, rows, tile, tiles, keys),
+        None => 0,
+    }
+}

@@ -21,7 +21,7 @@
 //! Loop iterations per unit: one per key tile, and per part of a tile
 //! unrolled in parts (see `plan::KernelSpec::loop_trips`).
 
-use super::func::{Fns, Indices};
+use super::func::{Fns, Indices, Tile};
 use super::kernels::{self as k, shifted, visible, Stored, MASK_CAUSAL, MASK_NONE, MASK_TOKEN_CAUSAL};
 use attnc_compiler::plan::{AttnTiles, RowView, ATTN_ROWS};
 use cubecl::prelude::*;
@@ -35,7 +35,10 @@ pub const SET_FULL0: usize = 2;
 pub const SET_FULL1: usize = 3;
 pub const SET_VIS0: usize = 4;
 pub const SET_VIS1: usize = 5;
-const SET_LEN: usize = 6;
+/// The cube's first and last query rows.
+pub const SET_Q0: usize = 6;
+pub const SET_Q1: usize = 7;
+const SET_LEN: usize = 8;
 /// Slots of a unit's row array ([`row_slots`]).
 pub const ROW_Q: usize = 0;
 pub const ROW_OUT: usize = 1;
@@ -203,6 +206,8 @@ pub(super) fn setup(
     r[SET_FULL1] = full1;
     r[SET_VIS0] = vis0;
     r[SET_VIS1] = vis1;
+    r[SET_Q0] = q0;
+    r[SET_Q1] = q1;
     r
 }
 
@@ -262,56 +267,123 @@ pub(super) fn mask_tile(
 }
 
 /// [`mask_tile`] over the tile's scores as host-side values: they go through
-/// a register array and come back masked (unchanged with no `masked` flag).
-/// Score and mask functions (`a.fns`) apply first, to every score of every
-/// tile: the score function to the scaled logit, the mask function's hidden
-/// keys set to [`MASKED`].
+/// a register array and come back masked (unchanged with no `masked` flag
+/// and no mask function). Score and mask functions (`a.fns`) apply first:
+/// the score function to every scaled logit, the mask function (its hidden
+/// keys set to [`MASKED`]) on every tile, or, with `hidden` (the tile's
+/// classification, [`tile_state`]), only where it may hide a key.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn mask_scores(
     scope: &Scope,
     scores: Vec<NativeExpand<f32>>,
     masked: &Option<NativeExpand<bool>>,
+    hidden: Option<NativeExpand<bool>>,
     i: NativeExpand<usize>,
     k0: NativeExpand<usize>,
     a: &Shape,
 ) -> Vec<NativeExpand<f32>> {
-    let scores = match &a.fns {
-        Some(fns) => apply_fns(scope, fns, scores, i, k0, a),
-        None => scores,
-    };
-    let Some(masked) = masked else { return scores };
     let bk = scores.len();
+    let cube = |scope: &Scope| {
+        let bh = k::cube_y::expand(scope, a.fold);
+        (k::idx_div::expand(scope, bh, a.h), k::idx_mod::expand(scope, bh, a.h))
+    };
+    let at = |scope: &Scope, b, h, jj: usize| {
+        let j = k::add_index::expand(scope, k0, k::const_index::expand(scope, jj));
+        Indices { b, h, i, j }
+    };
+    let scores = match &a.fns {
+        Some(fns) if fns.score.is_some() => {
+            let (b, h) = cube(scope);
+            (scores.into_iter().enumerate()).map(|(jj, s)| fns.score(scope, s, &at(scope, b, h, jj))).collect()
+        }
+        _ => scores,
+    };
+    let mask_fn = a.fns.as_ref().filter(|f| f.mask.is_some());
+    if masked.is_none() && mask_fn.is_none() {
+        return scores;
+    }
     let mut arr = k::zeros::expand(scope, bk);
     for (jj, sc) in scores.into_iter().enumerate() {
         k::fset::expand(scope, &mut arr, jj, sc);
     }
-    mask_tile::expand(scope, &mut arr, masked.clone(), i, k0, bk, a.s, a.sk, a.kind, a.window, a.block);
+    if let Some(fns) = mask_fn {
+        let apply = |scope: &Scope, arr: &mut NativeExpand<Array<f32>>| {
+            let (b, h) = cube(scope);
+            for jj in 0..bk {
+                let seen = fns.visible(scope, &at(scope, b, h, jj)).expect("a mask function");
+                let v = seen_or_masked::expand(scope, seen, k::fget::expand(scope, arr, jj));
+                k::fset::expand(scope, arr, jj, v);
+            }
+        };
+        match hidden {
+            Some(hidden) => if_expand(scope, hidden, |scope| apply(scope, &mut arr)),
+            None => apply(scope, &mut arr),
+        }
+    }
+    if let Some(masked) = masked {
+        mask_tile::expand(scope, &mut arr, *masked, i, k0, bk, a.s, a.sk, a.kind, a.window, a.block);
+    }
     (0..bk).map(|jj| k::fget::expand(scope, &arr, jj)).collect()
 }
 
-/// The score function of each score of query row `i` against key rows
-/// `k0 ..`, and [`MASKED`] where the mask function hides the key.
-fn apply_fns(
+/// With a mask function, key tile `k0 .. k0 + bk` against the cube's query
+/// rows: whether some pair may be seen (else the tile is skipped) and
+/// whether the mask may hide some pair (else it is not evaluated); `None`
+/// without one (`sparsity`).
+/// `prep`: the cube's reads ([`prepare_tiles`]).
+pub(super) fn tile_state(
     scope: &Scope,
-    fns: &Fns,
-    scores: Vec<NativeExpand<f32>>,
-    i: NativeExpand<usize>,
+    set: &NativeExpand<Array<usize>>,
     k0: NativeExpand<usize>,
+    bk: usize,
     a: &Shape,
-) -> Vec<NativeExpand<f32>> {
+    prep: &[NativeExpand<f32>],
+) -> Option<(NativeExpand<bool>, NativeExpand<bool>)> {
+    let fns = a.fns.as_ref()?;
+    fns.tiles.as_ref()?;
+    let mut at = cube_tile(scope, set, a);
+    (at.j0, at.j1) = (k0, last_key::expand(scope, k0, bk, a.sk));
+    fns.tile(scope, &at, prep, true)
+}
+
+/// The cube's batch, head and query rows, as a tile (its key rows unset).
+fn cube_tile(scope: &Scope, set: &NativeExpand<Array<usize>>, a: &Shape) -> Tile {
     let bh = k::cube_y::expand(scope, a.fold);
     let (b, h) = (k::idx_div::expand(scope, bh, a.h), k::idx_mod::expand(scope, bh, a.h));
-    (scores.into_iter().enumerate())
-        .map(|(jj, s)| {
-            let j = k::add_index::expand(scope, k0, k::const_index::expand(scope, jj));
-            let at = Indices { b, h, i, j };
-            let s = fns.score(scope, s, &at);
-            match fns.visible(scope, &at) {
-                Some(seen) => seen_or_masked::expand(scope, seen, s),
-                None => s,
-            }
-        })
-        .collect()
+    let (i0, i1) = (k::uget::expand(scope, set, SET_Q0), k::uget::expand(scope, set, SET_Q1));
+    Tile { b, h, i0, i1, j0: i0, j1: i1 }
+}
+
+/// The reads of the mask's tile functions that are the same for every key
+/// tile (`func::Fns::prepare`), made once per cube before the tile loop.
+pub(super) fn prepare_tiles(scope: &Scope, set: &NativeExpand<Array<usize>>, a: &Shape) -> Vec<NativeExpand<f32>> {
+    match a.fns.as_ref().filter(|f| f.tiles.is_some()) {
+        Some(fns) => fns.prepare(scope, &cube_tile(scope, set, a), true),
+        None => vec![],
+    }
+}
+
+/// Runs `tile(scope, hidden)` for key tile `k0 ..`, skipped where the mask
+/// function sees none of it ([`tile_state`]).
+pub(super) fn visit_tile(
+    scope: &Scope,
+    set: &NativeExpand<Array<usize>>,
+    k0: NativeExpand<usize>,
+    bk: usize,
+    a: &Shape,
+    prep: &[NativeExpand<f32>],
+    tile: impl FnOnce(&Scope, Option<NativeExpand<bool>>),
+) {
+    match tile_state(scope, set, k0, bk, a, prep) {
+        Some((any, hidden)) => if_expand(scope, any, |scope| tile(scope, Some(hidden))),
+        None => tile(scope, None),
+    }
+}
+
+/// The last key row of tile `k0 ..` of `bk` rows.
+#[cube]
+fn last_key(k0: usize, #[comptime] bk: usize, #[comptime] sk: usize) -> usize {
+    min(k0 + comptime![bk - 1], comptime![sk - 1])
 }
 
 /// `score` where `seen`, else [`MASKED`].
@@ -474,22 +546,26 @@ pub fn build<N: Size>(
     // The tile's rows unrolled at once; a wider tile (fragment tiling) is
     // walked in parts, an online-softmax step each.
     let part = a.tiles.unrolled_rows(dl + el, a.half);
+    let prep = prepare_tiles(scope, &set, a);
     key_tiles(scope, &set, a, bk, |scope, kt, masked| {
         let k0 = k::mul_const::expand(scope, kt, bk);
-        let tile = |scope: &Scope, k0| {
-            let masked = masked.clone();
-            Tile { a, set: &set, kb, v, rows: &units, lane, k0, bk: part, dl, el, plane, masked }.emit(scope)
-        };
-        if part == bk {
-            tile(scope, k0);
-        } else {
-            let parts =
-                RangeExpand::new(NativeExpand::from_lit(scope, 0usize), NativeExpand::from_lit(scope, bk / part));
-            for_expand(scope, parts, false, |scope, p| {
-                let at = k::mul_const::expand(scope, p, part);
-                tile(scope, k::add_index::expand(scope, k0.clone(), at))
-            });
-        }
+        visit_tile(scope, &set, k0, bk, a, &prep, |scope, hidden| {
+            let tile = |scope: &Scope, k0| {
+                let t =
+                    KeyTile { a, set: &set, kb, v, rows: &units, lane, k0, bk: part, dl, el, plane, masked, hidden };
+                t.emit(scope)
+            };
+            if part == bk {
+                tile(scope, k0);
+            } else {
+                let parts =
+                    RangeExpand::new(NativeExpand::from_lit(scope, 0usize), NativeExpand::from_lit(scope, bk / part));
+                for_expand(scope, parts, false, |scope, p| {
+                    let at = k::mul_const::expand(scope, p, part);
+                    tile(scope, k::add_index::expand(scope, k0, at))
+                });
+            }
+        });
     });
     for u in &units {
         store_row::expand::<N>(scope, out, &u.acc, &u.state, &u.slots, a.s, el);
@@ -506,7 +582,7 @@ struct UnitRow<N: Size> {
 }
 
 /// One key tile of one cube, starting at key row `k0`.
-struct Tile<'a, N: Size> {
+struct KeyTile<'a, N: Size> {
     a: &'a Shape,
     set: &'a NativeExpand<Array<usize>>,
     kb: &'a NativeExpand<[Vector<Stored, N>]>,
@@ -519,9 +595,11 @@ struct Tile<'a, N: Size> {
     el: usize,
     plane: u32,
     masked: Option<NativeExpand<bool>>,
+    /// Whether the mask function may hide a key of the tile (`tile_state`).
+    hidden: Option<NativeExpand<bool>>,
 }
 
-impl<N: Size> Tile<'_, N> {
+impl<N: Size> KeyTile<'_, N> {
     /// The `n` vectors of row `row` of `x`, in chunk order: loaded by their
     /// lanes and broadcast when rows are spread over a plane.
     fn row(
@@ -572,7 +650,7 @@ impl<N: Size> Tile<'_, N> {
             }
         }
         let scores: Vec<_> = (rows.iter().zip(scores))
-            .map(|((i, _), sc)| mask_scores(scope, sc, &self.masked, *i, self.k0, a))
+            .map(|((i, _), sc)| mask_scores(scope, sc, &self.masked, self.hidden, *i, self.k0, a))
             .collect();
         // One rescale per row and tile.
         let mut outs = vec![];

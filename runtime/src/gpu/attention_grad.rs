@@ -30,7 +30,7 @@
 
 use super::attention::{key_hi, key_lo, key_row_of, view_row, MASKED, M_INIT};
 use super::attention_split::xor_add;
-use super::func::{score_hook, slope_hook, Hook};
+use super::func::{prep_hook, score_hook, slope_hook, tile_hook, Hook};
 use super::kernels::{self as k, shifted, visible, Stored, MASK_CAUSAL, MASK_TOKEN_CAUSAL};
 use attnc_compiler::plan::{grad_chunk, RowView};
 use cubecl::prelude::*;
@@ -421,21 +421,24 @@ pub fn lse(
     let mut l = f32::new(0.0);
     let rows = cube_rows(comptime![g.s], g);
     let band = key_tiles(rows[0], rows[1], g);
+    prep_hook(b, hi, rows[0], rows[1], true, hook.clone());
     for t in band.lo..band.hi {
         load_tile(kb, &mut kt, b, kh, t, kv, comptime![g.d], comptime![g.sk], g);
         sync_cube();
-        for jj in 0..comptime![g.tile] {
-            let j = t * comptime![g.tile] + jj;
-            // Every lane of the plane sums its part, seen or not (the shuffles).
-            let dot = lane_sum(
-                dot_tile(&qr, &kt, jj * comptime![g.d], comptime![g.d], comptime![g.lanes]),
-                comptime![g.lanes],
-            );
-            if j < comptime![g.sk] && sees(i, j, g) {
-                let sc = score_hook(dot * f32::new(scale), b, hi, i, j, hook.clone());
-                let mn = max(m, sc);
-                l = l * (m - mn).exp() + (sc - mn).exp();
-                m = mn;
+        if tile_hook(b, hi, rows[0], rows[1], t, comptime![g.tile], comptime![g.sk], true, hook.clone()) {
+            for jj in 0..comptime![g.tile] {
+                let j = t * comptime![g.tile] + jj;
+                // Every lane of the plane sums its part, seen or not (the shuffles).
+                let dot = lane_sum(
+                    dot_tile(&qr, &kt, jj * comptime![g.d], comptime![g.d], comptime![g.lanes]),
+                    comptime![g.lanes],
+                );
+                if j < comptime![g.sk] && sees(i, j, g) {
+                    let sc = score_hook(dot * f32::new(scale), b, hi, i, j, hook.clone());
+                    let mn = max(m, sc);
+                    l = l * (m - mn).exp() + (sc - mn).exp();
+                    m = mn;
+                }
             }
         }
         sync_cube();
@@ -478,18 +481,22 @@ pub fn grad_q(
     let mut vt = Shared::<[f32]>::new_slice(comptime![g.tile * g.e]);
     let rows = cube_rows(comptime![g.s], g);
     let band = key_tiles(rows[0], rows[1], g);
+    prep_hook(b, hi, rows[0], rows[1], true, hook.clone());
     for t in band.lo..band.hi {
         load_tile(kb, &mut kt, b, kh, t, comptime![views[1]], comptime![g.d], comptime![g.sk], g);
         load_tile(v, &mut vt, b, kh, t, comptime![views[2]], comptime![g.e], comptime![g.sk], g);
         sync_cube();
-        for jj in 0..comptime![g.tile] {
-            let j = t * comptime![g.tile] + jj;
-            let sc = lane_sum(dot_tile(&qr, &kt, jj * comptime![g.d], comptime![g.d], lanes), lanes) * f32::new(scale);
-            let dp = lane_sum(dot_tile(&dor, &vt, jj * comptime![g.e], comptime![g.e], lanes), lanes);
-            if live && j < comptime![g.sk] && sees(i, j, g) {
-                let p = (score_hook(sc, b, hi, i, j, hook.clone()) - l).exp();
-                let ds = slope_hook(p * (dp - delta), sc, b, hi, i, j, hook.clone()) * f32::new(scale);
-                axpy_tile(&mut dq, ds, &kt, jj * comptime![g.d], comptime![g.d], lanes);
+        if tile_hook(b, hi, rows[0], rows[1], t, comptime![g.tile], comptime![g.sk], true, hook.clone()) {
+            for jj in 0..comptime![g.tile] {
+                let j = t * comptime![g.tile] + jj;
+                let sc =
+                    lane_sum(dot_tile(&qr, &kt, jj * comptime![g.d], comptime![g.d], lanes), lanes) * f32::new(scale);
+                let dp = lane_sum(dot_tile(&dor, &vt, jj * comptime![g.e], comptime![g.e], lanes), lanes);
+                if live && j < comptime![g.sk] && sees(i, j, g) {
+                    let p = (score_hook(sc, b, hi, i, j, hook.clone()) - l).exp();
+                    let ds = slope_hook(p * (dp - delta), sc, b, hi, i, j, hook.clone()) * f32::new(scale);
+                    axpy_tile(&mut dq, ds, &kt, jj * comptime![g.d], comptime![g.d], lanes);
+                }
             }
         }
         sync_cube();
@@ -544,6 +551,7 @@ pub fn grad_kv(
     let fetches = UNIT_POS as usize / lanes < comptime![g.tile] && plus_lane(0usize, lanes) == 0;
     for hq in 0..comptime![g.h / g.hk] {
         let hi = kh * comptime![g.h / g.hk] + hq;
+        prep_hook(b, hi, rows[0], rows[1], false, hook.clone());
         for t in band.lo..band.hi {
             load_tile(q, &mut qt, b, hi, t, comptime![views[0]], comptime![g.d], comptime![g.s], g);
             load_tile(dout, &mut dt, b, hi, t, comptime![views[4]], comptime![g.e], comptime![g.s], g);
@@ -560,24 +568,26 @@ pub fn grad_kv(
                 st[mine] = f32::cast_from(lse[(b * comptime![g.h] + hi) * comptime![g.s] + i]);
             }
             sync_cube();
-            for ii in 0..comptime![g.tile] {
-                let i = t * comptime![g.tile] + ii;
-                let l = st[ii];
-                let sc =
-                    lane_sum(dot_tile(&kr, &qt, ii * comptime![g.d], comptime![g.d], lanes), lanes) * f32::new(scale);
-                let dp = if comptime![wrt_k] {
-                    lane_sum(dot_tile(&vr, &dt, ii * comptime![g.e], comptime![g.e], lanes), lanes)
-                } else {
-                    f32::new(0.0)
-                };
-                if real && i < comptime![g.s] && l > f32::new(NO_KEYS_BELOW) && sees(i, j, g) {
-                    let p = (score_hook(sc, b, hi, i, j, hook.clone()) - l).exp();
-                    if comptime![wrt_k] {
-                        let ds = slope_hook(p * (dp - st[comptime![g.tile] + ii]), sc, b, hi, i, j, hook.clone())
-                            * f32::new(scale);
-                        axpy_tile(&mut acc, ds, &qt, ii * comptime![g.d], comptime![g.d], lanes);
+            if tile_hook(b, hi, rows[0], rows[1], t, comptime![g.tile], comptime![g.s], false, hook.clone()) {
+                for ii in 0..comptime![g.tile] {
+                    let i = t * comptime![g.tile] + ii;
+                    let l = st[ii];
+                    let sc = lane_sum(dot_tile(&kr, &qt, ii * comptime![g.d], comptime![g.d], lanes), lanes)
+                        * f32::new(scale);
+                    let dp = if comptime![wrt_k] {
+                        lane_sum(dot_tile(&vr, &dt, ii * comptime![g.e], comptime![g.e], lanes), lanes)
                     } else {
-                        axpy_tile(&mut acc, p, &dt, ii * comptime![g.e], comptime![g.e], lanes);
+                        f32::new(0.0)
+                    };
+                    if real && i < comptime![g.s] && l > f32::new(NO_KEYS_BELOW) && sees(i, j, g) {
+                        let p = (score_hook(sc, b, hi, i, j, hook.clone()) - l).exp();
+                        if comptime![wrt_k] {
+                            let ds = slope_hook(p * (dp - st[comptime![g.tile] + ii]), sc, b, hi, i, j, hook.clone())
+                                * f32::new(scale);
+                            axpy_tile(&mut acc, ds, &qt, ii * comptime![g.d], comptime![g.d], lanes);
+                        } else {
+                            axpy_tile(&mut acc, p, &dt, ii * comptime![g.e], comptime![g.e], lanes);
+                        }
                     }
                 }
             }

@@ -18,8 +18,9 @@
 //! kernel's (`attention::setup`), so what a mask means is written once.
 
 use super::attention::{
-    key_row, key_tiles, load_query, mask_scores, query_tile, setup, softmax_state, store_row, view_row, Shape, ROW_I,
-    ROW_OUT, ROW_Q, SET_K, SET_V,
+    key_row, key_tiles, load_query, mask_scores, prepare_tiles, query_tile, setup, softmax_state, store_row, view_row,
+    visit_tile,
+    Shape, ROW_I, ROW_OUT, ROW_Q, SET_K, SET_V,
 };
 use super::kernels::{self as k, Stored};
 use attnc_compiler::plan::RowView;
@@ -120,7 +121,11 @@ pub fn build<N: Size>(
     let acc = k::vzeros::expand::<N>(scope, eg);
     let state = softmax_state::expand(scope);
     let body = Body { a, set: &set, rows: &rows, part, qr: &qr, acc: &acc, state: &state, kb, v, g, dg, eg, bk };
-    key_tiles(scope, &set, a, bk, |scope, kt, masked| body.tile(scope, k::mul_const::expand(scope, kt, bk), masked));
+    let prep = prepare_tiles(scope, &set, a);
+    key_tiles(scope, &set, a, bk, |scope, kt, masked| {
+        let k0 = k::mul_const::expand(scope, kt, bk);
+        visit_tile(scope, &set, k0, bk, a, &prep, |scope, hidden| body.tile(scope, k0, masked, hidden));
+    });
     store_row::expand::<N>(scope, out, &acc, &state, &rows, a.s, eg);
 }
 
@@ -144,7 +149,13 @@ struct Body<'a, N: Size> {
 impl<N: Size> Body<'_, N> {
     /// One key tile starting at key row `k0`: the tile's scores (each a
     /// sum over the row's lanes), one rescale, then the value rows.
-    fn tile(&self, scope: &Scope, k0: NativeExpand<usize>, masked: Option<NativeExpand<bool>>) {
+    fn tile(
+        &self,
+        scope: &Scope,
+        k0: NativeExpand<usize>,
+        masked: Option<NativeExpand<bool>>,
+        hidden: Option<NativeExpand<bool>>,
+    ) {
         let a = self.a;
         let k_base = k::uget::expand(scope, self.set, SET_K);
         let v_base = k::uget::expand(scope, self.set, SET_V);
@@ -159,7 +170,7 @@ impl<N: Size> Body<'_, N> {
             // The row's lanes (consecutive, `g` a power of two) sum their parts.
             scores.push((0..self.g.trailing_zeros()).fold(dot, |v, b| xor_add::expand(scope, v, 1 << b)));
         }
-        let scores = mask_scores(scope, scores, &masked, i, k0, a);
+        let scores = mask_scores(scope, scores, &masked, hidden, i, k0, a);
         let m_old = k::fget::expand(scope, self.state, 0);
         let m_new = scores.iter().fold(m_old, |m, s| k::fmax::expand(scope, m, *s));
         let corr = k::exp_diff::expand(scope, m_old, m_new);

@@ -3,12 +3,14 @@
 //! `expand` functions. Entry points carry the plan's names, so emitted source
 //! is the same in debug and release builds.
 
-use super::kernels::{self as k, Stored};
 use super::func::{Capture, Fns, Hook};
+use super::kernels::{self as k, Stored};
 use super::{attention, attention_grad, attention_split, gemm, mma};
 use attnc_compiler::ir::{AttnArg, MaskKind, ReduceKind};
 use attnc_compiler::plan::group::{GroupStep, MapOp};
-use attnc_compiler::plan::{AttnShape, Dtype, KernelFns, KernelSpec, GEMM_COLS, GEMM_ROWS, GEMM_STAGE_K, GEMM_UNITS, GROUP_UNITS};
+use attnc_compiler::plan::{
+    AttnShape, Dtype, KernelFns, KernelSpec, GEMM_COLS, GEMM_ROWS, GEMM_STAGE_K, GEMM_UNITS, GROUP_UNITS,
+};
 use cubecl::prelude::*;
 use std::sync::Arc;
 
@@ -122,6 +124,8 @@ fn fns_of(f: &KernelFns, caps: &[NativeExpand<[Stored]>]) -> Fns {
     Fns {
         score: f.score.clone(),
         mask: f.mask.clone(),
+        tiles: f.tiles.clone(),
+        prepared: Default::default(),
         captures: (caps.iter().zip(&f.captures))
             .map(|(buf, shape)| Capture { buf: (*buf).clone_unchecked(), shape: shape.clone() })
             .collect(),
@@ -359,14 +363,49 @@ impl IrKernel {
             let b = bufs;
             match wrt {
                 AttnArg::Q => attention_grad::grad_q::expand(
-                    scope, &b[0], &b[1], &b[2], &b[3], &b[4], &b[5], &mut out, g, views, scale, hook(shape, &b[6..]),
+                    scope,
+                    &b[0],
+                    &b[1],
+                    &b[2],
+                    &b[3],
+                    &b[4],
+                    &b[5],
+                    &mut out,
+                    g,
+                    views,
+                    scale,
+                    hook(shape, &b[6..]),
                 ),
                 AttnArg::K => attention_grad::grad_kv::expand(
-                    scope, &b[0], &b[1], &b[2], &b[3], &b[4], &b[5], &mut out, g, views, scale, true, hook(shape, &b[6..]),
+                    scope,
+                    &b[0],
+                    &b[1],
+                    &b[2],
+                    &b[3],
+                    &b[4],
+                    &b[5],
+                    &mut out,
+                    g,
+                    views,
+                    scale,
+                    true,
+                    hook(shape, &b[6..]),
                 ),
                 // dV binds q, k, dout and the log-sum-exp; `v` and `o` are not read.
                 AttnArg::V => attention_grad::grad_kv::expand(
-                    scope, &b[0], &b[1], &b[0], &b[0], &b[2], &b[3], &mut out, g, views, scale, false, hook(shape, &b[4..]),
+                    scope,
+                    &b[0],
+                    &b[1],
+                    &b[0],
+                    &b[0],
+                    &b[2],
+                    &b[3],
+                    &mut out,
+                    g,
+                    views,
+                    scale,
+                    false,
+                    hook(shape, &b[4..]),
                 ),
             }
         } else {
@@ -383,7 +422,10 @@ impl IrKernel {
                 }
                 KernelSpec::Binary { op, a, b, .. } => {
                     let (ia, ib) = (k::view(scope, i, a, len), k::view(scope, i, b, len));
-                    let (x, y) = (k::read::expand::<Stored>(scope, &bufs[0], ia), k::read::expand::<Stored>(scope, &bufs[1], ib));
+                    let (x, y) = (
+                        k::read::expand::<Stored>(scope, &bufs[0], ia),
+                        k::read::expand::<Stored>(scope, &bufs[1], ib),
+                    );
                     let v = k::math::binary(scope, *op, x, y);
                     k::write::expand::<Stored>(scope, &mut out, i, v);
                 }

@@ -5,7 +5,11 @@
 //! its axis (docs/language.md, "Score and mask functions").
 
 use super::kernels::{self as k, math, Stored, MASKED};
-use attnc_compiler::ir::{FBin, FExpr, Func, UnaryOp};
+use attnc_compiler::ir::{FBin, FExpr, Func, UnaryOp, READ_BOX};
+use attnc_compiler::sparsity::{reads, TileFns};
+
+/// The largest magnitude a bound takes (WGSL has no infinite literals).
+const BIG: f32 = 3.0e38;
 use cubecl::prelude::*;
 
 /// A tensor a function reads: its buffer (bound after the kernel's own) and shape.
@@ -18,7 +22,10 @@ pub struct Capture {
 pub struct Fns {
     pub score: Option<Func>,
     pub mask: Option<Func>,
+    pub tiles: Option<TileFns>,
     pub captures: Vec<Capture>,
+    /// The reads `prep_hook` made before a `#[cube]` kernel's tile loop.
+    pub prepared: std::cell::RefCell<Vec<NativeExpand<f32>>>,
 }
 
 /// The functions as a comptime argument of the `#[cube]` backward kernels,
@@ -34,6 +41,86 @@ pub fn score_hook(_s: f32, _b: usize, _h: usize, _i: usize, _j: usize, _hook: Ho
 }
 pub fn slope_hook(_x: f32, _s: f32, _b: usize, _h: usize, _i: usize, _j: usize, _hook: Hook) -> f32 {
     cubecl::unexpanded!()
+}
+#[allow(clippy::too_many_arguments)]
+pub fn tile_hook(
+    _b: usize,
+    _h: usize,
+    _r0: usize,
+    _r1: usize,
+    _t: usize,
+    _tile: usize,
+    _n: usize,
+    _keys: bool,
+    _hook: Hook,
+) -> bool {
+    cubecl::unexpanded!()
+}
+pub fn prep_hook(_b: usize, _h: usize, _r0: usize, _r1: usize, _keys: bool, _hook: Hook) {
+    cubecl::unexpanded!()
+}
+
+/// Makes the reads of the tile functions that are the same for every tile
+/// the cube walks ([`Fns::prepare`]) where it is called, before the tile
+/// loop, for [`tile_hook`] inside it; nothing without a mask function.
+pub mod prep_hook {
+    use super::*;
+    pub fn expand(
+        scope: &Scope,
+        b: NativeExpand<usize>,
+        h: NativeExpand<usize>,
+        r0: NativeExpand<usize>,
+        r1: NativeExpand<usize>,
+        keys: bool,
+        hook: Hook,
+    ) {
+        if let Some(f) = hook.0.as_ref() {
+            let at = Tile { b, h, i0: r0, i1: r1, j0: r0, j1: r1 };
+            let reads = f.prepare(scope, &at, keys);
+            *f.prepared.borrow_mut() = reads;
+        }
+    }
+}
+
+/// Whether some pair of the cube's rows `r0..=r1` and the other side's tile
+/// `t` (rows `t·tile ..`, of `n`) may be seen through the mask function
+/// (true, emitting nothing, without one): the backward skips the
+/// computation of tiles where not. `keys`: the tile is of key rows (and the
+/// cube's rows are queries), else of query rows.
+pub mod tile_hook {
+    use super::*;
+    #[allow(clippy::too_many_arguments)]
+    pub fn expand(
+        scope: &Scope,
+        b: NativeExpand<usize>,
+        h: NativeExpand<usize>,
+        r0: NativeExpand<usize>,
+        r1: NativeExpand<usize>,
+        t: NativeExpand<usize>,
+        tile: usize,
+        n: usize,
+        keys: bool,
+        hook: Hook,
+    ) -> NativeExpand<bool> {
+        let Some(fns) = hook.0.as_ref().filter(|f| f.tiles.is_some()) else {
+            return NativeExpand::from_lit(scope, true);
+        };
+        let t0 = k::mul_const::expand(scope, t, tile);
+        let t1 = tile_last::expand(scope, t0, tile, n);
+        let at = if keys {
+            Tile { b, h, i0: r0, i1: r1, j0: t0, j1: t1 }
+        } else {
+            Tile { b, h, i0: t0, i1: t1, j0: r0, j1: r1 }
+        };
+        let prep = fns.prepared.borrow().clone();
+        fns.tile(scope, &at, &prep, keys).expect("tile functions").0
+    }
+}
+
+/// The last row of the tile `t0 ..` of `tile` rows, of `n`.
+#[cube]
+fn tile_last(t0: usize, #[comptime] tile: usize, #[comptime] n: usize) -> usize {
+    min(t0 + comptime![tile - 1], comptime![n - 1])
 }
 
 /// The score of scaled logit `s` at (b, h, i, j): the score function's
@@ -81,7 +168,7 @@ pub mod slope_hook {
                 let slope = attnc_compiler::grad::score_slope(score);
                 let mut params = vec![Val::F(s)];
                 params.extend(f.index_params(scope, &at));
-                let d = f.emit(scope, &slope.body, &params).float();
+                let d = f.emit(scope, &slope.body, &params, &[]).float();
                 math::binary(scope, attnc_compiler::ir::BinaryOp::Mul, x, d)
             }
             None => x,
@@ -91,6 +178,10 @@ pub mod slope_hook {
             None => scaled,
         }
     }
+}
+
+fn tile_params(scope: &Scope, at: &Tile) -> Vec<Val> {
+    [at.b, at.h, at.i0, at.i1, at.j0, at.j1].into_iter().map(|x| Val::I(to_int::expand(scope, x))).collect()
 }
 
 /// A value in the kernel being built.
@@ -124,6 +215,16 @@ impl Val {
     }
 }
 
+/// A tile: batch, query head, query rows `i0..=i1`, key rows `j0..=j1`.
+pub struct Tile {
+    pub b: NativeExpand<usize>,
+    pub h: NativeExpand<usize>,
+    pub i0: NativeExpand<usize>,
+    pub i1: NativeExpand<usize>,
+    pub j0: NativeExpand<usize>,
+    pub j1: NativeExpand<usize>,
+}
+
 /// Attention's indices for one call: batch, query head, query row, key row.
 pub struct Indices {
     pub b: NativeExpand<usize>,
@@ -138,25 +239,57 @@ impl Fns {
         let Some(f) = &self.score else { return s };
         let mut params = vec![Val::F(s)];
         params.extend(self.index_params(scope, at));
-        self.emit(scope, &f.body, &params).float()
+        self.emit(scope, &f.body, &params, &[]).float()
     }
 
     /// Whether the mask function lets the query see the key (`None` without one).
     pub fn visible(&self, scope: &Scope, at: &Indices) -> Option<NativeExpand<bool>> {
         let f = self.mask.as_ref()?;
         let params = self.index_params(scope, at);
-        Some(self.emit(scope, &f.body, &params).bool())
+        Some(self.emit(scope, &f.body, &params, &[]).bool())
+    }
+
+    /// Of query rows `i0..=i1` against key rows `j0..=j1`: whether some pair
+    /// may be seen, and whether some may be hidden (`sparsity`); `None`
+    /// without a mask function.
+    /// `prep`: the reads [`Fns::prepare`] made for the cube, `keys` as there.
+    pub fn tile(
+        &self,
+        scope: &Scope,
+        at: &Tile,
+        prep: &[NativeExpand<f32>],
+        keys: bool,
+    ) -> Option<(NativeExpand<bool>, NativeExpand<bool>)> {
+        let t = self.tiles.as_ref()?;
+        let params = tile_params(scope, at);
+        let cache: Vec<(FExpr, NativeExpand<f32>)> = reads(t, keys).0.into_iter().zip(prep.iter().copied()).collect();
+        let any = self.emit(scope, &t.any.body, &params, &cache).bool();
+        Some((any, self.emit(scope, &t.hidden.body, &params, &cache).bool()))
+    }
+
+    /// The tile functions' reads that are the same for every tile the cube
+    /// walks (`sparsity::reads`), made once: `at`'s tiled side is ignored
+    /// (`keys`: the cube walks key tiles).
+    pub fn prepare(&self, scope: &Scope, at: &Tile, keys: bool) -> Vec<NativeExpand<f32>> {
+        let Some(t) = &self.tiles else { return vec![] };
+        let params = tile_params(scope, at);
+        reads(t, keys).0.iter().map(|e| self.emit(scope, e, &params, &[]).float()).collect()
     }
 
     fn index_params(&self, scope: &Scope, at: &Indices) -> Vec<Val> {
         [at.b, at.h, at.i, at.j].into_iter().map(|x| Val::I(to_int::expand(scope, x))).collect()
     }
 
-    fn emit(&self, scope: &Scope, e: &FExpr, params: &[Val]) -> Val {
-        let go = |x: &FExpr| self.emit(scope, x, params);
+    fn emit(&self, scope: &Scope, e: &FExpr, params: &[Val], cache: &[(FExpr, NativeExpand<f32>)]) -> Val {
+        let go = |x: &FExpr| self.emit(scope, x, params, cache);
+        if let Some((_, v)) = cache.iter().find(|(c, _)| c == e) {
+            return Val::F(*v);
+        }
         match e {
             FExpr::Param(n) => params[*n],
-            FExpr::Int(v) => Val::I(int_const::expand(scope, i32::try_from(*v).unwrap_or(if *v < 0 { i32::MIN } else { i32::MAX }))),
+            FExpr::Int(v) => {
+                Val::I(int_const::expand(scope, i32::try_from(*v).unwrap_or(if *v < 0 { i32::MIN } else { i32::MAX })))
+            }
             FExpr::Float(v) => Val::F(k::fconst::expand(scope, *v as f32)),
             FExpr::Bool(v) => Val::B(bool_const::expand(scope, *v)),
             FExpr::Dim(d) => unreachable!("dim `{d}` is replaced by its value before kernels"),
@@ -168,6 +301,17 @@ impl Fns {
                     flat = mul_add::expand(scope, flat, *n as i32, at);
                 }
                 Val::F(k::read::expand::<Stored>(scope, &c.buf, to_index::expand(scope, flat)))
+            }
+            FExpr::ReadBound { capture, lo, hi, max } => {
+                let c = &self.captures[*capture];
+                let rank = c.shape.len();
+                let (mut los, mut his) = (int_zeros::expand(scope, rank), int_zeros::expand(scope, rank));
+                for (a, (l, h)) in lo.iter().zip(hi).enumerate() {
+                    int_set::expand(scope, &mut los, a, go(l).int());
+                    int_set::expand(scope, &mut his, a, go(h).int());
+                }
+                let shape: Vec<u32> = c.shape.iter().map(|n| *n as u32).collect();
+                Val::F(read_bound::expand(scope, &c.buf, &los, &his, shape, *max))
             }
             FExpr::ToFloat(x) => Val::F(to_float::expand(scope, go(x).int())),
             FExpr::Neg(x) => match go(x) {
@@ -238,6 +382,74 @@ fn binary(scope: &Scope, op: FBin, a: Val, b: Val) -> Val {
             }
         }
     }
+}
+
+#[cube]
+fn int_zeros(#[comptime] n: usize) -> Array<i32> {
+    let mut a = Array::<i32>::new(n);
+    #[unroll]
+    for k in 0..n {
+        a[k] = i32::new(0);
+    }
+    a
+}
+
+#[cube]
+fn int_set(a: &mut Array<i32>, #[comptime] k: usize, v: i32) {
+    a[k] = v;
+}
+
+/// The least (or, `max`, greatest) entry of `buf` (of `shape`) over the box
+/// `lo..=hi`, each axis clamped into the shape; ∓[`BIG`] past `READ_BOX`
+/// entries, ±[`BIG`] for an empty box (`ir::FExpr::ReadBound`).
+#[cube]
+fn read_bound(
+    buf: &[Stored],
+    lo: &Array<i32>,
+    hi: &Array<i32>,
+    #[comptime] shape: Vec<u32>,
+    #[comptime] greatest: bool,
+) -> f32 {
+    let rank = comptime![shape.len()];
+    let mut first = Array::<i32>::new(rank);
+    let mut width = Array::<i32>::new(rank);
+    let mut count = i32::new(1);
+    #[unroll]
+    for a in 0..rank {
+        let last = comptime![shape[a] as i64 - 1];
+        let l = clamp_index(lo[a], last as i32);
+        let w = clamp_index(hi[a], last as i32) + i32::new(1) - l;
+        first[a] = l;
+        width[a] = max(w, i32::new(0));
+        count *= width[a];
+    }
+    let mut best = f32::new(BIG);
+    if comptime![greatest] {
+        best = f32::new(-BIG);
+    }
+    if count > i32::new(READ_BOX as i64) {
+        best = -best;
+    } else {
+        for k in 0..count {
+            let mut rest = k;
+            let mut flat = i32::new(0);
+            let mut stride = i32::new(1);
+            #[unroll]
+            for r in 0..rank {
+                let a = comptime![rank - 1 - r];
+                flat += (first[a] + rest % width[a]) * stride;
+                rest /= width[a];
+                stride *= i32::new(comptime![shape[a] as i64]);
+            }
+            let v = f32::cast_from(buf[usize::cast_from(flat)]);
+            if comptime![greatest] {
+                best = max(best, v);
+            } else {
+                best = min(best, v);
+            }
+        }
+    }
+    best
 }
 
 #[cube]

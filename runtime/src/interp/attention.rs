@@ -20,12 +20,7 @@ pub(super) struct Scores<'a> {
 }
 
 impl<'a> Scores<'a> {
-    pub fn new(
-        [q, k]: [&'a Tensor; 2],
-        mask: &'a Mask,
-        scale: f64,
-        fns: Option<(&'a AttnFns, Env<'a>)>,
-    ) -> Scores<'a> {
+    pub fn new([q, k]: [&'a Tensor; 2], mask: &'a Mask, scale: f64, fns: Option<(&'a AttnFns, Env<'a>)>) -> Scores<'a> {
         let slope = fns.as_ref().and_then(|(f, _)| f.score.as_ref()).map(attnc_compiler::grad::score_slope);
         Scores { q, k, mask, scale, fns, slope }
     }

@@ -122,6 +122,12 @@ fn eval(e: &FExpr, args: &[FVal], env: &Env, err: &OnError) -> Result<FVal, Read
             }
             FVal::Float(t.data[flat])
         }
+        FExpr::ReadBound { capture, lo, hi, max } => {
+            let (_, t) = env.captures[*capture];
+            let ends = |xs: &[FExpr]| xs.iter().map(|x| go(x).map(FVal::int)).collect::<Result<Vec<i64>, _>>();
+            let (lo, hi) = (ends(lo)?, ends(hi)?);
+            FVal::Float(read_bound(t, &lo, &hi, *max))
+        }
         FExpr::ToFloat(x) => FVal::Float(go(x)?.int() as f64),
         FExpr::Neg(x) => match go(x)? {
             FVal::Int(v) => FVal::Int(v.wrapping_neg()),
@@ -191,6 +197,33 @@ fn binary(op: FBin, a: FVal, b: FVal) -> FVal {
     }
 }
 
+/// The least (or, `max`, greatest) entry of `t` over the box `lo..=hi`,
+/// each axis clamped into the shape; ∓∞ past `READ_BOX` entries, ±∞ (no
+/// entry) for an empty box.
+fn read_bound(t: &Tensor, lo: &[i64], hi: &[i64], max: bool) -> f64 {
+    let clamp = |x: i64, n: usize| x.clamp(0, n as i64 - 1) as usize;
+    let axes: Vec<(usize, usize)> =
+        t.shape.iter().zip(lo.iter().zip(hi)).map(|(n, (l, h))| (clamp(*l, *n), clamp(*h, *n))).collect();
+    let count: usize = axes.iter().map(|(l, h)| (h + 1).saturating_sub(*l)).product();
+    let (none, all) = if max { (f64::NEG_INFINITY, f64::INFINITY) } else { (f64::INFINITY, f64::NEG_INFINITY) };
+    if count > attnc_compiler::ir::READ_BOX {
+        return all;
+    }
+    let mut best = none;
+    for k in 0..count {
+        let (mut rest, mut flat, mut stride) = (k, 0, 1);
+        for ((l, h), n) in axes.iter().zip(&t.shape).rev() {
+            let w = h + 1 - l;
+            flat += (l + rest % w) * stride;
+            rest /= w;
+            stride *= n;
+        }
+        let v = t.data[flat];
+        best = if max { best.max(v) } else { best.min(v) };
+    }
+    best
+}
+
 /// ⌊x / y⌋ for y ≠ 0.
 fn floor_div(x: i64, y: i64) -> i64 {
     let q = x / y;
@@ -207,7 +240,8 @@ mod tests {
 
     #[test]
     fn integer_division_floors_and_remainders_are_non_negative() {
-        for (x, y, q, r) in [(7, 2, 3, 1), (-7, 2, -4, 1), (7, -2, -4, -1), (-7, -2, 3, -1), (6, 3, 2, 0), (5, 0, 0, 0)] {
+        for (x, y, q, r) in [(7, 2, 3, 1), (-7, 2, -4, 1), (7, -2, -4, -1), (-7, -2, 3, -1), (6, 3, 2, 0), (5, 0, 0, 0)]
+        {
             assert_eq!(binary(FBin::FloorDiv, FVal::Int(x), FVal::Int(y)), FVal::Int(q), "floordiv({x}, {y})");
             assert_eq!(binary(FBin::Rem, FVal::Int(x), FVal::Int(y)), FVal::Int(r), "{x} % {y}");
         }

@@ -35,7 +35,8 @@ pub fn try_evaluate(program: &Program, inputs: &[Tensor], dims: &DimValues) -> R
 /// For `tf32` (f32 storage), GEMM operands are rounded to TF32 as the
 /// tensor cores read them.
 pub fn evaluate_rounded(program: &Program, inputs: &[Tensor], dims: &DimValues, dtype: Dtype) -> Vec<Tensor> {
-    evaluate_with(program, inputs, dims, &Rounding { dtype: Some(dtype), stored: None }).unwrap_or_else(|e| panic!("{e}"))
+    evaluate_with(program, inputs, dims, &Rounding { dtype: Some(dtype), stored: None })
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// The same-dtype reference for `plan`'s kernels, which runs `program` in
@@ -93,7 +94,8 @@ fn evaluate_with(
     for node in &program.nodes {
         let shape = concrete(&node.shape, dims);
         let v = |id: NodeId| &values[id.0 as usize];
-        let scores = |q: &NodeId, k: &NodeId, mask, scale, fns| scores(program, &values, dims, [*q, *k], mask, scale, fns);
+        let scores =
+            |q: &NodeId, k: &NodeId, mask, scale, fns| scores(program, &values, dims, [*q, *k], mask, scale, fns);
         let out = match &node.op {
             Op::Input { index } => inputs[*index].clone(),
             Op::Scalar { value } => Tensor::new(vec![], vec![*value]),
