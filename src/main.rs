@@ -146,6 +146,10 @@ enum Command {
         /// With --grad: the inputs to differentiate by, comma-separated (default: every continuous input)
         #[arg(long, value_delimiter = ',', value_name = "NAME,...", requires = "grad")]
         wrt: Vec<String>,
+        /// Bench on these inputs (safetensors, by name; dims from their shapes) instead of
+        /// inputs drawn with seed 0: a mask that reads its inputs (document ids) needs real data
+        #[arg(long, value_name = "IN.safetensors")]
+        inputs: Option<PathBuf>,
     },
     /// Optimize a spec for a target and explain the choice
     Explain {
@@ -369,9 +373,23 @@ fn main() -> ExitCode {
             };
             compile(&file, &set, target, &out, optimize, dtype.dtype(), wrt, arch)
         }
-        Command::Bench { file, set, backend, iters, warmup, target, optimize, sweep, plot, dtype, grad, wrt } => {
+        Command::Bench {
+            file,
+            set,
+            backend,
+            iters,
+            warmup,
+            target,
+            optimize,
+            sweep,
+            plot,
+            dtype,
+            grad,
+            wrt,
+            inputs,
+        } => {
             let wrt = grad.then_some(wrt);
-            let opts = BenchOpts { backend, iters, warmup, target, optimize, dtype: dtype.dtype(), wrt };
+            let opts = BenchOpts { backend, iters, warmup, target, optimize, dtype: dtype.dtype(), wrt, inputs };
             match sweep {
                 None => bench(&file, &set, &opts).map(|(text, _)| print!("{text}")),
                 Some(sweep) => bench_sweep(&file, &set, &opts, &sweep, &plot),
@@ -566,15 +584,23 @@ struct BenchOpts {
     dtype: plan::Dtype,
     /// `--grad`: the gradient program, by these inputs.
     wrt: Option<Vec<String>>,
+    /// `--inputs`: the tensors to bench on (else drawn with seed 0).
+    inputs: Option<PathBuf>,
 }
 
 /// One benchmark: the rendered report, and the report.
 fn bench(file: &Path, set: &[String], o: &BenchOpts) -> Result<(String, gpu::bench::BenchReport), Failed> {
     let fail = |e: PipelineError| report(e.code(), e);
     let program = program(file, set)?;
-    let bound = match &o.wrt {
-        None => program.seeded(0).map_err(fail)?,
-        Some(wrt) => program.gradient(wrt).map_err(fail)?.seeded(0, None).map_err(fail)?,
+    let given = match &o.inputs {
+        Some(path) => Some(io::read_tensors(path).map_err(|e| report(e.code(), e))?),
+        None => None,
+    };
+    let bound = match (&o.wrt, given) {
+        (None, None) => program.seeded(0).map_err(fail)?,
+        (None, Some(inputs)) => program.bind(inputs).map_err(fail)?,
+        (Some(wrt), None) => program.gradient(wrt).map_err(fail)?.seeded(0, None).map_err(fail)?,
+        (Some(wrt), Some(inputs)) => program.gradient(wrt).map_err(fail)?.bind(inputs, None, 0).map_err(fail)?,
     };
     let mut bound = bound.in_dtype(o.dtype);
     let target = match (o.target, o.backend) {

@@ -536,3 +536,34 @@ fn budget_and_io_refusals_have_their_own_codes() {
     }
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// `bench --inputs` times the kernels on the tensors given (here the ones
+/// `run --seed` drew), and a file that does not fit the spec is the same
+/// named error as for `run`.
+#[test]
+fn bench_reads_its_inputs_from_a_file() {
+    let dir = scratch("bench-inputs");
+    let (drawn, out) = (dir.join("drawn.safetensors"), dir.join("o.safetensors"));
+    let sets = ["--set", "N=48", "--set", "H=2", "--set", "d=8"];
+    let o =
+        attnc(&[&["run", "stdlib/document.attn", "--seed", "3", "--out", out.to_str().unwrap()][..], &sets].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    // `run --seed` writes the drawn inputs next to the outputs: bench on them.
+    let o = attnc(
+        &[
+            &["bench", "stdlib/document.attn", "--inputs", out.to_str().unwrap(), "--iters", "1", "--warmup", "0"][..],
+            &sets,
+        ]
+        .concat(),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("B=1 N=48") || text.contains("all kernels per call"), "{text}");
+    // Inputs of another shape than --set implies are refused with the tensor named.
+    std::fs::copy(&out, &drawn).unwrap();
+    let o =
+        attnc(&["bench", "stdlib/document.attn", "--inputs", drawn.to_str().unwrap(), "--set", "H=4", "--iters", "1"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("error[E0601]") && stderr(&o).contains("tensor `q`"), "{}", stderr(&o));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -243,8 +243,9 @@ fn errors_inside_functions_point_at_them() {
 /// arithmetic, comparisons, logic, `where`, float functions, reads of a
 /// captured tensor and dims.
 fn int_expr() -> impl Strategy<Value = String> {
-    let leaf =
-        prop_oneof![prop::sample::select(vec!["i", "j", "h", "b", "N", "3", "7", "0"]).prop_map(str::to_string),];
+    let leaf = prop_oneof![
+        prop::sample::select(vec!["i", "j", "h", "b", "N", "3", "7", "0", "8", "64"]).prop_map(str::to_string),
+    ];
     leaf.prop_recursive(2, 8, 2, |inner| {
         prop_oneof![
             (inner.clone(), prop::sample::select(vec!["+", "-", "*", "%"]), inner.clone())
@@ -367,5 +368,48 @@ fn tile_functions_never_misjudge_a_tile() {
             }
         }
         assert!(empty > 0 && full > 0, "{name}: {empty} tiles decided empty, {full} full");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// The tile functions of generated masks (and of block masks written
+    /// with `%`) never call a tile empty or full wrongly.
+    #[test]
+    fn generated_masks_tile_functions_are_sound(
+        mask in prop_oneof![bool_expr(), (1usize..5).prop_map(|k| format!("j <= i and i - i % {} == j - j % {}", 1 << k, 1 << k))],
+        bq in 1usize..40, bk in 1usize..20, seed in any::<u64>()
+    ) {
+        use attnc_runtime::interp::func::{call, Env, FVal};
+        let n = 60usize;
+        let text = format!(
+            "spec gen\ndim N = {n}\ninput q: [1, 2, N, 4]\ninput k: [1, 1, N, 4]\ninput v: [1, 1, N, 4]\n\
+             output o = attention(q, k, v, mask = |b, h, i, j| {mask})\n"
+        );
+        let c = attnc_compiler::compile(&text, &[]).unwrap_or_else(|e| panic!("{}", attnc_compiler::render("gen.attn", &text, &e)));
+        let dims = bind::default_dims(&c.program).unwrap();
+        let f = c.program.nodes.iter().find_map(|n| match &n.op {
+            attnc_compiler::ir::Op::Attention { fns: Some(f), .. } => f.mask.clone(),
+            _ => None,
+        });
+        let m = f.unwrap().resolve(&dims);
+        let t = attnc_compiler::sparsity::tile_fns(&m);
+        let env = Env { captures: vec![], dims: &dims };
+        let mut rng = Rng::for_input(seed, "tiles");
+        for _ in 0..20 {
+            let (q0, k0, h) = ((rng.unit() * n as f64) as usize, (rng.unit() * n as f64) as usize, (rng.unit() * 2.0) as usize);
+            let (q1, k1) = ((q0 + bq - 1).min(n - 1), (k0 + bk - 1).min(n - 1));
+            let args = [0, h, q0, q1, k0, k1].map(|x| FVal::Int(x as i64));
+            let any = call(&t.any, &args, &env, [0; 4]).unwrap() == FVal::Bool(true);
+            let hidden = call(&t.hidden, &args, &env, [0; 4]).unwrap() == FVal::Bool(true);
+            for i in q0..=q1 {
+                for j in k0..=k1 {
+                    let seen = call(&m, &[0, h, i, j].map(|x| FVal::Int(x as i64)), &env, [0; 4]).unwrap() == FVal::Bool(true);
+                    prop_assert!(any || !seen, "{}: tile {}..={} x {}..={} called empty, ({}, {}) seen", mask, q0, q1, k0, k1, i, j);
+                    prop_assert!(hidden || seen, "{}: tile {}..={} x {}..={} called full, ({}, {}) hidden", mask, q0, q1, k0, k1, i, j);
+                }
+            }
+        }
     }
 }

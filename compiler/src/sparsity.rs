@@ -175,7 +175,24 @@ fn bounds(e: &FExpr) -> Bound {
                 }
             }
         }
+        // `x − x % c` is `c·⌊x/c⌋` (c > 0), which intervals bound exactly
+        // where the difference of two bounds of `x` would not.
+        FExpr::Bin(FBin::Sub, x, y) if rounded_down(x, y).is_some() => {
+            let c = rounded_down(x, y).unwrap();
+            bounds(&bin(FBin::Mul, FExpr::Int(c), bin(FBin::FloorDiv, (**x).clone(), FExpr::Int(c))))
+        }
         FExpr::Bin(op, x, y) => binary(*op, bounds(x), bounds(y)),
+    }
+}
+
+/// `c` where `y` is `x % c` with `c` a positive integer literal.
+fn rounded_down(x: &FExpr, y: &FExpr) -> Option<i64> {
+    match y {
+        FExpr::Bin(FBin::Rem, a, c) if **a == *x => match **c {
+            FExpr::Int(c) if c > 0 => Some(c),
+            _ => None,
+        },
+        _ => None,
     }
 }
 
@@ -261,6 +278,12 @@ fn binary(op: FBin, x: Bound, y: Bound) -> Bound {
     }
 }
 
+/// `c · [lo, hi]` for the literal `c` (written `factor`).
+fn scale(int: bool, c: f64, factor: FExpr, (lo, hi): (FExpr, FExpr)) -> Option<Bound> {
+    let (lo, hi) = (bin(FBin::Mul, factor.clone(), lo), bin(FBin::Mul, factor, hi));
+    Some(number(int, Some(if c >= 0.0 { (lo, hi) } else { (hi, lo) })))
+}
+
 /// `op` on intervals `x`, `y` (both ints when `int`); `None` when unbounded.
 fn numeric(op: FBin, int: bool, (xl, xh): (FExpr, FExpr), (yl, yh): (FExpr, FExpr)) -> Option<Bound> {
     let n = |lo, hi| Some(number(int, Some((lo, hi))));
@@ -270,6 +293,8 @@ fn numeric(op: FBin, int: bool, (xl, xh): (FExpr, FExpr), (yl, yh): (FExpr, FExp
         FBin::Sub => n(bin(FBin::Sub, xl, yh), bin(FBin::Sub, xh, yl)),
         FBin::Max => n(bin(FBin::Max, xl, yl), bin(FBin::Max, xh, yh)),
         FBin::Min => n(bin(FBin::Min, xl, yl), bin(FBin::Min, xh, yh)),
+        FBin::Mul if literal(&xl).is_some() && xl == xh => scale(int, literal(&xl)?, xl, (yl, yh)),
+        FBin::Mul if constant.is_some() => scale(int, constant?, yl, (xl, xh)),
         FBin::Mul => {
             // The extremes of the four corner products.
             let corners = [

@@ -422,16 +422,12 @@ impl KernelSpec {
                 key_tile: frag_key_tile(d, e, self.line_size()).expect("tiled for fragments where they fit"),
                 lanes: 1,
             },
-            KernelSpec::Attention { shape: AttnShape { s, sk, d, e, mask, window, block, .. }, .. } => {
+            KernelSpec::Attention { shape: AttnShape { s, sk, d, e, mask, window, block, ref fns, .. }, .. } => {
                 let l = self.line_size();
-                AttnTiles::new(
-                    d / l,
-                    e / l,
-                    s,
-                    sk,
-                    mask != MaskKind::None || window.is_some(),
-                    window.unwrap_or(0) * block,
-                )
+                // A mask function is tiled as a mask: smaller query tiles skip more.
+                let masked =
+                    mask != MaskKind::None || window.is_some() || fns.as_ref().is_some_and(|f| f.mask.is_some());
+                AttnTiles::new(d / l, e / l, s, sk, masked, window.unwrap_or(0) * block)
             }
             KernelSpec::AttentionLse { tile, split, .. } | KernelSpec::AttentionGrad { tile, split, .. } => {
                 AttnTiles { unit_rows: 1, key_tile: tile, lanes: split.max(1) }
@@ -502,7 +498,9 @@ impl KernelSpec {
                 let part = t.unrolled_rows((d + e) / self.line_size(), half);
                 let parts = if split == 0 && part < t.key_tile { t.key_tile / part + 1 } else { 0 };
                 let tiles = sk.div_ceil(t.key_tile);
-                (tiles + 1) * (1 + parts) + 1 + read_trips(fns, t.cube_rows(), t.key_tile, tiles, true)
+                // With tile functions, unit 0 first lists the tiles (`attention::walk_tiles`).
+                let listing = if fns.as_ref().is_some_and(|f| f.tiles.is_some()) { tiles + 1 } else { 0 };
+                (tiles + 1) * (1 + parts) + 1 + listing + read_trips(fns, t.cube_rows(), t.key_tile, tiles, true)
             }
             KernelSpec::MixHeads { m, .. } => m,
             KernelSpec::MixCols { m, .. } => m,
@@ -525,13 +523,23 @@ impl KernelSpec {
                 let reads = read_trips(fns, self.attention_tiles().cube_rows(), tile, sk.div_ceil(tile), true);
                 sk.div_ceil(tile) * (1 + tile * (1 + grad_steps(d))) + grad_steps(d) + reads
             }
-            KernelSpec::AttentionGrad { shape: AttnShape { s, sk, h, hk, d, e, ref fns, .. }, tile, wrt, split, .. } => {
+            KernelSpec::AttentionGrad {
+                shape: AttnShape { s, sk, h, hk, d, e, ref fns, .. },
+                tile,
+                wrt,
+                split,
+                ..
+            } => {
                 let (d, e) = (d / split.max(1), e / split.max(1));
                 let per_row = 1 + 2 * grad_steps(d) + grad_steps(e);
                 let once = 2 * grad_steps(d) + 3 * grad_steps(e);
                 let rows = self.attention_tiles().cube_rows();
                 match wrt {
-                    AttnArg::Q => sk.div_ceil(tile) * (1 + tile * per_row) + once + read_trips(fns, rows, tile, sk.div_ceil(tile), true),
+                    AttnArg::Q => {
+                        sk.div_ceil(tile) * (1 + tile * per_row)
+                            + once
+                            + read_trips(fns, rows, tile, sk.div_ceil(tile), true)
+                    }
                     AttnArg::K | AttnArg::V => {
                         let reads = read_trips(fns, rows, tile, s.div_ceil(tile), false);
                         (h / hk) * (1 + s.div_ceil(tile) * (1 + tile * per_row + grad_steps(e)) + reads) + once

@@ -363,6 +363,116 @@ pub(super) fn prepare_tiles(scope: &Scope, set: &NativeExpand<Array<usize>>, a: 
     }
 }
 
+/// The most key tiles a cube lists in shared memory ([`walk_tiles`]); past
+/// it, each tile is tested in the loop instead.
+const LISTED_TILES: usize = 8192;
+
+/// Runs `tile(scope, kt, masked, hidden)` for every key tile `kt` the cube
+/// may see: [`key_tiles`]' tiles, and with a mask function's tile functions
+/// only those they may see (`hidden`: whether the mask may hide a key of
+/// it). The visible tiles are listed first, by one unit, in shared memory,
+/// and the loop walks the list: Mesa's CPU drivers run both sides of a
+/// branch, so a tile skipped by a branch would cost as much as one computed.
+pub(super) fn walk_tiles(
+    scope: &Scope,
+    set: &NativeExpand<Array<usize>>,
+    a: &Shape,
+    bk: usize,
+    prep: &[NativeExpand<f32>],
+    mut tile: impl FnMut(&Scope, NativeExpand<usize>, Option<NativeExpand<bool>>, Option<NativeExpand<bool>>),
+) {
+    let tiles = a.sk.div_ceil(bk);
+    let listed = a.fns.as_ref().is_some_and(|f| f.tiles.is_some());
+    if !listed {
+        return key_tiles(scope, set, a, bk, |scope, kt, masked| tile(scope, kt, masked, None));
+    }
+    if tiles > LISTED_TILES {
+        return key_tiles(scope, set, a, bk, |scope, kt, masked| {
+            let k0 = k::mul_const::expand(scope, kt, bk);
+            visit_tile(scope, set, k0, bk, a, prep, |scope, hidden| tile(scope, kt, masked, hidden));
+        });
+    }
+    // Unit 0 lists the tiles (a flag bit marks the mask hiding part of one), the cube waits, all walk.
+    let list = tile_list::expand(scope, tiles + 1);
+    let first = first_unit::expand(scope);
+    if_expand(scope, first, |scope| {
+        let mut count = counter::expand(scope);
+        key_tiles(scope, set, a, bk, |scope, kt, _| {
+            let k0 = k::mul_const::expand(scope, kt, bk);
+            let (any, hidden) = tile_state(scope, set, k0, bk, a, prep).expect("tile functions");
+            let mut list = list.clone_unchecked();
+            if_expand(scope, any, |scope| push_tile::expand(scope, &mut list, &mut count, kt, hidden));
+        });
+        let mut list = list.clone_unchecked();
+        close_list::expand(scope, &mut list, &count, tiles);
+    });
+    sync_cube::expand(scope);
+    let count = listed_count::expand(scope, &list, tiles);
+    let masked = !(a.kind == MASK_NONE && a.window == 0 && a.sk % bk == 0);
+    let range = RangeExpand::new(NativeExpand::from_lit(scope, 0usize), count);
+    for_expand(scope, range, false, |scope, n| {
+        let entry = listed_entry::expand(scope, &list, n);
+        let kt = entry_tile::expand(scope, entry);
+        let masked = masked.then(|| boundary_tile::expand(scope, set, kt));
+        tile(scope, kt, masked, Some(entry_hidden::expand(scope, entry)))
+    });
+}
+
+/// The flag bit of a listed tile: the mask may hide some of its keys.
+const HIDDEN_BIT: u32 = 1 << 31;
+
+#[cube]
+fn tile_list(#[comptime] n: usize) -> Shared<[u32]> {
+    Shared::<[u32]>::new_slice(n)
+}
+
+#[cube]
+fn first_unit() -> bool {
+    UNIT_POS == 0
+}
+
+#[cube]
+fn counter() -> Array<u32> {
+    let mut c = Array::<u32>::new(1usize);
+    c[0] = 0u32;
+    c
+}
+
+#[cube]
+fn push_tile(list: &mut [u32], count: &mut Array<u32>, kt: usize, hidden: bool) {
+    let mut e = u32::cast_from(kt);
+    if hidden {
+        e |= u32::new(HIDDEN_BIT as i64);
+    }
+    list[count[0] as usize] = e;
+    count[0] += 1u32;
+}
+
+#[cube]
+fn close_list(list: &mut [u32], count: &Array<u32>, #[comptime] tiles: usize) {
+    list[tiles] = count[0];
+}
+
+#[cube]
+fn listed_count(list: &[u32], #[comptime] tiles: usize) -> usize {
+    list[tiles] as usize
+}
+
+#[cube]
+fn listed_entry(list: &[u32], n: usize) -> u32 {
+    list[n]
+}
+
+#[cube]
+fn entry_tile(e: u32) -> usize {
+    (e & u32::new((HIDDEN_BIT - 1) as i64)) as usize
+}
+
+#[cube]
+fn entry_hidden(e: u32) -> bool {
+    (e & u32::new(HIDDEN_BIT as i64)) != 0u32
+}
+
 /// Runs `tile(scope, hidden)` for key tile `k0 ..`, skipped where the mask
 /// function sees none of it ([`tile_state`]).
 pub(super) fn visit_tile(
@@ -389,11 +499,7 @@ fn last_key(k0: usize, #[comptime] bk: usize, #[comptime] sk: usize) -> usize {
 /// `score` where `seen`, else [`MASKED`].
 #[cube]
 fn seen_or_masked(seen: bool, score: f32) -> f32 {
-    let mut r = f32::new(MASKED);
-    if seen {
-        r = score;
-    }
-    r
+    select(seen, score, f32::new(MASKED))
 }
 
 /// Vector offset of key row `k0 + jj` (clamped to the last) in view `v`, from
@@ -547,25 +653,22 @@ pub fn build<N: Size>(
     // walked in parts, an online-softmax step each.
     let part = a.tiles.unrolled_rows(dl + el, a.half);
     let prep = prepare_tiles(scope, &set, a);
-    key_tiles(scope, &set, a, bk, |scope, kt, masked| {
+    walk_tiles(scope, &set, a, bk, &prep, |scope, kt, masked, hidden| {
         let k0 = k::mul_const::expand(scope, kt, bk);
-        visit_tile(scope, &set, k0, bk, a, &prep, |scope, hidden| {
-            let tile = |scope: &Scope, k0| {
-                let t =
-                    KeyTile { a, set: &set, kb, v, rows: &units, lane, k0, bk: part, dl, el, plane, masked, hidden };
-                t.emit(scope)
-            };
-            if part == bk {
-                tile(scope, k0);
-            } else {
-                let parts =
-                    RangeExpand::new(NativeExpand::from_lit(scope, 0usize), NativeExpand::from_lit(scope, bk / part));
-                for_expand(scope, parts, false, |scope, p| {
-                    let at = k::mul_const::expand(scope, p, part);
-                    tile(scope, k::add_index::expand(scope, k0, at))
-                });
-            }
-        });
+        let tile = |scope: &Scope, k0| {
+            let t = KeyTile { a, set: &set, kb, v, rows: &units, lane, k0, bk: part, dl, el, plane, masked, hidden };
+            t.emit(scope)
+        };
+        if part == bk {
+            tile(scope, k0);
+        } else {
+            let parts =
+                RangeExpand::new(NativeExpand::from_lit(scope, 0usize), NativeExpand::from_lit(scope, bk / part));
+            for_expand(scope, parts, false, |scope, p| {
+                let at = k::mul_const::expand(scope, p, part);
+                tile(scope, k::add_index::expand(scope, k0, at))
+            });
+        }
     });
     for u in &units {
         store_row::expand::<N>(scope, out, &u.acc, &u.state, &u.slots, a.s, el);

@@ -18,8 +18,7 @@
 //! kernel's (`attention::setup`), so what a mask means is written once.
 
 use super::attention::{
-    key_row, key_tiles, load_query, mask_scores, prepare_tiles, query_tile, setup, softmax_state, store_row, view_row,
-    visit_tile,
+    key_row, load_query, mask_scores, prepare_tiles, query_tile, setup, softmax_state, store_row, view_row, walk_tiles,
     Shape, ROW_I, ROW_OUT, ROW_Q, SET_K, SET_V,
 };
 use super::kernels::{self as k, Stored};
@@ -122,9 +121,8 @@ pub fn build<N: Size>(
     let state = softmax_state::expand(scope);
     let body = Body { a, set: &set, rows: &rows, part, qr: &qr, acc: &acc, state: &state, kb, v, g, dg, eg, bk };
     let prep = prepare_tiles(scope, &set, a);
-    key_tiles(scope, &set, a, bk, |scope, kt, masked| {
-        let k0 = k::mul_const::expand(scope, kt, bk);
-        visit_tile(scope, &set, k0, bk, a, &prep, |scope, hidden| body.tile(scope, k0, masked, hidden));
+    walk_tiles(scope, &set, a, bk, &prep, |scope, kt, masked, hidden| {
+        body.tile(scope, k::mul_const::expand(scope, kt, bk), masked, hidden)
     });
     store_row::expand::<N>(scope, out, &acc, &state, &rows, a.s, eg);
 }

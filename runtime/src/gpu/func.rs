@@ -331,9 +331,32 @@ impl Fns {
                     (a, b) => Val::F(select_float::expand(scope, c, a.float(), b.float())),
                 }
             }
+            // By a power of two: an arithmetic shift floors, a mask leaves the
+            // non-negative remainder (two's complement), without a division.
+            FExpr::Bin(op @ (FBin::FloorDiv | FBin::Rem), a, c) if matches!(**c, FExpr::Int(c) if c > 0 && c <= 1 << 30 && (c as u64).is_power_of_two()) =>
+            {
+                let FExpr::Int(c) = **c else { unreachable!() };
+                let x = go(a).int();
+                Val::I(match op {
+                    FBin::FloorDiv => shift_right::expand(scope, x, c.trailing_zeros() as i32),
+                    _ => low_bits::expand(scope, x, (c - 1) as i32),
+                })
+            }
             FExpr::Bin(op, a, b) => binary(scope, *op, go(a), go(b)),
         }
     }
+}
+
+/// `x >> k` (arithmetic: ⌊x / 2^k⌋).
+#[cube]
+fn shift_right(x: i32, #[comptime] k: i32) -> i32 {
+    x >> i32::new(k as i64)
+}
+
+/// `x & m` (for `m = 2^k − 1`: `x mod 2^k`, non-negative).
+#[cube]
+fn low_bits(x: i32, #[comptime] m: i32) -> i32 {
+    x & i32::new(m as i64)
 }
 
 fn binary(scope: &Scope, op: FBin, a: Val, b: Val) -> Val {
@@ -528,27 +551,22 @@ fn imin(x: i32, y: i32) -> i32 {
     min(x, y)
 }
 
-/// ⌊x / y⌋ (0 for y = 0); the hardware's division truncates toward zero.
+/// ⌊x / y⌋ (0 for y = 0), without branches; the hardware's division
+/// truncates toward zero, so a quotient of operands of opposite signs that
+/// leaves a remainder is one too large.
 #[cube]
 fn floor_div(x: i32, y: i32) -> i32 {
-    let mut q = i32::new(0);
-    if y != i32::new(0) {
-        q = x / y;
-        if q * y != x && (x < i32::new(0)) != (y < i32::new(0)) {
-            q -= i32::new(1);
-        }
-    }
-    q
+    let zero = y == i32::new(0);
+    let d = select(zero, i32::new(1), y);
+    let q = x / d;
+    let adjust = q * d != x && (x < i32::new(0)) != (d < i32::new(0));
+    select(zero, i32::new(0), q - select(adjust, i32::new(1), i32::new(0)))
 }
 
 /// `x − y·⌊x / y⌋` (0 for y = 0).
 #[cube]
 fn rem(x: i32, y: i32) -> i32 {
-    let mut r = i32::new(0);
-    if y != i32::new(0) {
-        r = x - y * floor_div(x, y);
-    }
-    r
+    select(y == i32::new(0), i32::new(0), x - y * floor_div(x, y))
 }
 
 #[cube]
@@ -598,27 +616,15 @@ fn beq(x: bool, y: bool) -> bool {
 
 #[cube]
 fn select_int(c: bool, a: i32, b: i32) -> i32 {
-    let mut r = b;
-    if c {
-        r = a;
-    }
-    r
+    select(c, a, b)
 }
 
 #[cube]
 fn select_float(c: bool, a: f32, b: f32) -> f32 {
-    let mut r = b;
-    if c {
-        r = a;
-    }
-    r
+    select(c, a, b)
 }
 
 #[cube]
 fn select_bool(c: bool, a: bool, b: bool) -> bool {
-    let mut r = b;
-    if c {
-        r = a;
-    }
-    r
+    select(c, a, b)
 }
