@@ -11,9 +11,11 @@
 //! program and its printing); everything is re-exported here.
 
 mod func;
+pub mod func_eval;
 mod infer;
 mod op;
 mod program;
+pub mod scalar;
 mod shape;
 
 pub use func::*;

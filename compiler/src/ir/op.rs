@@ -97,7 +97,7 @@ pub const GELU_TANH_C: f64 = 0.797_884_560_802_865_4;
 pub const GELU_TANH_A: f64 = 0.044_715;
 
 /// Elementwise functions of one value; their meaning is
-/// `docs/semantics.md` §5 (the interpreter's `interp::scalar`).
+/// `docs/semantics.md` §5 (`ir::scalar`, which the interpreter runs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum UnaryOp {
     Neg,

@@ -7,6 +7,7 @@ mod dtype;
 pub mod group;
 mod spec;
 mod view;
+mod visited;
 
 pub use dtype::Dtype;
 pub use spec::*;
@@ -743,7 +744,9 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
         bindings.push(out);
         let operand_shapes: Vec<Vec<usize>> = operands.iter().map(|o| shapes[o.0 as usize].clone()).collect();
         let work = op_cost(&node.op, &shape, &operand_shapes);
-        let (flops, bytes) = fused_work.unwrap_or((work.flops, work.bytes));
+        let (mut flops, bytes) = fused_work.unwrap_or((work.flops, work.bytes));
+        // A mask function's sparsity: the work in the tiles its kernel visits.
+        flops *= visited::visited_fraction(&spec);
         pl.launch(spec, bindings, flops, bytes);
         pl.vals.push(Val::At { buf: out, layout: out_layout });
     }

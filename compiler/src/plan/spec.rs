@@ -3,6 +3,7 @@
 
 use super::group::{self, GroupStep};
 use super::view::{RowView, View};
+use super::visited::read_trips;
 use crate::ir::{AttnArg, BinaryOp, Func, MaskKind, ReduceKind, UnaryOp};
 use crate::sparsity::TileFns;
 use serde::Serialize;
@@ -793,11 +794,3 @@ fn grad_steps(n: usize) -> usize {
 
 /// Units per group-kernel cube (`kernels::unit_element` strides by it).
 pub const GROUP_UNITS: usize = 256;
-
-/// Loop iterations the reads of a mask's tile functions add (`sparsity::read_trips`).
-fn read_trips(fns: &Option<KernelFns>, rows: usize, tile: usize, tiles: usize, keys: bool) -> usize {
-    match fns.as_ref().and_then(|f| f.tiles.as_ref()) {
-        Some(t) => crate::sparsity::read_trips(t, rows, tile, tiles, keys),
-        None => 0,
-    }
-}

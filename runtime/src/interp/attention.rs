@@ -61,7 +61,7 @@ impl<'a> Scores<'a> {
         match &self.fns {
             Some((AttnFns { score: Some(f), .. }, env)) => {
                 let v = func::call(f, &self.score_args(s, [bi, hi, i, j]), env, [bi, hi, i, j])?;
-                Ok(Some(float(v)))
+                Ok(Some(v.float()))
             }
             _ => Ok(Some(s)),
         }
@@ -73,19 +73,11 @@ impl<'a> Scores<'a> {
         let slope = match (&self.slope, &self.fns) {
             (Some(f), Some((_, env))) => {
                 let s = self.logit(bi, hi, i, j);
-                float(func::call(f, &self.score_args(s, [bi, hi, i, j]), env, [bi, hi, i, j])?)
+                func::call(f, &self.score_args(s, [bi, hi, i, j]), env, [bi, hi, i, j])?.float()
             }
             _ => 1.0,
         };
         Ok(Some((score, slope)))
-    }
-}
-
-fn float(v: FVal) -> f64 {
-    match v {
-        FVal::Float(x) => x,
-        FVal::Int(x) => x as f64,
-        FVal::Bool(_) => unreachable!("a score function returns a float"),
     }
 }
 

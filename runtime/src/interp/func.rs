@@ -1,41 +1,13 @@
-//! Score and mask functions evaluated in float64 and exact integers
-//! (`docs/semantics.md` §6): the meaning every kernel compiles.
+//! Score and mask functions in the interpreter: the evaluator is
+//! `ir::func_eval` (one definition, which the cost model also runs); here
+//! its leaves read the interpreter's tensors, and a read outside a tensor
+//! is an error naming it.
 
-use super::scalar;
 use crate::tensor::Tensor;
-use attnc_compiler::ir::{AttnFns, DimValues, FBin, FExpr, Func, Program};
+pub use attnc_compiler::ir::func_eval::FVal;
+use attnc_compiler::ir::func_eval::{self, Leaves};
+use attnc_compiler::ir::{AttnFns, DimValues, Func, Program};
 use std::fmt;
-
-/// A function's value.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum FVal {
-    Int(i64),
-    Float(f64),
-    Bool(bool),
-}
-
-impl FVal {
-    fn int(self) -> i64 {
-        match self {
-            FVal::Int(v) => v,
-            other => unreachable!("lowering typed this an int, found {other:?}"),
-        }
-    }
-
-    fn float(self) -> f64 {
-        match self {
-            FVal::Float(v) => v,
-            other => unreachable!("lowering typed this a float, found {other:?}"),
-        }
-    }
-
-    fn bool(self) -> bool {
-        match self {
-            FVal::Bool(v) => v,
-            other => unreachable!("lowering typed this a bool, found {other:?}"),
-        }
-    }
-}
 
 /// A read past the end of a captured tensor.
 #[derive(Clone, Debug, PartialEq)]
@@ -91,109 +63,34 @@ impl<'a> Env<'a> {
 /// Calls `func` on `args` (its parameters' values); `at` is the (b, h, i, j)
 /// an error names.
 pub fn call(func: &Func, args: &[FVal], env: &Env, at: [usize; 4]) -> Result<FVal, ReadError> {
-    eval(&func.body, args, env, &|tensor, index, shape| ReadError {
-        tensor: tensor.to_string(),
-        index,
-        shape,
-        func: func.kind.name(),
-        at,
+    func_eval::eval(&func.body, args, env).map_err(|(capture, index)| {
+        let (name, t) = env.captures[capture];
+        ReadError { tensor: name.to_string(), index, shape: t.shape.clone(), func: func.kind.name(), at }
     })
 }
 
-type OnError<'e> = dyn Fn(&str, Vec<i64>, Vec<usize>) -> ReadError + 'e;
+/// A read outside a tensor: which capture, at which index.
+impl Leaves for Env<'_> {
+    type Error = (usize, Vec<i64>);
 
-fn eval(e: &FExpr, args: &[FVal], env: &Env, err: &OnError) -> Result<FVal, ReadError> {
-    let go = |x: &FExpr| eval(x, args, env, err);
-    Ok(match e {
-        FExpr::Param(n) => args[*n],
-        FExpr::Int(v) => FVal::Int(*v),
-        FExpr::Float(v) => FVal::Float(*v),
-        FExpr::Bool(v) => FVal::Bool(*v),
-        FExpr::Dim(d) => FVal::Int(env.dims[d] as i64),
-        FExpr::Read { capture, indices } => {
-            let (name, t) = env.captures[*capture];
-            let index: Vec<i64> = indices.iter().map(|x| go(x).map(FVal::int)).collect::<Result<_, _>>()?;
-            let mut flat = 0usize;
-            for (i, n) in index.iter().zip(&t.shape) {
-                if *i < 0 || *i as usize >= *n {
-                    return Err(err(name, index, t.shape.clone()));
-                }
-                flat = flat * n + *i as usize;
-            }
-            FVal::Float(t.data[flat])
-        }
-        FExpr::ReadBound { capture, lo, hi, max } => {
-            let (_, t) = env.captures[*capture];
-            let ends = |xs: &[FExpr]| xs.iter().map(|x| go(x).map(FVal::int)).collect::<Result<Vec<i64>, _>>();
-            let (lo, hi) = (ends(lo)?, ends(hi)?);
-            FVal::Float(read_bound(t, &lo, &hi, *max))
-        }
-        FExpr::ToFloat(x) => FVal::Float(go(x)?.int() as f64),
-        FExpr::Neg(x) => match go(x)? {
-            FVal::Int(v) => FVal::Int(v.wrapping_neg()),
-            v => FVal::Float(-v.float()),
-        },
-        FExpr::Not(x) => FVal::Bool(!go(x)?.bool()),
-        FExpr::Unary(op, x) => match go(x)? {
-            FVal::Int(v) => FVal::Int(v.wrapping_abs()),
-            v => FVal::Float(scalar::unary(*op, v.float())),
-        },
-        FExpr::Where(c, a, b) => {
-            if go(c)?.bool() {
-                go(a)?
-            } else {
-                go(b)?
-            }
-        }
-        FExpr::Bin(op, a, b) => binary(*op, go(a)?, go(b)?),
-    })
-}
+    fn dim(&self, name: &str) -> i64 {
+        self.dims[name] as i64
+    }
 
-fn binary(op: FBin, a: FVal, b: FVal) -> FVal {
-    use attnc_compiler::ir::BinaryOp as B;
-    match (a, b) {
-        (FVal::Bool(x), FVal::Bool(y)) => FVal::Bool(match op {
-            FBin::And => x && y,
-            FBin::Or => x || y,
-            FBin::Eq => x == y,
-            FBin::Ne => x != y,
-            other => unreachable!("`{}` on bools", other.symbol()),
-        }),
-        (FVal::Int(x), FVal::Int(y)) => match op {
-            FBin::Add => FVal::Int(x.wrapping_add(y)),
-            FBin::Sub => FVal::Int(x.wrapping_sub(y)),
-            FBin::Mul => FVal::Int(x.wrapping_mul(y)),
-            FBin::FloorDiv => FVal::Int(if y == 0 { 0 } else { floor_div(x, y) }),
-            FBin::Rem => FVal::Int(if y == 0 { 0 } else { x - y * floor_div(x, y) }),
-            FBin::Max => FVal::Int(x.max(y)),
-            FBin::Min => FVal::Int(x.min(y)),
-            FBin::Lt => FVal::Bool(x < y),
-            FBin::Le => FVal::Bool(x <= y),
-            FBin::Gt => FVal::Bool(x > y),
-            FBin::Ge => FVal::Bool(x >= y),
-            FBin::Eq => FVal::Bool(x == y),
-            FBin::Ne => FVal::Bool(x != y),
-            other => unreachable!("`{}` on ints", other.symbol()),
-        },
-        (x, y) => {
-            let (x, y) = (x.float(), y.float());
-            match op {
-                FBin::Add => FVal::Float(x + y),
-                FBin::Sub => FVal::Float(x - y),
-                FBin::Mul => FVal::Float(x * y),
-                FBin::Div => FVal::Float(x / y),
-                FBin::Pow => FVal::Float(scalar::binary(B::Pow, x, y)),
-                FBin::Max => FVal::Float(scalar::binary(B::Max, x, y)),
-                FBin::Min => FVal::Float(scalar::binary(B::Min, x, y)),
-                FBin::Lt => FVal::Bool(x < y),
-                FBin::Le => FVal::Bool(x <= y),
-                FBin::Gt => FVal::Bool(x > y),
-                FBin::Ge => FVal::Bool(x >= y),
-                FBin::Eq => FVal::Bool(x == y),
-                FBin::Ne => FVal::Bool(x != y),
-                other => unreachable!("`{}` on floats", other.symbol()),
+    fn read(&self, capture: usize, index: Vec<i64>) -> Result<f64, Self::Error> {
+        let t = self.captures[capture].1;
+        let mut flat = 0usize;
+        for (i, n) in index.iter().zip(&t.shape) {
+            if *i < 0 || *i as usize >= *n {
+                return Err((capture, index));
             }
+            flat = flat * n + *i as usize;
         }
+        Ok(t.data[flat])
+    }
+
+    fn read_bound(&self, capture: usize, lo: &[i64], hi: &[i64], max: bool) -> Result<f64, Self::Error> {
+        Ok(read_bound(self.captures[capture].1, lo, hi, max))
     }
 }
 
@@ -222,28 +119,4 @@ fn read_bound(t: &Tensor, lo: &[i64], hi: &[i64], max: bool) -> f64 {
         best = if max { best.max(v) } else { best.min(v) };
     }
     best
-}
-
-/// ⌊x / y⌋ for y ≠ 0.
-fn floor_div(x: i64, y: i64) -> i64 {
-    let q = x / y;
-    if (x % y != 0) && ((x < 0) != (y < 0)) {
-        q - 1
-    } else {
-        q
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn integer_division_floors_and_remainders_are_non_negative() {
-        for (x, y, q, r) in [(7, 2, 3, 1), (-7, 2, -4, 1), (7, -2, -4, -1), (-7, -2, 3, -1), (6, 3, 2, 0), (5, 0, 0, 0)]
-        {
-            assert_eq!(binary(FBin::FloorDiv, FVal::Int(x), FVal::Int(y)), FVal::Int(q), "floordiv({x}, {y})");
-            assert_eq!(binary(FBin::Rem, FVal::Int(x), FVal::Int(y)), FVal::Int(r), "{x} % {y}");
-        }
-    }
 }

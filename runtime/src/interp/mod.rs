@@ -5,7 +5,10 @@
 mod attention;
 mod backward;
 pub mod func;
-pub mod scalar;
+
+/// The elementwise rules (`ir::scalar`, which score and mask functions and
+/// the cost model share).
+pub use attnc_compiler::ir::scalar;
 
 pub use func::ReadError;
 

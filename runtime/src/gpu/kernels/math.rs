@@ -1,7 +1,7 @@
 //! The elementwise functions in f32, one `#[cube]` helper each; [`unary`]
 //! and [`binary`] pick the helper from the IR's operation by an exhaustive
 //! `match`, so a new operation cannot compile without its code. The rules
-//! are the interpreter's (`interp::scalar`), which the kernels are tested against.
+//! are the interpreter's (`ir::scalar`), which the kernels are tested against.
 
 use attnc_compiler::ir::{BinaryOp, UnaryOp, GELU_TANH_A, GELU_TANH_C};
 use cubecl::prelude::*;

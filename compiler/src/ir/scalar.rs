@@ -2,7 +2,7 @@
 //! kernel's code for `UnaryOp` and `BinaryOp` is tested against
 //! (`docs/semantics.md` §5). Score and mask functions call the same rules.
 
-use attnc_compiler::ir::{BinaryOp, UnaryOp, GELU_TANH_A, GELU_TANH_C};
+use super::{BinaryOp, UnaryOp, GELU_TANH_A, GELU_TANH_C};
 
 pub fn unary(op: UnaryOp, x: f64) -> f64 {
     match op {

@@ -1,0 +1,65 @@
+//! What an attention launch with a mask function visits, from the mask's
+//! tile functions (`sparsity`): the fraction of its tiles (the work the
+//! plan prices) and the loop iterations their reads add (what Mesa's CPU
+//! drivers bound).
+
+use super::{AttnShape, KernelFns, KernelSpec};
+
+/// Loop iterations the reads of a mask's tile functions add (`sparsity::read_trips`).
+pub(super) fn read_trips(fns: &Option<KernelFns>, rows: usize, tile: usize, tiles: usize, keys: bool) -> usize {
+    match fns.as_ref().and_then(|f| f.tiles.as_ref()) {
+        Some(t) => crate::sparsity::read_trips(t, rows, tile, tiles, keys),
+        None => 0,
+    }
+}
+
+/// The fraction of an attention launch's (query tile, key tile) pairs its
+/// kernel visits, by its mask's tile functions at its tiling; 1 without
+/// them. A tile whose functions read a tensor counts as visited (no data
+/// at plan time).
+pub fn visited_fraction(spec: &KernelSpec) -> f64 {
+    use crate::ir::func_eval::{eval, FVal, Leaves};
+    let (KernelSpec::Attention { shape: AttnShape { batch, h, s, sk, fns: Some(f), .. }, .. }
+    | KernelSpec::AttentionLse { shape: AttnShape { batch, h, s, sk, fns: Some(f), .. }, .. }
+    | KernelSpec::AttentionGrad { shape: AttnShape { batch, h, s, sk, fns: Some(f), .. }, .. }) = spec
+    else {
+        return 1.0;
+    };
+    let Some(t) = &f.tiles else { return 1.0 };
+    struct NoData;
+    impl Leaves for NoData {
+        type Error = ();
+        fn dim(&self, name: &str) -> i64 {
+            unreachable!("dim `{name}` is resolved in plans")
+        }
+        fn read(&self, _: usize, _: Vec<i64>) -> Result<f64, ()> {
+            Err(())
+        }
+        fn read_bound(&self, _: usize, _: &[i64], _: &[i64], _: bool) -> Result<f64, ()> {
+            Err(())
+        }
+    }
+    let tiles = spec.attention_tiles();
+    let (bq, bk) = (tiles.cube_rows().max(1), tiles.key_tile.max(1));
+    // Heads and batches alike unless the functions say otherwise: sample the first of each.
+    let (heads, batches) = ((*h).min(4), (*batch).min(2));
+    let (mut seen, mut all) = (0usize, 0usize);
+    for b in 0..batches {
+        for hh in 0..heads {
+            for q0 in (0..*s).step_by(bq) {
+                for k0 in (0..*sk).step_by(bk) {
+                    let (q1, k1) = ((q0 + bq - 1).min(s - 1), (k0 + bk - 1).min(sk - 1));
+                    let args = [b, hh, q0, q1, k0, k1].map(|x| FVal::Int(x as i64));
+                    let any = eval(&t.any.body, &args, &NoData).map_or(true, FVal::bool);
+                    seen += usize::from(any);
+                    all += 1;
+                }
+            }
+        }
+    }
+    if all == 0 {
+        1.0
+    } else {
+        seen as f64 / all as f64
+    }
+}
