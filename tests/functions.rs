@@ -413,3 +413,17 @@ proptest! {
         }
     }
 }
+
+/// The gradient of a tensor a score function reads runs on the interpreter
+/// only (tests/gradients.rs checks it); the kernels refuse it by name.
+#[test]
+fn kernels_refuse_the_gradient_of_a_read_tensor_by_name() {
+    let c = compile_stdlib("alibi", &variant_sets("alibi", "20"));
+    let grad = attnc_compiler::grad::differentiate(&c.program, &["slopes".to_string()]).unwrap();
+    let (drawn, _) = bind::generate_inputs(&grad, 1).unwrap();
+    let inputs: BTreeMap<String, Tensor> = grad.inputs.iter().map(|i| i.name.clone()).zip(drawn).collect();
+    let (_, dims) = bind::bind_inputs(&grad, inputs.clone(), &Default::default()).unwrap();
+    let gpu = Gpu::wgpu().unwrap_or_else(|e| panic!("this test needs a device: {e}"));
+    let err = gpu.run(&plan::plan(&grad, &dims), &inputs).unwrap_err().to_string();
+    assert!(err.contains("attention_grad_read") && err.contains("--backend interp"), "{err}");
+}

@@ -34,7 +34,12 @@ fn objective(p: &Program, inputs: &BTreeMap<String, Tensor>, cot: &BTreeMap<Stri
 
 /// Checks every gradient of `p` at its seeded inputs; returns the largest relative error.
 fn check(p: &Program, seed: u64, what: &str) -> f64 {
-    let g = differentiate(p, &[]).unwrap_or_else(|e| panic!("{what}: {e}"));
+    check_wrt(p, seed, what, &[])
+}
+
+/// [`check`] of the gradients by `wrt` (every differentiable input when empty).
+fn check_wrt(p: &Program, seed: u64, what: &str, wrt: &[String]) -> f64 {
+    let g = differentiate(p, wrt).unwrap_or_else(|e| panic!("{what}: {e}"));
     assert!(attnc_compiler::valid::validate(&g).is_empty(), "{what}: invalid gradient program");
     let (drawn, _) = bind::generate_inputs(&g, seed).unwrap();
     let all: BTreeMap<String, Tensor> = g.inputs.iter().map(|i| i.name.clone()).zip(drawn).collect();
@@ -277,4 +282,24 @@ fn equal_values_pass_back_finite_gradients() {
     let (t, d) = bind::generate_inputs(&g, 1).unwrap();
     let grad = &interp::evaluate(&g, &t, &d)[1];
     assert!(grad.data.iter().all(|v| v.is_finite()), "{:?}", grad.data);
+}
+
+/// Gradients of the tensors a score function reads (ALiBi's slopes, a
+/// relative-bias table, a tensor read twice and at two indices), by the
+/// interpreter, against central differences; the kernels refuse them by name.
+#[test]
+fn tensors_read_by_score_functions_have_gradients() {
+    let names = |xs: &[&str]| -> Vec<String> { xs.iter().map(|x| x.to_string()).collect() };
+    let alibi = compile_stdlib("alibi", &sets(&[("H", "2"), ("H_kv", "1"), ("d", "3"), ("M", "6"), ("N", "9")]));
+    check_wrt(&alibi.program, 91, "alibi slopes", &names(&["slopes", "q"]));
+    let rel = compile_stdlib("relative_bias", &sets(&[("H", "2"), ("d", "3"), ("M", "5"), ("N", "8"), ("R", "2")]));
+    check_wrt(&rel.program, 92, "relative bias", &names(&["bias", "k"]));
+    let twice = "spec twice\ndim N = 7\ninput q: [1, 2, N, 3]\ninput k: [1, 2, N, 3]\ninput v: [1, 2, N, 3]\n\
+        input t: [2, N]\noutput o = attention(q, k, v, mask = causal, \
+        score = |s, b, h, i, j| s * t[h, j] + tanh(t[h, j] * t[1 - h, i]) - t[0, 0])\n";
+    let c = attnc_compiler::compile(twice, &[]).unwrap();
+    check_wrt(&c.program, 93, "a tensor read three ways", &names(&["t"]));
+    // Not by default (the kernels cannot compute them yet), and refused by the kernels.
+    let g = differentiate(&alibi.program, &[]).unwrap();
+    assert!(g.outputs.iter().all(|(n, _)| n != "grad_slopes"), "slopes differentiated by default");
 }

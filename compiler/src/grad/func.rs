@@ -10,18 +10,44 @@ use std::convert::Infallible;
 /// `∂f/∂s` of score function `f`, a function of the same parameters.
 pub fn score_slope(f: &Func) -> Func {
     let types = f.kind.params();
-    let body = derivative(&f.body, types);
+    let body = derivative(&f.body, types, &|e| *e == FExpr::Param(0));
     Func { kind: f.kind, params: f.params.clone(), body }
 }
 
-fn derivative(e: &FExpr, types: &[FType]) -> FExpr {
+/// Per distinct read of captured tensor `capture` in score function `f`:
+/// the read's indices and `∂f/∂(the value read)`, both functions of `f`'s
+/// parameters. The gradient of the tensor sums, over the pairs attention
+/// sees, `dS_ij` times each partial into the entry its read indexes.
+pub fn read_partials(f: &Func, capture: usize) -> Vec<(Vec<FExpr>, Func)> {
+    let mut reads: Vec<FExpr> = vec![];
+    f.body.walk(&mut |e| {
+        if matches!(e, FExpr::Read { capture: c, .. } if *c == capture) && !reads.contains(e) {
+            reads.push(e.clone());
+        }
+    });
+    let types = f.kind.params();
+    reads
+        .into_iter()
+        .map(|r| {
+            let FExpr::Read { indices, .. } = &r else { unreachable!("a read") };
+            let body = derivative(&f.body, types, &|e| *e == r);
+            (indices.clone(), Func { kind: f.kind, params: f.params.clone(), body })
+        })
+        .collect()
+}
+
+/// `∂e/∂x` where `wrt` picks the nodes that are `x` (the parameter `s`, or
+/// one read of a tensor).
+fn derivative(e: &FExpr, types: &[FType], wrt: &dyn Fn(&FExpr) -> bool) -> FExpr {
     let a = &mut Exprs;
+    if wrt(e) {
+        return FExpr::Float(1.0);
+    }
     if e.ty(types) != FType::Float {
         return FExpr::Float(0.0);
     }
-    let d = |x: &FExpr| derivative(x, types);
+    let d = |x: &FExpr| derivative(x, types, wrt);
     match e {
-        FExpr::Param(0) => FExpr::Float(1.0),
         FExpr::Param(_) | FExpr::Float(_) | FExpr::Read { .. } | FExpr::ToFloat(_) => FExpr::Float(0.0),
         FExpr::ReadBound { .. } => unreachable!("tile functions are not differentiated"),
         FExpr::Int(_) | FExpr::Bool(_) | FExpr::Dim(_) | FExpr::Not(_) => FExpr::Float(0.0),

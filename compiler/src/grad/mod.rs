@@ -19,7 +19,7 @@
 mod elementwise;
 mod func;
 
-pub use func::score_slope;
+pub use func::{read_partials, score_slope};
 
 use crate::ir::*;
 use crate::Code;
@@ -64,7 +64,8 @@ pub fn differentiable_inputs(program: &Program) -> Vec<String> {
 }
 
 /// The inputs attention's score and mask functions read: their gradients
-/// are not built yet.
+/// are computed by the interpreter only, so they are differentiated when
+/// asked for by name (`--wrt`), not by default.
 fn read_by_functions(program: &Program) -> Vec<NodeId> {
     let fns = program.nodes.iter().filter_map(|n| match &n.op {
         Op::Attention { fns: Some(f), .. } => Some(f.captures.clone()),
@@ -102,12 +103,6 @@ pub fn differentiate(program: &Program, wrt: &[String]) -> Result<Program, GradE
                 }
             )));
         }
-        if read_by_functions(program).contains(&input.node) {
-            return Err(no_gradient(format!(
-                "input `{name}` is read by a score or mask function; gradients of such tensors are not \
-                 built yet (those of q, k and v are)"
-            )));
-        }
         if !wanted.contains(&index) {
             wanted.push(index);
         }
@@ -118,7 +113,8 @@ pub fn differentiate(program: &Program, wrt: &[String]) -> Result<Program, GradE
             program.name
         )));
     }
-    let mut b = Builder { p: program.clone(), adjoint: BTreeMap::new() };
+    let wanted_nodes = wanted.iter().map(|i| program.inputs[*i].node).collect();
+    let mut b = Builder { p: program.clone(), adjoint: BTreeMap::new(), wanted: wanted_nodes };
     b.p.name = format!("{}_grad", program.name);
     // Which forward nodes depend on a differentiated input.
     let n = program.nodes.len();
@@ -182,6 +178,9 @@ struct Builder {
     p: Program,
     /// The summed cotangent of each forward node reached so far.
     adjoint: BTreeMap<NodeId, NodeId>,
+    /// The input nodes differentiated by (a score function's reads get a
+    /// gradient operation only when asked for).
+    wanted: Vec<NodeId>,
 }
 
 impl Builder {
@@ -296,6 +295,20 @@ impl Builder {
                         operand,
                         self.push(Op::AttentionGrad { q, k, v, o: id, dout: g, lse, mask, scale, wrt, fns })?,
                     ));
+                }
+                // The tensors the score function reads (a mask's reads pass no gradient).
+                let reads = fns.as_ref().map_or(vec![], |f| f.captures.clone());
+                for (c, operand) in reads.into_iter().enumerate() {
+                    let read =
+                        fns.as_ref().and_then(|f| f.score.as_ref()).is_some_and(|s| !read_partials(s, c).is_empty());
+                    if read && self.wanted.contains(&operand) {
+                        let wrt = AttnArg::Read(c);
+                        let fns = fns.clone();
+                        out.push((
+                            operand,
+                            self.push(Op::AttentionGrad { q, k, v, o: id, dout: g, lse, mask, scale, wrt, fns })?,
+                        ));
+                    }
                 }
                 out
             }

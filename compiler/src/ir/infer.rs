@@ -299,7 +299,7 @@ impl Op {
                 want_rank("the keys", &sk, 4)?;
                 Shape(sq.0[..3].to_vec())
             }
-            Op::AttentionGrad { q, k, v, o, dout, lse, wrt, .. } => {
+            Op::AttentionGrad { q, k, v, o, dout, lse, wrt, ref fns, .. } => {
                 let (sq, so, sd, sl) = (shape(q), shape(o), shape(dout), shape(lse));
                 if so != sd || sl.0[..] != sq.0[..3] {
                     return err(
@@ -311,6 +311,10 @@ impl Op {
                     AttnArg::Q => sq,
                     AttnArg::K => shape(k),
                     AttnArg::V => shape(v),
+                    AttnArg::Read(c) => match fns.as_ref().and_then(|f| f.captures.get(c)) {
+                        Some(id) => shape(*id),
+                        None => return err(Mismatch, format!("attention reads no tensor {c}")),
+                    },
                 }
             }
             Op::Binary { a, b, op } => broadcast(&shape(a), &shape(b))

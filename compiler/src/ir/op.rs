@@ -399,6 +399,8 @@ pub enum AttnArg {
     Q,
     K,
     V,
+    /// The `n`-th tensor the score function reads (`AttnFns::captures`).
+    Read(usize),
 }
 
 impl AttnArg {
@@ -407,6 +409,7 @@ impl AttnArg {
             AttnArg::Q => "q",
             AttnArg::K => "k",
             AttnArg::V => "v",
+            AttnArg::Read(_) => "read",
         }
     }
 }

@@ -4,8 +4,8 @@
 use super::group::{self, GroupStep};
 use super::view::{RowView, View};
 use super::visited::read_trips;
-use crate::ir::{AttnArg, BinaryOp, Func, MaskKind, ReduceKind, UnaryOp};
-use crate::sparsity::TileFns;
+pub use super::visited::KernelFns;
+use crate::ir::{AttnArg, BinaryOp, MaskKind, ReduceKind, UnaryOp};
 use serde::Serialize;
 
 /// What one launch computes. Sizes are comptime constants of the kernel.
@@ -158,23 +158,6 @@ pub struct AttnShape {
     pub fns: Option<KernelFns>,
 }
 
-/// Attention's score and mask functions as kernels compile them: dims
-/// replaced by their values. The tensors they read are bound after the
-/// launch's operands, before its output.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct KernelFns {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub score: Option<Func>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub mask: Option<Func>,
-    /// The mask's tile functions (`sparsity`), which skip empty tiles and
-    /// the mask on full ones.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub tiles: Option<TileFns>,
-    /// The shapes of the tensors read, in binding order.
-    pub captures: Vec<Vec<usize>>,
-}
-
 impl AttnShape {
     /// The score scale the kernels multiply by.
     pub fn scale(&self) -> f32 {
@@ -228,7 +211,7 @@ impl KernelSpec {
             KernelSpec::AttentionGrad { shape: AttnShape { batch, h, hk, s, sk, .. }, wrt, .. } => {
                 let rows = self.attention_tiles().cube_rows();
                 match wrt {
-                    AttnArg::Q => (s.div_ceil(rows), batch * h),
+                    AttnArg::Q | AttnArg::Read(_) => (s.div_ceil(rows), batch * h),
                     AttnArg::K | AttnArg::V => (sk.div_ceil(rows), batch * hk),
                 }
             }
@@ -281,11 +264,14 @@ impl KernelSpec {
             KernelSpec::Rope { rows, d, .. } => rows * d / 2,
             KernelSpec::Attention { shape: AttnShape { batch, h, s, e, .. }, .. } => batch * h * s * e,
             KernelSpec::AttentionLse { shape: AttnShape { batch, h, s, .. }, .. } => batch * h * s,
-            KernelSpec::AttentionGrad { shape: AttnShape { batch, h, hk, s, sk, d, e, .. }, wrt, .. } => match wrt {
-                AttnArg::Q => batch * h * s * d,
-                AttnArg::K => batch * hk * sk * d,
-                AttnArg::V => batch * hk * sk * e,
-            },
+            KernelSpec::AttentionGrad { shape: AttnShape { batch, h, hk, s, sk, d, e, ref fns, .. }, wrt, .. } => {
+                match wrt {
+                    AttnArg::Q => batch * h * s * d,
+                    AttnArg::K => batch * hk * sk * d,
+                    AttnArg::V => batch * hk * sk * e,
+                    AttnArg::Read(c) => fns.as_ref().map_or(0, |f| f.captures[c].iter().product()),
+                }
+            }
             KernelSpec::Contract { o1, o2, .. } => o1 * o2,
         }
     }
@@ -348,7 +334,7 @@ impl KernelSpec {
             // v and the accumulator; dV: k and the accumulator.
             KernelSpec::AttentionGrad { shape: AttnShape { d, e, .. }, wrt, .. } => {
                 let (held, what) = match wrt {
-                    AttnArg::Q => (2 * d + 2 * e, "query, output, output-gradient and dQ"),
+                    AttnArg::Q | AttnArg::Read(_) => (2 * d + 2 * e, "query, output, output-gradient and dQ"),
                     AttnArg::K => (2 * d + e, "key, value and dK"),
                     AttnArg::V => (d + e, "key and dV"),
                 };
@@ -483,7 +469,12 @@ impl KernelSpec {
 
     /// What the kernels cannot compute yet for this launch, if anything.
     pub fn kernel_gap(&self) -> Option<&'static str> {
-        None
+        match self {
+            KernelSpec::AttentionGrad { wrt: AttnArg::Read(_), .. } => {
+                Some("the gradient of a tensor a score function reads (the interpreter computes it)")
+            }
+            _ => None,
+        }
     }
 
     /// The most loop iterations one unit runs (every loop, nested ones
@@ -536,7 +527,7 @@ impl KernelSpec {
                 let once = 2 * grad_steps(d) + 3 * grad_steps(e);
                 let rows = self.attention_tiles().cube_rows();
                 match wrt {
-                    AttnArg::Q => {
+                    AttnArg::Q | AttnArg::Read(_) => {
                         sk.div_ceil(tile) * (1 + tile * per_row)
                             + once
                             + read_trips(fns, rows, tile, sk.div_ceil(tile), true)
@@ -579,6 +570,7 @@ impl KernelSpec {
             KernelSpec::AttentionGrad { wrt: AttnArg::Q, .. } => "attention_grad_q",
             KernelSpec::AttentionGrad { wrt: AttnArg::K, .. } => "attention_grad_k",
             KernelSpec::AttentionGrad { wrt: AttnArg::V, .. } => "attention_grad_v",
+            KernelSpec::AttentionGrad { wrt: AttnArg::Read(_), .. } => "attention_grad_read",
         }
     }
 }

@@ -1,9 +1,29 @@
-//! What an attention launch with a mask function visits, from the mask's
-//! tile functions (`sparsity`): the fraction of its tiles (the work the
-//! plan prices) and the loop iterations their reads add (what Mesa's CPU
-//! drivers bound).
+//! Attention's score and mask functions in a plan ([`KernelFns`]) and what
+//! a launch with a mask function visits, from the mask's tile functions
+//! (`sparsity`): the fraction of its tiles (the work the plan prices) and
+//! the loop iterations their reads add (what Mesa's CPU drivers bound).
 
-use super::{AttnShape, KernelFns, KernelSpec};
+use super::{AttnShape, KernelSpec};
+use crate::ir::Func;
+use crate::sparsity::TileFns;
+use serde::Serialize;
+
+/// Attention's score and mask functions as kernels compile them: dims
+/// replaced by their values. The tensors they read are bound after the
+/// launch's operands, before its output.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct KernelFns {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub score: Option<Func>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mask: Option<Func>,
+    /// The mask's tile functions (`sparsity`), which skip empty tiles and
+    /// the mask on full ones.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tiles: Option<TileFns>,
+    /// The shapes of the tensors read, in binding order.
+    pub captures: Vec<Vec<usize>>,
+}
 
 /// Loop iterations the reads of a mask's tile functions add (`sparsity::read_trips`).
 pub(super) fn read_trips(fns: &Option<KernelFns>, rows: usize, tile: usize, tiles: usize, keys: bool) -> usize {

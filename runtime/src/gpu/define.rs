@@ -407,6 +407,7 @@ impl IrKernel {
                     false,
                     hook(shape, &b[4..]),
                 ),
+                AttnArg::Read(_) => unreachable!("refused before building (`KernelSpec::kernel_gap`)"),
             }
         } else {
             let i = ABSOLUTE_POS::expand(scope);

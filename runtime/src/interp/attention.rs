@@ -67,6 +67,13 @@ impl<'a> Scores<'a> {
         }
     }
 
+    /// `f`, a function of the score function's parameters, at pair (i, j).
+    pub fn score_call(&self, f: &Func, bi: usize, hi: usize, i: usize, j: usize) -> Result<FVal, ReadError> {
+        let (_, env) = self.fns.as_ref().expect("score functions");
+        let s = self.logit(bi, hi, i, j);
+        func::call(f, &self.score_args(s, [bi, hi, i, j]), env, [bi, hi, i, j])
+    }
+
     /// The score and its derivative by the scaled logit (1 without a score function).
     pub fn with_slope(&self, bi: usize, hi: usize, i: usize, j: usize) -> Result<Option<(f64, f64)>, ReadError> {
         let Some(score) = self.at(bi, hi, i, j)? else { return Ok(None) };

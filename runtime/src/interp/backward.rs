@@ -4,7 +4,7 @@
 use super::attention::Scores;
 use super::func::ReadError;
 use crate::tensor::Tensor;
-use attnc_compiler::ir::AttnArg;
+use attnc_compiler::ir::{AttnArg, Func};
 
 pub(super) fn transpose(x: &Tensor, shape: Vec<usize>) -> Tensor {
     let (k, f) = (x.shape[0], x.shape[1]);
@@ -158,6 +158,16 @@ pub(super) fn attention_grad(
     let (b, h, s, d) = (q.shape[0], q.shape[1], q.shape[2], q.shape[3]);
     let (hk, sk, e) = (k.shape[1], k.shape[2], v.shape[3]);
     let mut out = Tensor::zeros(shape);
+    // For a read tensor: each read's indices and partial derivative, as functions.
+    let reads: Vec<(Vec<Func>, Func)> = match (wrt, scores.fns.as_ref().and_then(|(f, _)| f.score.as_ref())) {
+        (AttnArg::Read(c), Some(f)) => (attnc_compiler::grad::read_partials(f, c).into_iter())
+            .map(|(idx, partial)| {
+                let idx = idx.into_iter().map(|body| Func { body, ..partial.clone() }).collect();
+                (idx, partial)
+            })
+            .collect(),
+        _ => vec![],
+    };
     for bi in 0..b {
         for hi in 0..h {
             let g = hi / (h / hk);
@@ -190,6 +200,17 @@ pub(super) fn attention_grad(
                         AttnArg::V => {
                             for (o, dout) in out.data[kv * e..][..e].iter_mut().zip(do_i) {
                                 *o += p * dout;
+                            }
+                        }
+                        // dS of the logit (before the slope) times ∂f/∂(value read), into the entry read.
+                        AttnArg::Read(_) => {
+                            let dz = p * (dp - delta);
+                            for (idx, partial) in &reads {
+                                let mut flat = 0;
+                                for (f, n) in idx.iter().zip(&out.shape) {
+                                    flat = flat * n + scores.score_call(f, bi, hi, i, j)?.int() as usize;
+                                }
+                                out.data[flat] += dz * scores.score_call(partial, bi, hi, i, j)?.float();
                             }
                         }
                     }
