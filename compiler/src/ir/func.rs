@@ -240,13 +240,6 @@ impl FExpr {
         }
     }
 
-    /// Whether the value depends on a captured tensor.
-    pub fn reads(&self) -> bool {
-        let mut any = false;
-        self.walk(&mut |e| any |= matches!(e, FExpr::Read { .. } | FExpr::ReadBound { .. }));
-        any
-    }
-
     /// The number of operations evaluated per call (the cost model's
     /// measure of a function: reads count as one each).
     pub fn ops(&self) -> usize {
@@ -258,12 +251,6 @@ impl FExpr {
             ))
         });
         n
-    }
-}
-
-impl Func {
-    pub fn reads(&self) -> bool {
-        self.body.reads()
     }
 }
 

@@ -103,13 +103,7 @@ fn binary(op: FBin, a: FVal, b: FVal) -> FVal {
             FBin::Rem => FVal::Int(if y == 0 { 0 } else { x - y * floor_div(x, y) }),
             FBin::Max => FVal::Int(x.max(y)),
             FBin::Min => FVal::Int(x.min(y)),
-            FBin::Lt => FVal::Bool(x < y),
-            FBin::Le => FVal::Bool(x <= y),
-            FBin::Gt => FVal::Bool(x > y),
-            FBin::Ge => FVal::Bool(x >= y),
-            FBin::Eq => FVal::Bool(x == y),
-            FBin::Ne => FVal::Bool(x != y),
-            other => unreachable!("`{}` on ints", other.symbol()),
+            other => FVal::Bool(compare(other, x, y)),
         },
         (x, y) => {
             let (x, y) = (x.float(), y.float());
@@ -121,15 +115,22 @@ fn binary(op: FBin, a: FVal, b: FVal) -> FVal {
                 FBin::Pow => FVal::Float(scalar::binary(B::Pow, x, y)),
                 FBin::Max => FVal::Float(scalar::binary(B::Max, x, y)),
                 FBin::Min => FVal::Float(scalar::binary(B::Min, x, y)),
-                FBin::Lt => FVal::Bool(x < y),
-                FBin::Le => FVal::Bool(x <= y),
-                FBin::Gt => FVal::Bool(x > y),
-                FBin::Ge => FVal::Bool(x >= y),
-                FBin::Eq => FVal::Bool(x == y),
-                FBin::Ne => FVal::Bool(x != y),
-                other => unreachable!("`{}` on floats", other.symbol()),
+                other => FVal::Bool(compare(other, x, y)),
             }
         }
+    }
+}
+
+/// A comparison of two ints or two floats (IEEE: NaN compares false but `!=`).
+fn compare<T: PartialOrd>(op: FBin, x: T, y: T) -> bool {
+    match op {
+        FBin::Lt => x < y,
+        FBin::Le => x <= y,
+        FBin::Gt => x > y,
+        FBin::Ge => x >= y,
+        FBin::Eq => x == y,
+        FBin::Ne => x != y,
+        other => unreachable!("`{}` on numbers", other.symbol()),
     }
 }
 

@@ -18,10 +18,11 @@
 //! kernel's (`attention::setup`), so what a mask means is written once.
 
 use super::attention::{
-    key_row, load_query, mask_scores, prepare_tiles, query_tile, setup, softmax_state, store_row, view_row, walk_tiles,
-    Shape, ROW_I, ROW_OUT, ROW_Q, SET_K, SET_V,
+    key_row, load_query, mask_scores, query_tile, setup, softmax_state, store_row, view_row, Shape, ROW_I, ROW_OUT,
+    ROW_Q, SET_K, SET_V,
 };
 use super::kernels::{self as k, Stored};
+use super::tiles::{prepare_tiles, walk_tiles};
 use attnc_compiler::plan::RowView;
 use cubecl::prelude::*;
 

@@ -5,7 +5,7 @@
 
 use super::func::{Capture, Fns, Hook};
 use super::kernels::{self as k, Stored};
-use super::{attention, attention_grad, attention_split, gemm, mma};
+use super::{attention, attention_grad, attention_split, attention_tiled, gemm, mma};
 use attnc_compiler::ir::{AttnArg, MaskKind, ReduceKind};
 use attnc_compiler::plan::group::{GroupStep, MapOp};
 use attnc_compiler::plan::{
@@ -337,7 +337,7 @@ impl IrKernel {
                             scope, &bufs[0], &bufs[1], &bufs[2], &mut out, scale, &shape, lanes,
                         );
                     }
-                    attention::build::<N>(
+                    attention_tiled::build::<N>(
                         scope, &bufs[0], &bufs[1], &bufs[2], &mut out, scale, &shape, lanes, self.plane,
                     )
                 }

@@ -166,9 +166,7 @@ pub mod slope_hook {
         let scaled = match &f.score {
             Some(score) => {
                 let slope = attnc_compiler::grad::score_slope(score);
-                let mut params = vec![Val::F(s)];
-                params.extend(f.index_params(scope, &at));
-                let d = f.emit(scope, &slope.body, &params, &[]).float();
+                let d = f.emit(scope, &slope.body, &score_params(scope, s, &at), &[]).float();
                 math::binary(scope, attnc_compiler::ir::BinaryOp::Mul, x, d)
             }
             None => x,
@@ -180,8 +178,16 @@ pub mod slope_hook {
     }
 }
 
-fn tile_params(scope: &Scope, at: &Tile) -> Vec<Val> {
-    [at.b, at.h, at.i0, at.i1, at.j0, at.j1].into_iter().map(|x| Val::I(to_int::expand(scope, x))).collect()
+/// Indices as a function's int parameters.
+fn ints(scope: &Scope, xs: &[NativeExpand<usize>]) -> Vec<Val> {
+    xs.iter().map(|x| Val::I(to_int::expand(scope, *x))).collect()
+}
+
+/// A score function's parameters: the scaled logit `s` and the pair's indices.
+fn score_params(scope: &Scope, s: NativeExpand<f32>, at: &Indices) -> Vec<Val> {
+    let mut params = vec![Val::F(s)];
+    params.extend(ints(scope, &[at.b, at.h, at.i, at.j]));
+    params
 }
 
 /// A value in the kernel being built.
@@ -237,15 +243,13 @@ impl Fns {
     /// The score function of scaled logit `s` (unchanged without one).
     pub fn score(&self, scope: &Scope, s: NativeExpand<f32>, at: &Indices) -> NativeExpand<f32> {
         let Some(f) = &self.score else { return s };
-        let mut params = vec![Val::F(s)];
-        params.extend(self.index_params(scope, at));
-        self.emit(scope, &f.body, &params, &[]).float()
+        self.emit(scope, &f.body, &score_params(scope, s, at), &[]).float()
     }
 
     /// Whether the mask function lets the query see the key (`None` without one).
     pub fn visible(&self, scope: &Scope, at: &Indices) -> Option<NativeExpand<bool>> {
         let f = self.mask.as_ref()?;
-        let params = self.index_params(scope, at);
+        let params = ints(scope, &[at.b, at.h, at.i, at.j]);
         Some(self.emit(scope, &f.body, &params, &[]).bool())
     }
 
@@ -261,7 +265,7 @@ impl Fns {
         keys: bool,
     ) -> Option<(NativeExpand<bool>, NativeExpand<bool>)> {
         let t = self.tiles.as_ref()?;
-        let params = tile_params(scope, at);
+        let params = ints(scope, &[at.b, at.h, at.i0, at.i1, at.j0, at.j1]);
         let cache: Vec<(FExpr, NativeExpand<f32>)> = reads(t, keys).0.into_iter().zip(prep.iter().copied()).collect();
         let any = self.emit(scope, &t.any.body, &params, &cache).bool();
         Some((any, self.emit(scope, &t.hidden.body, &params, &cache).bool()))
@@ -272,12 +276,8 @@ impl Fns {
     /// (`keys`: the cube walks key tiles).
     pub fn prepare(&self, scope: &Scope, at: &Tile, keys: bool) -> Vec<NativeExpand<f32>> {
         let Some(t) = &self.tiles else { return vec![] };
-        let params = tile_params(scope, at);
+        let params = ints(scope, &[at.b, at.h, at.i0, at.i1, at.j0, at.j1]);
         reads(t, keys).0.iter().map(|e| self.emit(scope, e, &params, &[]).float()).collect()
-    }
-
-    fn index_params(&self, scope: &Scope, at: &Indices) -> Vec<Val> {
-        [at.b, at.h, at.i, at.j].into_iter().map(|x| Val::I(to_int::expand(scope, x))).collect()
     }
 
     fn emit(&self, scope: &Scope, e: &FExpr, params: &[Val], cache: &[(FExpr, NativeExpand<f32>)]) -> Val {

@@ -12,6 +12,7 @@
 pub mod attention;
 pub mod attention_grad;
 pub mod attention_split;
+pub mod attention_tiled;
 pub mod baseline;
 pub mod bench;
 pub mod define;
@@ -21,3 +22,4 @@ pub mod func;
 pub mod gemm;
 pub mod kernels;
 pub mod mma;
+pub mod tiles;

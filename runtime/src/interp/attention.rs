@@ -49,42 +49,39 @@ impl<'a> Scores<'a> {
         }
     }
 
-    fn score_args(&self, s: f64, [bi, hi, i, j]: [usize; 4]) -> [FVal; 5] {
-        [FVal::Float(s), FVal::Int(bi as i64), FVal::Int(hi as i64), FVal::Int(i as i64), FVal::Int(j as i64)]
-    }
-
     pub fn at(&self, bi: usize, hi: usize, i: usize, j: usize) -> Result<Option<f64>, ReadError> {
         if !self.visible(bi, hi, i, j)? {
             return Ok(None);
         }
         let s = self.logit(bi, hi, i, j);
         match &self.fns {
-            Some((AttnFns { score: Some(f), .. }, env)) => {
-                let v = func::call(f, &self.score_args(s, [bi, hi, i, j]), env, [bi, hi, i, j])?;
-                Ok(Some(v.float()))
-            }
+            Some((AttnFns { score: Some(f), .. }, _)) => Ok(Some(self.call(f, s, [bi, hi, i, j])?.float())),
             _ => Ok(Some(s)),
         }
     }
 
-    /// `f`, a function of the score function's parameters, at pair (i, j).
-    pub fn score_call(&self, f: &Func, bi: usize, hi: usize, i: usize, j: usize) -> Result<FVal, ReadError> {
+    /// `f`, a function of the score function's parameters, at scaled logit
+    /// `s` of pair `at` = (b, h, i, j).
+    pub fn call(&self, f: &Func, s: f64, at: [usize; 4]) -> Result<FVal, ReadError> {
         let (_, env) = self.fns.as_ref().expect("score functions");
-        let s = self.logit(bi, hi, i, j);
-        func::call(f, &self.score_args(s, [bi, hi, i, j]), env, [bi, hi, i, j])
+        let [bi, hi, i, j] = at.map(|x| FVal::Int(x as i64));
+        func::call(f, &[FVal::Float(s), bi, hi, i, j], env, at)
     }
 
-    /// The score and its derivative by the scaled logit (1 without a score function).
-    pub fn with_slope(&self, bi: usize, hi: usize, i: usize, j: usize) -> Result<Option<(f64, f64)>, ReadError> {
-        let Some(score) = self.at(bi, hi, i, j)? else { return Ok(None) };
-        let slope = match (&self.slope, &self.fns) {
-            (Some(f), Some((_, env))) => {
-                let s = self.logit(bi, hi, i, j);
-                func::call(f, &self.score_args(s, [bi, hi, i, j]), env, [bi, hi, i, j])?.float()
+    /// For a visible pair: its scaled logit, its score, and the score's
+    /// derivative by the logit (1 without a score function).
+    pub fn with_slope(&self, bi: usize, hi: usize, i: usize, j: usize) -> Result<Option<[f64; 3]>, ReadError> {
+        if !self.visible(bi, hi, i, j)? {
+            return Ok(None);
+        }
+        let s = self.logit(bi, hi, i, j);
+        let at = [bi, hi, i, j];
+        match (&self.fns, &self.slope) {
+            (Some((AttnFns { score: Some(f), .. }, _)), Some(slope)) => {
+                Ok(Some([s, self.call(f, s, at)?.float(), self.call(slope, s, at)?.float()]))
             }
-            _ => 1.0,
-        };
-        Ok(Some((score, slope)))
+            _ => Ok(Some([s, s, 1.0])),
+        }
     }
 }
 

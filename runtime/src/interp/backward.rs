@@ -180,7 +180,7 @@ pub(super) fn attention_grad(
                 let (o_i, do_i) = (&o.data[row * e..][..e], &dout.data[row * e..][..e]);
                 let delta: f64 = o_i.iter().zip(do_i).map(|(a, b)| a * b).sum();
                 for j in 0..sk {
-                    let Some((sc, slope)) = scores.with_slope(bi, hi, i, j)? else { continue };
+                    let Some([logit, sc, slope]) = scores.with_slope(bi, hi, i, j)? else { continue };
                     let p = (sc - l).exp();
                     let kv = (bi * hk + g) * sk + j;
                     let v_j = &v.data[kv * e..][..e];
@@ -208,9 +208,9 @@ pub(super) fn attention_grad(
                             for (idx, partial) in &reads {
                                 let mut flat = 0;
                                 for (f, n) in idx.iter().zip(&out.shape) {
-                                    flat = flat * n + scores.score_call(f, bi, hi, i, j)?.int() as usize;
+                                    flat = flat * n + scores.call(f, logit, [bi, hi, i, j])?.int() as usize;
                                 }
-                                out.data[flat] += dz * scores.score_call(partial, bi, hi, i, j)?.float();
+                                out.data[flat] += dz * scores.call(partial, logit, [bi, hi, i, j])?.float();
                             }
                         }
                     }

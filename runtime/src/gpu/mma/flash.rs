@@ -349,7 +349,7 @@ pub fn build_attention<N: Size>(
             k::barrier::expand(scope);
         }
     };
-    att::key_tiles(scope, &set, a, bk, tile);
+    tiles::key_tiles(scope, &set, a, bk, tile);
     store_row::expand::<N>(scope, out, &o, &o_rest, &state, &slots, a.s, el, held);
 }
 

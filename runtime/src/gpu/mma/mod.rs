@@ -22,6 +22,7 @@ pub use flash::build_attention;
 use super::attention::{self as att, ROW_I, ROW_OUT, ROW_Q, SET_K, SET_V};
 use super::gemm;
 use super::kernels::{self as k, Operand, Stored};
+use super::tiles;
 use attnc_compiler::plan::{Dtype, RowView, ATTN_ROWS, GEMM_ROWS, GEMM_UNITS};
 use cubecl::cmma::{self, MatrixIdent, MatrixLayout};
 use cubecl::prelude::*;

@@ -1,0 +1,201 @@
+//! The CPU-tiled attention kernel, FlashAttention-2 style, assembled on the host from
+//! `#[cube]` helpers so that every loop over channels and keys is unrolled.
+//!
+//! A cube of [`ATTN_ROWS`] units owns `ATTN_ROWS · R` query rows of one
+//! (batch, head), `R` rows per unit (rows `u`, `u + ATTN_ROWS`, …; see
+//! `plan::AttnTiles`), their queries (pre-scaled) and output
+//! accumulators in registers as vectors of the line size. It walks key tiles of `bk` rows: each key row is loaded once
+//! per plane, every lane loading its share of the row's vectors, and reaches
+//! the other lanes by plane broadcasts. Per tile the scores go to registers,
+//! the running max is updated once and the accumulator rescaled once, then
+//! `exp(score − max)` weights the value rows.
+//!
+//! The tiles visited come from the mask, per cube: every visible key lies in
+//! an interval of rows per query row, monotone in the row, so the visible
+//! tiles are consecutive, the few at either end partly masked and those
+//! between seen whole by every row; one loop walks them (`tiles::walk_tiles`), its
+//! tile emitted once, and masks a tile's scores only on the boundary (one
+//! uniform branch a tile); tiles no row sees are never loaded. Causal cubes
+//! run heaviest first.
+//!
+//! Loop iterations per unit: one per key tile, and per part of a tile
+//! unrolled in parts (see `plan::KernelSpec::loop_trips`).
+
+use super::attention::{
+    key_row, load_query, mask_scores, row_slots, setup, softmax_state, store_row, Shape, ROW_I, ROW_Q, SET_K, SET_V,
+};
+use super::kernels::{self as k, Stored};
+use super::tiles::{prepare_tiles, walk_tiles};
+use attnc_compiler::plan::ATTN_ROWS;
+use cubecl::prelude::*;
+
+/// Emit the kernel body for vectors of `N` (`lanes` floats), spreading each
+/// key and value row over planes of `plane` units (1: every unit loads whole rows).
+#[allow(clippy::too_many_arguments)]
+pub fn build<N: Size>(
+    scope: &Scope,
+    q: &NativeExpand<[Vector<Stored, N>]>,
+    kb: &NativeExpand<[Vector<Stored, N>]>,
+    v: &NativeExpand<[Vector<Stored, N>]>,
+    out: &mut NativeExpand<[Vector<Stored, N>]>,
+    scale: NativeExpand<f32>,
+    a: &Shape,
+    lanes: usize,
+    plane: u32,
+) {
+    let (dl, el) = (a.d / lanes, a.e / lanes);
+    let (bk, nr) = (a.tiles.key_tile, a.tiles.unit_rows);
+    let bq = ATTN_ROWS * nr;
+    let set = setup::expand(scope, a.h, a.hk, a.s, a.sk, bq, bk, a.kind, a.window, a.block, a.views, a.fold);
+    let mut units = Vec::with_capacity(nr);
+    for r in 0..nr {
+        let slots = row_slots::expand(scope, a.h, a.s, bq, a.kind, r, a.views, a.fold);
+        let qr = load_query::expand::<N>(scope, q, k::uget::expand(scope, &slots, ROW_Q), scale, dl);
+        let acc = k::vzeros::expand::<N>(scope, el);
+        let state = softmax_state::expand(scope);
+        units.push(UnitRow { slots, qr, acc, state });
+    }
+    let lane = k::plane_lane::expand(scope, plane.max(1));
+    // The tile's rows unrolled at once; a wider tile (fragment tiling) is
+    // walked in parts, an online-softmax step each.
+    let part = a.tiles.unrolled_rows(dl + el, a.half);
+    let prep = prepare_tiles(scope, &set, a);
+    walk_tiles(scope, &set, a, bk, &prep, |scope, kt, masked, hidden| {
+        let k0 = k::mul_const::expand(scope, kt, bk);
+        let tile = |scope: &Scope, k0| {
+            let t = KeyTile { a, set: &set, kb, v, rows: &units, lane, k0, bk: part, dl, el, plane, masked, hidden };
+            t.emit(scope)
+        };
+        if part == bk {
+            tile(scope, k0);
+        } else {
+            let parts =
+                RangeExpand::new(NativeExpand::from_lit(scope, 0usize), NativeExpand::from_lit(scope, bk / part));
+            for_expand(scope, parts, false, |scope, p| {
+                let at = k::mul_const::expand(scope, p, part);
+                tile(scope, k::add_index::expand(scope, k0, at))
+            });
+        }
+    });
+    for u in &units {
+        store_row::expand::<N>(scope, out, &u.acc, &u.state, &u.slots, a.s, el);
+    }
+}
+
+/// One query row of a unit: its addresses, scaled query, accumulator and
+/// softmax state `[running max, running sum]`.
+struct UnitRow<N: Size> {
+    slots: NativeExpand<Array<usize>>,
+    qr: NativeExpand<Array<Vector<f32, N>>>,
+    acc: NativeExpand<Array<Vector<f32, N>>>,
+    state: NativeExpand<Array<f32>>,
+}
+
+/// One key tile of one cube, starting at key row `k0`.
+struct KeyTile<'a, N: Size> {
+    a: &'a Shape,
+    set: &'a NativeExpand<Array<usize>>,
+    kb: &'a NativeExpand<[Vector<Stored, N>]>,
+    v: &'a NativeExpand<[Vector<Stored, N>]>,
+    rows: &'a [UnitRow<N>],
+    lane: NativeExpand<usize>,
+    k0: NativeExpand<usize>,
+    bk: usize,
+    dl: usize,
+    el: usize,
+    plane: u32,
+    masked: Option<NativeExpand<bool>>,
+    /// Whether the mask function may hide a key of the tile (`tile_state`).
+    hidden: Option<NativeExpand<bool>>,
+}
+
+impl<N: Size> KeyTile<'_, N> {
+    /// The `n` vectors of row `row` of `x`, in chunk order: loaded by their
+    /// lanes and broadcast when rows are spread over a plane.
+    fn row(
+        &self,
+        scope: &Scope,
+        x: &NativeExpand<[Vector<Stored, N>]>,
+        row: NativeExpand<usize>,
+        n: usize,
+    ) -> Vec<NativeExpand<Vector<f32, N>>> {
+        if self.plane <= 1 {
+            let zero = NativeExpand::from_lit(scope, 0usize);
+            return (0..n).map(|c| k::vload_share::expand::<N>(scope, x, row, zero, n, c, n)).collect();
+        }
+        let per = n.div_ceil(self.plane as usize);
+        let held: Vec<_> = (0..per).map(|r| k::vload_share::expand::<N>(scope, x, row, self.lane, per, r, n)).collect();
+        (0..n).map(|c| k::from_lane::expand::<N>(scope, held[c % per], (c / per) as u32)).collect()
+    }
+
+    /// Every key row of the tile is loaded once and serves each of the
+    /// unit's query rows; then one rescale per row, and each value row is
+    /// loaded once and accumulated into every row.
+    fn emit(&self, scope: &Scope) {
+        let a = self.a;
+        let k_base = k::uget::expand(scope, self.set, SET_K);
+        let v_base = k::uget::expand(scope, self.set, SET_V);
+        let rows: Vec<_> = self
+            .rows
+            .iter()
+            .map(|u| {
+                let i = k::uget::expand(scope, &u.slots, ROW_I);
+                let qr: Vec<_> = (0..self.dl).map(|c| k::vget::expand::<N>(scope, &u.qr, c)).collect();
+                (i, qr)
+            })
+            .collect();
+        let mut scores = vec![Vec::with_capacity(self.bk); rows.len()];
+        let mut value_rows = Vec::with_capacity(self.bk);
+        for jj in 0..self.bk {
+            let clamp = self.masked.is_some();
+            let row = key_row::expand(scope, self.k0, k_base, jj, a.sk, clamp, a.views[1]);
+            value_rows.push(key_row::expand(scope, self.k0, v_base, jj, a.sk, clamp, a.views[2]));
+            let keys = self.row(scope, self.kb, row, self.dl);
+            for ((_, qr), sc) in rows.iter().zip(&mut scores) {
+                let mut dot = k::fconst::expand(scope, 0.0);
+                for (qc, kc) in qr.iter().zip(&keys) {
+                    dot = k::dot_add::expand::<N>(scope, dot, *qc, *kc);
+                }
+                sc.push(dot);
+            }
+        }
+        let scores: Vec<_> = (rows.iter().zip(scores))
+            .map(|((i, _), sc)| mask_scores(scope, sc, &self.masked, self.hidden, *i, self.k0, a))
+            .collect();
+        // One rescale per row and tile.
+        let mut outs = vec![];
+        let mut m_news = vec![];
+        let mut ls = vec![];
+        for (u, sc) in self.rows.iter().zip(&scores) {
+            let m_old = k::fget::expand(scope, &u.state, 0);
+            let m_new = sc.iter().fold(m_old, |m, s| k::fmax::expand(scope, m, *s));
+            let corr = k::exp_diff::expand(scope, m_old, m_new);
+            ls.push(k::fmul::expand(scope, k::fget::expand(scope, &u.state, 1), corr));
+            outs.push(
+                (0..self.el)
+                    .map(|c| k::vscale::expand::<N>(scope, k::vget::expand::<N>(scope, &u.acc, c), corr))
+                    .collect::<Vec<_>>(),
+            );
+            m_news.push(m_new);
+        }
+        for (jj, row) in value_rows.into_iter().enumerate() {
+            let vals = self.row(scope, self.v, row, self.el);
+            for r in 0..self.rows.len() {
+                let p = k::exp_diff::expand(scope, scores[r][jj], m_news[r]);
+                ls[r] = k::fadd::expand(scope, ls[r], p);
+                for (o, vc) in outs[r].iter_mut().zip(&vals) {
+                    *o = k::axpy::expand::<N>(scope, *o, p, *vc);
+                }
+            }
+        }
+        for (r, u) in self.rows.iter().enumerate() {
+            let mut acc = u.acc;
+            let mut state = u.state;
+            for (c, o) in outs[r].iter().enumerate() {
+                k::vset::expand::<N>(scope, &mut acc, c, *o);
+            }
+            k::fset::expand(scope, &mut state, 0, m_news[r]);
+            k::fset::expand(scope, &mut state, 1, ls[r]);
+        }
+    }
+}
