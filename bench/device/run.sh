@@ -4,10 +4,20 @@
 # time the kernels against cubek (in `bench`) and PyTorch (torch_ref.py), in
 # f32 and then in bf16 on tensor cores. Build here first and carry the binary:
 #   cargo build --release --features cuda   (after `eval "$(bash .ci/llvm-for-cuda.sh)"`)
-#   cp target/release/attnc .device-bin/attnc  (an ignored folder named in `carry`)
-# On the device: bash bench/device/run.sh  (writes its log under $OUT)
+#   strip -o .device-bin/attnc target/release/attnc  (an ignored folder named in `carry`;
+#   past the 64 MiB a call carries, `xz` it to .device-bin/attnc.xz, unpacked here)
+# On the device: bash bench/device/run.sh [SECTION ...]  (writes its log under $OUT)
+# Sections: core (the stdlib against the interpreter, timings against cubek
+# and PyTorch), half (bf16 and tf32), grad (gradients), functions (score and
+# mask functions against the interpreter and FlexAttention). Default: all.
 set -u
+SECTIONS=${*:-core half grad functions}
+want() { [[ " $SECTIONS " == *" $1 "* ]]; }
 BIN=${BIN:-.device-bin/attnc}
+if [ ! -x "$BIN" ] && [ -f "$BIN.xz" ]; then
+  python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" "$BIN.xz" "$BIN"
+  chmod +x "$BIN"
+fi
 OUT=${OUT:-/tmp/attnc-device}
 mkdir -p "$OUT"
 log="$OUT/log.txt"
@@ -25,6 +35,7 @@ print(f"{num / den:.3e}{' NaN' if bad else ''}")
 PY
 }
 status=0
+if want core; then
 while read -r spec key sets; do
   "$BIN" run "stdlib/$spec.attn" --seed 0 $sets --dtype f64 --out "$OUT/$spec-ref.safetensors" 2>>"$log" || status=1
   "$BIN" run "stdlib/$spec.attn" --seed 0 $sets --backend cuda --out "$OUT/$spec-cuda.safetensors" 2>>"$log" || status=1
@@ -62,6 +73,8 @@ done <<'TORCH'
 4 flat_causal global 1024
 4 token_causal per_head 1024
 TORCH
+fi
+if want half; then
 # Half precision (issue "Half precision and tensor cores"): bf16 on tensor
 # cores. Checked against the interpreter at a smaller size (bf16's unit
 # roundoff is 2^-8, so expect relative errors of a few 1e-3), then timed at
@@ -101,6 +114,8 @@ echo "cuda tf32 vs interpreter: iha: relative error $err" | tee -a "$log"
 echo "== bench tf32 stdlib/mha.attn" | tee -a "$log"
 timeout 120 "$BIN" bench stdlib/mha.attn --set B=16 --set H=4 --set d=128 --set N=4096 --backend cuda --dtype tf32 \
   --iters 5 --warmup 1 2>&1 | tee -a "$log" || status=1
+fi
+if want grad; then
 # Gradients (issue "Training"): the gradient program on CUDA against the
 # float64 interpreter, every gradient, then a training step timed.
 while read -r spec sets; do
@@ -118,4 +133,8 @@ CASES
 echo "== bench --grad stdlib/mha.attn" | tee -a "$log"
 timeout 200 "$BIN" bench stdlib/mha.attn --set H=8 --set d=64 --set N=2048 --grad --backend cuda --iters 5 --warmup 1 \
   2>&1 | tee -a "$log" || status=1
+fi
+if want functions; then
+  source bench/device/functions.sh
+fi
 exit $status
