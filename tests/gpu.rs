@@ -161,6 +161,7 @@ fn stdlib_specs(gpu: &Dev) {
 /// One attention launch at a size users run: `h` query heads over `hk`
 /// key/value heads, `m` queries against `n` keys (queries aligned to the
 /// last keys), head width `d`.
+#[derive(Clone)]
 struct Sized {
     h: usize,
     hk: usize,
@@ -589,7 +590,7 @@ fn attention_gradients(dev: &Dev) {
 /// [`attention_gradients`]' cases and `more`.
 fn attention_gradients_in(dev: &Dev, more: &[Sized]) {
     let s = |h, hk, m, n, d, mask, window, block| Sized { h, hk, m, n, d, mask, window, block };
-    let cases = [
+    let cases: Vec<Sized> = [
         s(2, 1, 300, 1000, 64, "causal", None, 1),
         s(1, 1, 1100, 1100, 32, "none", Some(100), 1),
         s(2, 2, 70, 45, 256, "causal", None, 1),
@@ -600,8 +601,17 @@ fn attention_gradients_in(dev: &Dev, more: &[Sized]) {
         s(2, 1, 150, 400, 16, "causal", Some(30), 1),
         s(1, 1, 92, 260, 8, "token_causal", Some(3), 4),
         s(1, 1, 100, 332, 8, "none", Some(2), 4),
-    ];
-    for (i, c) in cases.iter().chain(more).enumerate() {
+    ]
+    .into_iter()
+    .chain(more.iter().cloned())
+    .collect();
+    attention_gradient_cases(dev, &cases);
+}
+
+/// Every gradient of attention at each size within the device dtype's
+/// tolerance of the interpreter, and bit-identical on a second run.
+fn attention_gradient_cases(dev: &Dev, cases: &[Sized]) {
+    for (i, c) in cases.iter().enumerate() {
         let spec = sized_spec(c);
         let grad = attnc_compiler::grad::differentiate(&spec.program, &[]).unwrap();
         let (mut tensors, dims) = bind::generate_inputs(&grad, 40 + i as u64).unwrap();
@@ -620,10 +630,12 @@ fn attention_gradients_in(dev: &Dev, more: &[Sized]) {
             assert!(kinds.contains(&kind), "{what}: no {kind} launch in {kinds:?}");
         }
         let (got, _) = dev.run(&plan, &inputs).unwrap_or_else(|e| panic!("{what}: {e}"));
-        for ((name, _), (g, w)) in grad.outputs.iter().zip(got.iter().zip(&want)) {
+        let same = dev.same(&grad, &tensors, &dims);
+        for (n, ((name, _), (g, w))) in grad.outputs.iter().zip(got.iter().zip(&want)).enumerate() {
             assert_eq!(g.shape, w.shape, "{what}: {name}");
             assert!(w.data.iter().any(|v| *v != 0.0), "{what}: {name} is all zeros in the reference");
-            check_close(dev.dtype, &g.data, &w.data, None, &format!("{what}: {name}"));
+            let same = same.as_ref().map(|s| &s[n].data[..]);
+            check_close(dev.dtype, &g.data, &w.data, same, &format!("{what}: {name}"));
         }
         let (again, _) = dev.run(&plan, &inputs).unwrap();
         for ((name, _), (a, b)) in grad.outputs.iter().zip(again.iter().zip(&got)) {
@@ -858,6 +870,19 @@ backend_tests!(wgpu, Gpu::wgpu, Dtype::F32);
 #[test]
 fn attention_gradients_match_the_interpreter_at_real_sizes() {
     attention_gradients(&device(Gpu::wgpu, Dtype::F32));
+}
+
+/// The backward with 16-bit storage (loads convert, sums stay f32)
+/// against the same-dtype reference: masks, GQA, unequal lengths, d = 256.
+#[test]
+fn half_attention_gradients_match_the_interpreter() {
+    let s = |h, hk, m, n, d, mask, window, block| Sized { h, hk, m, n, d, mask, window, block };
+    let cases = [
+        s(2, 1, 300, 1000, 64, "causal", None, 1),
+        s(3, 1, 200, 200, 24, "token_causal", Some(5), 4),
+        s(2, 2, 70, 45, 256, "causal", None, 1),
+    ];
+    attention_gradient_cases(&device(Gpu::wgpu, Dtype::F16), &cases);
 }
 
 /// The backward tiled within a GPU's register file, as CUDA runs it

@@ -6,11 +6,13 @@
 mod dtype;
 pub mod group;
 mod spec;
+mod tiles;
 mod view;
 mod visited;
 
 pub use dtype::Dtype;
 pub use spec::*;
+pub use tiles::*;
 pub use view::*;
 
 use crate::cost::{op_cost, weight_only};

@@ -2,6 +2,7 @@
 //! reader of a launch (planner, kernels, emitter, cost model) takes from here.
 
 use super::group::{self, GroupStep};
+use super::tiles::*;
 use super::view::{RowView, View};
 use super::visited::read_trips;
 pub use super::visited::KernelFns;
@@ -280,7 +281,16 @@ impl KernelSpec {
     /// vectors of [`KernelSpec::line_size`] floats, every read clamped and
     /// every write guarded by construction.
     pub fn vectorised(&self) -> bool {
-        matches!(self, KernelSpec::MatMul { .. } | KernelSpec::Attention { .. })
+        matches!(self, KernelSpec::MatMul { .. } | KernelSpec::Attention { .. }) || self.tiled_grad()
+    }
+
+    /// An attention gradient on the forward's tiling (several rows a unit
+    /// in vectors, the other side's tiles unrolled;
+    /// `gpu::attention_tiled_grad`): `dQ`, `dK` and `dV` on the CPU
+    /// drivers' tiling (`split` 0). Tiled within a GPU's register file they
+    /// stage tiles in shared memory, a row a unit (`gpu::attention_grad`).
+    pub fn tiled_grad(&self) -> bool {
+        matches!(self, KernelSpec::AttentionGrad { wrt: AttnArg::Q | AttnArg::K | AttnArg::V, split: 0, .. })
     }
 
     /// Whether a kernel on matrix fragments may compute this launch on the
@@ -381,7 +391,7 @@ impl KernelSpec {
                 t.cube_rows(),
                 t.key_tile
             ),
-            KernelSpec::Attention { .. } => format!(
+            KernelSpec::Attention { .. } | KernelSpec::AttentionGrad { .. } if self.vectorised() => format!(
                 "{} query row(s) a unit in vectors of {}, {} rows a cube; key tiles of {} rows (the CPU drivers' \
                  tiling: rows a unit amortise each key row's loads, within an unrolling bound)",
                 t.unit_rows,
@@ -416,6 +426,24 @@ impl KernelSpec {
                     mask != MaskKind::None || window.is_some() || fns.as_ref().is_some_and(|f| f.mask.is_some());
                 AttnTiles::new(d / l, e / l, s, sk, masked, window.unwrap_or(0) * block)
             }
+            // Per pair, dQ and dK take two dot products and an update (the
+            // forward's tiling at widths `2 dl + el`), dV one of each
+            // (`dl + el`); dK and dV tile key rows against query tiles.
+            KernelSpec::AttentionGrad {
+                shape: AttnShape { s, sk, d, e, mask, window, block, ref fns, .. },
+                wrt,
+                ..
+            } if self.tiled_grad() => {
+                let l = self.line_size();
+                let masked =
+                    mask != MaskKind::None || window.is_some() || fns.as_ref().is_some_and(|f| f.mask.is_some());
+                let w = window.unwrap_or(0) * block;
+                match wrt {
+                    AttnArg::V => AttnTiles::new(d / l, e / l, sk, s, masked, w),
+                    AttnArg::K => AttnTiles::new(2 * d / l, e / l, sk, s, masked, w),
+                    _ => AttnTiles::new(2 * d / l, e / l, s, sk, masked, w),
+                }
+            }
             KernelSpec::AttentionLse { tile, split, .. } | KernelSpec::AttentionGrad { tile, split, .. } => {
                 AttnTiles { unit_rows: 1, key_tile: tile, lanes: split.max(1) }
             }
@@ -441,6 +469,13 @@ impl KernelSpec {
                 }
                 line_size(&ns)
             }
+            KernelSpec::AttentionGrad { shape: AttnShape { d, e, .. }, q, k, v, o, dout, .. } if self.tiled_grad() => {
+                let mut ns = vec![d, e];
+                for view in [q, k, v, o, dout] {
+                    ns.extend([view.offset, view.batch, view.head, view.outer, view.inner]);
+                }
+                line_size(&ns)
+            }
             _ => 1,
         }
     }
@@ -462,6 +497,12 @@ impl KernelSpec {
             // The tensors score and mask functions read, after q, k and v.
             KernelSpec::Attention { shape: AttnShape { fns: Some(f), .. }, .. } => {
                 (3..3 + f.captures.len()).contains(&slot)
+            }
+            // dQ and dK: q, k, v, o, dout, then the log-sum-exp and the
+            // captures; dV: q, k, dout, the log-sum-exp, the captures.
+            KernelSpec::AttentionGrad { shape: AttnShape { fns, .. }, wrt, .. } if self.tiled_grad() => {
+                let lse = if *wrt == AttnArg::V { 3 } else { 5 };
+                (lse..=lse + fns.as_ref().map_or(0, |f| f.captures.len())).contains(&slot)
             }
             _ => false,
         }
@@ -508,6 +549,21 @@ impl KernelSpec {
             KernelSpec::LooMean { n, .. } => n,
             KernelSpec::Contract { rows, inner, .. } => {
                 (rows * inner).div_ceil(GROUP_UNITS) + GROUP_UNITS.ilog2() as usize
+            }
+            KernelSpec::AttentionGrad { shape: AttnShape { h, hk, s, sk, d, e, ref fns, .. }, wrt, .. }
+                if self.tiled_grad() =>
+            {
+                let t = self.attention_tiles();
+                let width = if wrt == AttnArg::V { d + e } else { 2 * d + e };
+                let part = t.unrolled_rows(width / self.line_size(), half);
+                let parts = if part < t.key_tile { t.key_tile / part + 1 } else { 0 };
+                if wrt != AttnArg::Q {
+                    // Query heads, then the query tiles of each.
+                    return (h / hk) * (1 + (s.div_ceil(t.key_tile) + 1) * (1 + parts)) + 1;
+                }
+                let tiles = sk.div_ceil(t.key_tile);
+                let listing = if fns.as_ref().is_some_and(|f| f.tiles.is_some()) { tiles + 1 } else { 0 };
+                (tiles + 1) * (1 + parts) + 1 + listing + read_trips(fns, t.cube_rows(), t.key_tile, tiles, true)
             }
             // A loop over a tile's rows, and per row the channel loops of `grad_chunk`.
             KernelSpec::AttentionLse { shape: AttnShape { sk, d, ref fns, .. }, tile, split, .. } => {
@@ -612,8 +668,6 @@ pub const GEMM_COLS: usize = 32;
 /// Floats of `k` per shared-memory stage of the staged GEMM (two stages in
 /// flight: `2 · (GEMM_UNITS · GEMM_ROWS + cols) · GEMM_STAGE_K` floats).
 pub const GEMM_STAGE_K: usize = 8;
-/// Units per attention cube; each owns `AttnTiles::unit_rows` query rows.
-pub const ATTN_ROWS: usize = 64;
 /// Loop iterations one unit may run on Mesa's CPU drivers (llvmpipe,
 /// lavapipe): they count every loop back-edge of an invocation against one
 /// limit of 65 535 and, past it, leave every loop silently. Kernels unroll
@@ -642,146 +696,8 @@ pub struct RowFloats {
     pub widest: usize,
 }
 
-/// How an attention launch is tiled: query rows per unit and key rows per tile.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct AttnTiles {
-    /// Query rows each unit owns; a cube owns `ATTN_ROWS · unit_rows`.
-    pub unit_rows: usize,
-    /// Key rows per tile (one softmax rescale each).
-    pub key_tile: usize,
-    /// Units sharing a query row, each with a slice of its channels
-    /// (register tiling; 1 otherwise).
-    pub lanes: usize,
-}
-
-/// Vector operations one key tile of the CPU drivers' attention unrolls at
-/// most (`unit_rows · key_tile · (dl + el)`, [`AttnTiles::new`]; half
-/// that in 16-bit storage, [`AttnTiles::unrolled_rows`]): keeps a WGSL
-/// attention kernel within about 160 KB. At 2048 the source was 400–540 KB
-/// and lavapipe ran no faster (`bench/RESULTS.md`).
-pub const UNROLL_OPS: usize = 1024;
-
-/// Units per cube of register-tiled attention at most: CUDA gives a thread
-/// of a block of `n` threads at most `65536 / n` registers (255 up to 256
-/// threads), so wider rows (more lanes each) mean fewer rows per cube.
-pub const REGISTER_UNITS: usize = 256;
-/// Query and output floats a unit of register-tiled attention holds at
-/// most ([`KernelSpec::fit_registers`]): with the key tile's scores and the
-/// addresses, well inside the 255 registers a CUDA thread may use.
-pub const REGISTER_FLOATS: usize = 64;
-/// Key rows per tile of register-tiled attention.
-pub const REGISTER_KEY_TILE: usize = 8;
-
 fn is_zero(n: &usize) -> bool {
     *n == 0
-}
-
-impl AttnTiles {
-    /// Query rows per cube.
-    pub fn cube_rows(&self) -> usize {
-        if self.lanes > 1 {
-            (REGISTER_UNITS / self.lanes).min(ATTN_ROWS)
-        } else {
-            ATTN_ROWS * self.unit_rows
-        }
-    }
-
-    /// Units per cube.
-    pub fn units(&self) -> usize {
-        if self.lanes > 1 {
-            self.cube_rows() * self.lanes
-        } else {
-            ATTN_ROWS
-        }
-    }
-
-    /// Key rows the CPU drivers' kernel unrolls at once for rows of `width`
-    /// vectors (`dl + el`): the whole key tile where its unit's rows take
-    /// at most [`UNROLL_OPS`] vector operations (half that for 16-bit
-    /// storage, whose conversions double a load's code), else the largest
-    /// power-of-two part of it (at least one row) that does, walked in a
-    /// loop. Fragment tiling's 32-row tiles, run by that kernel where no
-    /// matrix units are, take this path.
-    pub fn unrolled_rows(&self, width: usize, half: bool) -> usize {
-        let budget = if half { UNROLL_OPS / 2 } else { UNROLL_OPS };
-        let mut rows = self.key_tile;
-        while rows > 1 && rows % 2 == 0 && self.unit_rows * rows * width.max(1) > budget {
-            rows /= 2;
-        }
-        rows
-    }
-
-    /// Tiles for `dl` query and `el` value vectors a row, `s` queries over
-    /// `sk` keys, `masked` when some key tiles are partly visible and
-    /// `window_rows` the rows a window spans (0: none).
-    ///
-    /// Every key and value row a plane loads serves all `unit_rows` rows of
-    /// a unit, so more rows per unit amortise the loads, broadcasts and
-    /// tile bookkeeping; the registers held (`unit_rows · (dl + el)`
-    /// vectors) and the unrolled tile (`unit_rows · key_tile · (dl + el)`
-    /// vector operations) are bounded, and under a mask or window a cube
-    /// spans at most a quarter of the queries or the window, so that few of
-    /// the pairs it computes are masked.
-    pub fn new(dl: usize, el: usize, s: usize, sk: usize, masked: bool, window_rows: usize) -> AttnTiles {
-        let width = (dl + el).max(1);
-        let pow2_floor = |x: usize| 1usize << x.max(1).ilog2();
-        let mut rows = pow2_floor((256 / width).clamp(1, 8)).min(pow2_floor(s.div_ceil(ATTN_ROWS)));
-        if masked {
-            rows = rows.min(pow2_floor(s / (4 * ATTN_ROWS)));
-        }
-        if window_rows > 0 {
-            rows = rows.min(pow2_floor(window_rows / ATTN_ROWS));
-        }
-        let key_tile = pow2_floor((UNROLL_OPS / (rows * width)).clamp(4, 32)).min(sk.next_power_of_two().max(4));
-        AttnTiles { unit_rows: rows, key_tile, lanes: 1 }
-    }
-}
-
-/// Key rows per tile of attention on matrix fragments for heads of `d`
-/// and `e` read in vectors of `lanes`, if it takes them: heads up to
-/// [`FRAG_MAX_HEAD`]; 32 rows, or 16 past 64 so that its shared memory (64
-/// query rows, a key and a value tile and the tile's probabilities in 16
-/// bits, the scores in f32) stays within 32 KiB (30 KiB at 128) and
-/// `tile · (d + e)` within 2048 vectors. The scalar kernel, which runs the
-/// same tiling on devices without matrix units, walks such a tile in parts
-/// ([`AttnTiles::unrolled_rows`]).
-pub fn frag_key_tile(d: usize, e: usize, lanes: usize) -> Option<usize> {
-    let width = (d + e) / lanes;
-    let tile = if d.max(e) > 64 { 16 } else { 32 };
-    [tile, 16].into_iter().find(|t| t * width <= 2048).filter(|_| d.max(e) <= FRAG_MAX_HEAD)
-}
-
-/// The widest head (`d` and `e`) attention on matrix fragments takes.
-pub const FRAG_MAX_HEAD: usize = 128;
-
-/// Rows per shared-memory tile of attention's backward (and of its
-/// log-sum-exp) for heads of `d` and `e`: a power of two up to 32 with
-/// `tile · (d + e)` within 2048, so that its tiles (at most
-/// `tile · (d + e + 2)` floats) stay near 8 KiB.
-pub fn grad_key_tile(d: usize, e: usize) -> usize {
-    let t = (2048 / (d + e).max(1)).clamp(1, 32);
-    1 << t.ilog2()
-}
-
-/// Channels per unrolled step of a row of `n` in attention's backward:
-/// the whole row up to 64; past it, the widest power of two up to 32
-/// dividing `n`, in a loop (unrolling 256 channels made Mesa's compiler
-/// take minutes).
-pub fn grad_chunk(n: usize) -> usize {
-    if n <= 64 {
-        n.max(1)
-    } else {
-        [32, 16, 8, 4, 2, 1].into_iter().find(|c| n % c == 0).unwrap_or(1)
-    }
-}
-
-/// Loop trips of one chunked pass over a row of `n` (0 when unrolled whole).
-fn grad_steps(n: usize) -> usize {
-    if grad_chunk(n) >= n {
-        0
-    } else {
-        n / grad_chunk(n)
-    }
 }
 
 /// Units per group-kernel cube (`kernels::unit_element` strides by it).

@@ -283,7 +283,7 @@ pub(super) fn mask_scores(
 
 /// `score` where `seen`, else [`MASKED`].
 #[cube]
-fn seen_or_masked(seen: bool, score: f32) -> f32 {
+pub(super) fn seen_or_masked(seen: bool, score: f32) -> f32 {
     select(seen, score, f32::new(MASKED))
 }
 

@@ -39,7 +39,7 @@ use cubecl::prelude::*;
 /// literals; in f16 it rounds to −∞). Any value below [`NO_KEYS_BELOW`]
 /// marks such a row, whose gradients are 0 (its output is the constant 0).
 pub const NO_KEYS: f32 = MASKED;
-const NO_KEYS_BELOW: f32 = -1.0e38;
+pub(super) const NO_KEYS_BELOW: f32 = -1.0e38;
 
 /// The comptime sizes of an attention backward launch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -96,9 +96,9 @@ fn sees(i: usize, j: usize, #[comptime] g: Dims) -> bool {
 
 /// Tiles `lo .. hi` of the other side that a cube walks.
 #[derive(CubeType)]
-struct Tiles {
-    lo: usize,
-    hi: usize,
+pub(super) struct Tiles {
+    pub lo: usize,
+    pub hi: usize,
 }
 
 /// The tiles of `tile` rows holding rows `lo .. hi` (none when empty).
@@ -162,7 +162,7 @@ fn query_hi(
 
 /// The query tiles holding some query row that sees a key row `j0 ..= j1`.
 #[cube]
-fn query_tiles(j0: usize, j1: usize, #[comptime] g: Dims) -> Tiles {
+pub(super) fn query_tiles(j0: usize, j1: usize, #[comptime] g: Dims) -> Tiles {
     let (qoff, koff) = comptime![g.offsets()];
     let lo = query_lo(shifted(j0, koff), comptime![g.kind], comptime![g.window], comptime![g.block]);
     let hi =

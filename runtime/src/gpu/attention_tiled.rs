@@ -110,8 +110,6 @@ struct KeyTile<'a, N: Size> {
 }
 
 impl<N: Size> KeyTile<'_, N> {
-    /// The `n` vectors of row `row` of `x`, in chunk order: loaded by their
-    /// lanes and broadcast when rows are spread over a plane.
     fn row(
         &self,
         scope: &Scope,
@@ -119,13 +117,7 @@ impl<N: Size> KeyTile<'_, N> {
         row: NativeExpand<usize>,
         n: usize,
     ) -> Vec<NativeExpand<Vector<f32, N>>> {
-        if self.plane <= 1 {
-            let zero = NativeExpand::from_lit(scope, 0usize);
-            return (0..n).map(|c| k::vload_share::expand::<N>(scope, x, row, zero, n, c, n)).collect();
-        }
-        let per = n.div_ceil(self.plane as usize);
-        let held: Vec<_> = (0..per).map(|r| k::vload_share::expand::<N>(scope, x, row, self.lane, per, r, n)).collect();
-        (0..n).map(|c| k::from_lane::expand::<N>(scope, held[c % per], (c / per) as u32)).collect()
+        shared_row(scope, x, row, n, self.lane, self.plane)
     }
 
     /// Every key row of the tile is loaded once and serves each of the
@@ -198,4 +190,24 @@ impl<N: Size> KeyTile<'_, N> {
             k::fset::expand(scope, &mut state, 1, ls[r]);
         }
     }
+}
+
+/// The `n` vectors of row `row` of `x`, in chunk order: loaded by their
+/// lanes and broadcast when rows are spread over a plane of `plane` units
+/// (`lane`: this unit's lane in it).
+pub(super) fn shared_row<N: Size>(
+    scope: &Scope,
+    x: &NativeExpand<[Vector<Stored, N>]>,
+    row: NativeExpand<usize>,
+    n: usize,
+    lane: NativeExpand<usize>,
+    plane: u32,
+) -> Vec<NativeExpand<Vector<f32, N>>> {
+    if plane <= 1 {
+        let zero = NativeExpand::from_lit(scope, 0usize);
+        return (0..n).map(|c| k::vload_share::expand::<N>(scope, x, row, zero, n, c, n)).collect();
+    }
+    let per = n.div_ceil(plane as usize);
+    let held: Vec<_> = (0..per).map(|r| k::vload_share::expand::<N>(scope, x, row, lane, per, r, n)).collect();
+    (0..n).map(|c| k::from_lane::expand::<N>(scope, held[c % per], (c / per) as u32)).collect()
 }

@@ -5,11 +5,11 @@
 
 use super::func::{Capture, Fns, Hook};
 use super::kernels::{self as k, Stored};
-use super::{attention, attention_grad, attention_split, attention_tiled, gemm, mma};
+use super::{attention, attention_grad, attention_split, attention_tiled, attention_tiled_grad, gemm, mma};
 use attnc_compiler::ir::{AttnArg, MaskKind, ReduceKind};
 use attnc_compiler::plan::group::{GroupStep, MapOp};
 use attnc_compiler::plan::{
-    AttnShape, Dtype, KernelFns, KernelSpec, GEMM_COLS, GEMM_ROWS, GEMM_STAGE_K, GEMM_UNITS, GROUP_UNITS,
+    AttnShape, Dtype, KernelFns, KernelSpec, RowView, GEMM_COLS, GEMM_ROWS, GEMM_STAGE_K, GEMM_UNITS, GROUP_UNITS,
 };
 use cubecl::prelude::*;
 use std::sync::Arc;
@@ -297,24 +297,54 @@ impl IrKernel {
                         gemm::build::<N>(scope, &bufs[0], &bufs[1], &mut out, &shape, lanes, self.plane)
                     }
                 }
+                KernelSpec::AttentionGrad { shape: ref sh, wrt, q, k: kv, v, o, dout, .. } => {
+                    // On the forward's tiling: the log-sum-exp and the captures are the scalar bindings;
+                    // dV binds q, k, dout (its `v` and `o` are not read).
+                    let fns = sh.fns.as_ref().map(|f| fns_of(f, &scalars[1..]));
+                    let (rows, heads, width) = match wrt {
+                        AttnArg::Q => (sh.s, sh.h, sh.d),
+                        AttnArg::K => (sh.sk, sh.hk, sh.d),
+                        _ => (sh.sk, sh.hk, sh.e),
+                    };
+                    let grad = RowView {
+                        offset: 0,
+                        batch: heads * rows * width,
+                        head: rows * width,
+                        block: 1,
+                        outer: width,
+                        inner: width,
+                    };
+                    let shape = self.attention_shape(sh, [q, kv, v, grad], lanes, fns);
+                    let dv = wrt == AttnArg::V;
+                    let b = attention_tiled_grad::GradBuffers {
+                        q: &bufs[0],
+                        k: &bufs[1],
+                        v: &bufs[if dv { 0 } else { 2 }],
+                        o: &bufs[if dv { 0 } else { 3 }],
+                        dout: &bufs[if dv { 2 } else { 4 }],
+                        lse: &scalars[0],
+                    };
+                    let views = [o, dout].map(|view| view.in_vectors(lanes));
+                    let (scale, plane) = (sh.scale(), self.plane);
+                    if wrt == AttnArg::Q {
+                        attention_tiled_grad::build_grad_q::<N>(scope, &b, &mut out, scale, &shape, views, lanes, plane)
+                    } else {
+                        attention_tiled_grad::build_grad_kv::<N>(
+                            scope,
+                            &b,
+                            &mut out,
+                            scale,
+                            &shape,
+                            views,
+                            lanes,
+                            plane,
+                            wrt == AttnArg::K,
+                        )
+                    }
+                }
                 KernelSpec::Attention { shape: ref sh, q, k: kv, v, out: o, .. } => {
                     let fns = sh.fns.as_ref().map(|f| fns_of(f, &scalars));
-                    let shape = attention::Shape {
-                        h: sh.h,
-                        hk: sh.hk,
-                        s: sh.s,
-                        sk: sh.sk,
-                        d: sh.d,
-                        e: sh.e,
-                        kind: mask_code(sh.mask),
-                        window: sh.window.unwrap_or(0),
-                        block: sh.block,
-                        views: [q, kv, v, o].map(|view| view.in_vectors(lanes)),
-                        tiles: self.spec.attention_tiles(),
-                        fold: self.spec.fold_x(),
-                        half: self.dtype.is_half(),
-                        fns,
-                    };
+                    let shape = self.attention_shape(sh, [q, kv, v, o], lanes, fns);
                     let scale = scale.expect("attention takes a scale");
                     if self.mma != Mma::Off {
                         let (q, kb, v, hardware) = (&bufs[0], &bufs[1], &bufs[2], self.mma == Mma::Hardware);
@@ -344,6 +374,27 @@ impl IrKernel {
                 _ => unreachable!("only GEMM and attention are vectorised"),
             })
         });
+    }
+
+    /// An attention launch's shape for the host-assembled kernels, `views`
+    /// (of q, k, v and the output) in floats.
+    fn attention_shape(&self, sh: &AttnShape, views: [RowView; 4], lanes: usize, fns: Option<Fns>) -> attention::Shape {
+        attention::Shape {
+            h: sh.h,
+            hk: sh.hk,
+            s: sh.s,
+            sk: sh.sk,
+            d: sh.d,
+            e: sh.e,
+            kind: mask_code(sh.mask),
+            window: sh.window.unwrap_or(0),
+            block: sh.block,
+            views: views.map(|view| view.in_vectors(lanes)),
+            tiles: self.spec.attention_tiles(),
+            fold: self.spec.fold_x(),
+            half: self.dtype.is_half(),
+            fns,
+        }
     }
 
     fn body(&self, scope: &Scope, bufs: &[NativeExpand<[Stored]>], mut out: NativeExpand<[Stored]>) {

@@ -163,12 +163,8 @@ pub mod slope_hook {
     ) -> NativeExpand<f32> {
         let Some(f) = &hook.0 else { return x };
         let at = Indices { b, h, i, j };
-        let scaled = match &f.score {
-            Some(score) => {
-                let slope = attnc_compiler::grad::score_slope(score);
-                let d = f.emit(scope, &slope.body, &score_params(scope, s, &at), &[]).float();
-                math::binary(scope, attnc_compiler::ir::BinaryOp::Mul, x, d)
-            }
+        let scaled = match f.slope(scope, s, &at) {
+            Some(d) => math::binary(scope, attnc_compiler::ir::BinaryOp::Mul, x, d),
             None => x,
         };
         match f.visible(scope, &at) {
@@ -244,6 +240,13 @@ impl Fns {
     pub fn score(&self, scope: &Scope, s: NativeExpand<f32>, at: &Indices) -> NativeExpand<f32> {
         let Some(f) = &self.score else { return s };
         self.emit(scope, &f.body, &score_params(scope, s, at), &[]).float()
+    }
+
+    /// `∂score/∂s`, the score function's derivative at scaled logit `s`
+    /// (`None` without one).
+    pub fn slope(&self, scope: &Scope, s: NativeExpand<f32>, at: &Indices) -> Option<NativeExpand<f32>> {
+        let slope = attnc_compiler::grad::score_slope(self.score.as_ref()?);
+        Some(self.emit(scope, &slope.body, &score_params(scope, s, at), &[]).float())
     }
 
     /// Whether the mask function lets the query see the key (`None` without one).

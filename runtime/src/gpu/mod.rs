@@ -13,6 +13,7 @@ pub mod attention;
 pub mod attention_grad;
 pub mod attention_split;
 pub mod attention_tiled;
+pub mod attention_tiled_grad;
 pub mod baseline;
 pub mod bench;
 pub mod define;

@@ -1,0 +1,144 @@
+//! How attention launches are tiled: rows per unit and per cube, key (or
+//! query) rows per tile, and the bounds that choose them (unrolled code,
+//! CUDA's registers, shared memory).
+
+/// Units per attention cube; each owns `AttnTiles::unit_rows` query rows.
+pub const ATTN_ROWS: usize = 64;
+
+/// How an attention launch is tiled: query rows per unit and key rows per tile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttnTiles {
+    /// Query rows each unit owns; a cube owns `ATTN_ROWS · unit_rows`.
+    pub unit_rows: usize,
+    /// Key rows per tile (one softmax rescale each).
+    pub key_tile: usize,
+    /// Units sharing a query row, each with a slice of its channels
+    /// (register tiling; 1 otherwise).
+    pub lanes: usize,
+}
+
+/// Vector operations one key tile of the CPU drivers' attention unrolls at
+/// most (`unit_rows · key_tile · (dl + el)`, [`AttnTiles::new`]; half
+/// that in 16-bit storage, [`AttnTiles::unrolled_rows`]): keeps a WGSL
+/// attention kernel within about 160 KB. At 2048 the source was 400–540 KB
+/// and lavapipe ran no faster (`bench/RESULTS.md`).
+pub const UNROLL_OPS: usize = 1024;
+
+/// Units per cube of register-tiled attention at most: CUDA gives a thread
+/// of a block of `n` threads at most `65536 / n` registers (255 up to 256
+/// threads), so wider rows (more lanes each) mean fewer rows per cube.
+pub const REGISTER_UNITS: usize = 256;
+/// Query and output floats a unit of register-tiled attention holds at
+/// most ([`KernelSpec::fit_registers`]): with the key tile's scores and the
+/// addresses, well inside the 255 registers a CUDA thread may use.
+pub const REGISTER_FLOATS: usize = 64;
+/// Key rows per tile of register-tiled attention.
+pub const REGISTER_KEY_TILE: usize = 8;
+
+impl AttnTiles {
+    /// Query rows per cube.
+    pub fn cube_rows(&self) -> usize {
+        if self.lanes > 1 {
+            (REGISTER_UNITS / self.lanes).min(ATTN_ROWS)
+        } else {
+            ATTN_ROWS * self.unit_rows
+        }
+    }
+
+    /// Units per cube.
+    pub fn units(&self) -> usize {
+        if self.lanes > 1 {
+            self.cube_rows() * self.lanes
+        } else {
+            ATTN_ROWS
+        }
+    }
+
+    /// Key rows the CPU drivers' kernel unrolls at once for rows of `width`
+    /// vectors (`dl + el`): the whole key tile where its unit's rows take
+    /// at most [`UNROLL_OPS`] vector operations (half that for 16-bit
+    /// storage, whose conversions double a load's code), else the largest
+    /// power-of-two part of it (at least one row) that does, walked in a
+    /// loop. Fragment tiling's 32-row tiles, run by that kernel where no
+    /// matrix units are, take this path.
+    pub fn unrolled_rows(&self, width: usize, half: bool) -> usize {
+        let budget = if half { UNROLL_OPS / 2 } else { UNROLL_OPS };
+        let mut rows = self.key_tile;
+        while rows > 1 && rows % 2 == 0 && self.unit_rows * rows * width.max(1) > budget {
+            rows /= 2;
+        }
+        rows
+    }
+
+    /// Tiles for `dl` query and `el` value vectors a row, `s` queries over
+    /// `sk` keys, `masked` when some key tiles are partly visible and
+    /// `window_rows` the rows a window spans (0: none).
+    ///
+    /// Every key and value row a plane loads serves all `unit_rows` rows of
+    /// a unit, so more rows per unit amortise the loads, broadcasts and
+    /// tile bookkeeping; the registers held (`unit_rows · (dl + el)`
+    /// vectors) and the unrolled tile (`unit_rows · key_tile · (dl + el)`
+    /// vector operations) are bounded, and under a mask or window a cube
+    /// spans at most a quarter of the queries or the window, so that few of
+    /// the pairs it computes are masked.
+    pub fn new(dl: usize, el: usize, s: usize, sk: usize, masked: bool, window_rows: usize) -> AttnTiles {
+        let width = (dl + el).max(1);
+        let pow2_floor = |x: usize| 1usize << x.max(1).ilog2();
+        let mut rows = pow2_floor((256 / width).clamp(1, 8)).min(pow2_floor(s.div_ceil(ATTN_ROWS)));
+        if masked {
+            rows = rows.min(pow2_floor(s / (4 * ATTN_ROWS)));
+        }
+        if window_rows > 0 {
+            rows = rows.min(pow2_floor(window_rows / ATTN_ROWS));
+        }
+        let key_tile = pow2_floor((UNROLL_OPS / (rows * width)).clamp(4, 32)).min(sk.next_power_of_two().max(4));
+        AttnTiles { unit_rows: rows, key_tile, lanes: 1 }
+    }
+}
+
+/// Key rows per tile of attention on matrix fragments for heads of `d`
+/// and `e` read in vectors of `lanes`, if it takes them: heads up to
+/// [`FRAG_MAX_HEAD`]; 32 rows, or 16 past 64 so that its shared memory (64
+/// query rows, a key and a value tile and the tile's probabilities in 16
+/// bits, the scores in f32) stays within 32 KiB (30 KiB at 128) and
+/// `tile · (d + e)` within 2048 vectors. The scalar kernel, which runs the
+/// same tiling on devices without matrix units, walks such a tile in parts
+/// ([`AttnTiles::unrolled_rows`]).
+pub fn frag_key_tile(d: usize, e: usize, lanes: usize) -> Option<usize> {
+    let width = (d + e) / lanes;
+    let tile = if d.max(e) > 64 { 16 } else { 32 };
+    [tile, 16].into_iter().find(|t| t * width <= 2048).filter(|_| d.max(e) <= FRAG_MAX_HEAD)
+}
+
+/// The widest head (`d` and `e`) attention on matrix fragments takes.
+pub const FRAG_MAX_HEAD: usize = 128;
+
+/// Rows per shared-memory tile of attention's backward (and of its
+/// log-sum-exp) for heads of `d` and `e`: a power of two up to 32 with
+/// `tile · (d + e)` within 2048, so that its tiles (at most
+/// `tile · (d + e + 2)` floats) stay near 8 KiB.
+pub fn grad_key_tile(d: usize, e: usize) -> usize {
+    let t = (2048 / (d + e).max(1)).clamp(1, 32);
+    1 << t.ilog2()
+}
+
+/// Channels per unrolled step of a row of `n` in attention's backward:
+/// the whole row up to 64; past it, the widest power of two up to 32
+/// dividing `n`, in a loop (unrolling 256 channels made Mesa's compiler
+/// take minutes).
+pub fn grad_chunk(n: usize) -> usize {
+    if n <= 64 {
+        n.max(1)
+    } else {
+        [32, 16, 8, 4, 2, 1].into_iter().find(|c| n % c == 0).unwrap_or(1)
+    }
+}
+
+/// Loop trips of one chunked pass over a row of `n` (0 when unrolled whole).
+pub(super) fn grad_steps(n: usize) -> usize {
+    if grad_chunk(n) >= n {
+        0
+    } else {
+        n / grad_chunk(n)
+    }
+}

@@ -1,0 +1,494 @@
+//! Attention's query gradient on the forward's tiling (`KernelSpec::tiled_grad`),
+//! assembled on the host like `attention_tiled`: a cube owns the query rows
+//! of one (batch, head), `R` a unit, and holds per row its query (scaled),
+//! its output-gradient `dO_i`, `D_i = dO_i · O_i`, its log-sum-exp and the
+//! accumulator `dQ_i` in registers as vectors. It walks the key tiles the
+//! forward walks (`tiles::walk_tiles`: the mask's band, a mask function's
+//! listed tiles); per tile, each key row is loaded once (by the lanes of a
+//! plane, then broadcast) for every row's score, the scores are masked and
+//! go through the score function as in the forward (`attention::mask_scores`),
+//! then each value and key row is loaded once more for
+//! `P_ij = exp(score − lse_i)`, `dS_ij = P_ij (dO_i · v_j − D_i)` (times the
+//! score function's slope) and `dQ_i += dS_ij k_j`; finally
+//! `dQ_i · scale` is stored. A hidden or masked key scores [`MASKED`] and
+//! weighs 0; a row that saw no key (its log-sum-exp below
+//! `NO_KEYS_BELOW`) gets 0. Every sum runs in one unit in a fixed order:
+//! deterministic, as the shared-memory kernels (`attention_grad`).
+
+use super::attention::{
+    cube_head, key_row, load_query, mask_score, mask_scores, row_slots, seen_or_masked, setup, view_row, Shape, ROW_I,
+    ROW_OUT, ROW_Q, SET_K, SET_V,
+};
+use super::attention_grad::{query_tiles, Dims, NO_KEYS_BELOW};
+use super::attention_tiled::shared_row;
+use super::func::Indices;
+use super::kernels::{self as k, Stored};
+use super::tiles::{prepare_tiles, walk_tiles};
+use attnc_compiler::plan::{RowView, ATTN_ROWS};
+use cubecl::prelude::*;
+
+/// What the log-sum-exp of a row that saw no key becomes: every
+/// `exp(score − lse)` is then 0.
+const DEAD_ROW: f32 = 3.0e38;
+
+/// The buffers of a `dQ` launch (in vectors, but the log-sum-exp).
+pub struct GradBuffers<'a, N: Size> {
+    pub q: &'a NativeExpand<[Vector<Stored, N>]>,
+    pub k: &'a NativeExpand<[Vector<Stored, N>]>,
+    pub v: &'a NativeExpand<[Vector<Stored, N>]>,
+    pub o: &'a NativeExpand<[Vector<Stored, N>]>,
+    pub dout: &'a NativeExpand<[Vector<Stored, N>]>,
+    pub lse: &'a NativeExpand<[Stored]>,
+}
+
+/// Emit `dQ` (row-major `[B, H, S, d]`, `a.views[3]`) for vectors of `N`
+/// (`lanes` floats); `views`: the layouts of `o` and `dout`.
+#[allow(clippy::too_many_arguments)]
+pub fn build_grad_q<N: Size>(
+    scope: &Scope,
+    b: &GradBuffers<N>,
+    out: &mut NativeExpand<[Vector<Stored, N>]>,
+    scale: f32,
+    a: &Shape,
+    [ov, dov]: [RowView; 2],
+    lanes: usize,
+    plane: u32,
+) {
+    let (dl, el) = (a.d / lanes, a.e / lanes);
+    let (bk, nr) = (a.tiles.key_tile, a.tiles.unit_rows);
+    let bq = ATTN_ROWS * nr;
+    let set = setup::expand(scope, a.h, a.hk, a.s, a.sk, bq, bk, a.kind, a.window, a.block, a.views, a.fold);
+    // `row_slots` of these views give the rows of `o` (ROW_Q) and `dout` (ROW_OUT).
+    let side_views = [ov, a.views[1], a.views[2], dov];
+    let scaled = k::fconst::expand(scope, scale);
+    let one = k::fconst::expand(scope, 1.0);
+    let mut rows = Vec::with_capacity(nr);
+    for r in 0..nr {
+        let slots = row_slots::expand(scope, a.h, a.s, bq, a.kind, r, a.views, a.fold);
+        let side = row_slots::expand(scope, a.h, a.s, bq, a.kind, r, side_views, a.fold);
+        let qr = load_query::expand::<N>(scope, b.q, k::uget::expand(scope, &slots, ROW_Q), scaled, dl);
+        let dor = load_query::expand::<N>(scope, b.dout, k::uget::expand(scope, &side, ROW_OUT), one, el);
+        let or = load_query::expand::<N>(scope, b.o, k::uget::expand(scope, &side, ROW_Q), one, el);
+        let delta = row_dot::expand::<N>(scope, &dor, &or, el);
+        let lse = row_lse::expand(scope, b.lse, &slots, a.s, a.fold);
+        let acc = k::vzeros::expand::<N>(scope, dl);
+        rows.push(GradRow { slots, qr, dor, delta, lse, acc });
+    }
+    let lane = k::plane_lane::expand(scope, plane.max(1));
+    let part = a.tiles.unrolled_rows(2 * dl + el, a.half);
+    let prep = prepare_tiles(scope, &set, a);
+    walk_tiles(scope, &set, a, bk, &prep, |scope, kt, masked, hidden| {
+        let k0 = k::mul_const::expand(scope, kt, bk);
+        let tile = |scope: &Scope, k0| {
+            let t = GradTile { a, set: &set, b, rows: &rows, lane, k0, bk: part, dl, el, plane, masked, hidden };
+            t.emit(scope)
+        };
+        if part == bk {
+            tile(scope, k0);
+        } else {
+            let parts =
+                RangeExpand::new(NativeExpand::from_lit(scope, 0usize), NativeExpand::from_lit(scope, bk / part));
+            for_expand(scope, parts, false, |scope, p| {
+                let at = k::mul_const::expand(scope, p, part);
+                tile(scope, k::add_index::expand(scope, k0, at))
+            });
+        }
+    });
+    for u in &rows {
+        store_scaled::expand::<N>(scope, out, &u.acc, &u.slots, scale, a.s, dl);
+    }
+}
+
+/// One query row of a unit: its addresses, scaled query, output gradient,
+/// `D_i`, log-sum-exp ([`DEAD_ROW`] for a row that saw no key) and `dQ_i`.
+struct GradRow<N: Size> {
+    slots: NativeExpand<Array<usize>>,
+    qr: NativeExpand<Array<Vector<f32, N>>>,
+    dor: NativeExpand<Array<Vector<f32, N>>>,
+    delta: NativeExpand<f32>,
+    lse: NativeExpand<f32>,
+    acc: NativeExpand<Array<Vector<f32, N>>>,
+}
+
+/// One key tile (or part of one) of one cube, from key row `k0`.
+struct GradTile<'a, N: Size> {
+    a: &'a Shape,
+    set: &'a NativeExpand<Array<usize>>,
+    b: &'a GradBuffers<'a, N>,
+    rows: &'a [GradRow<N>],
+    lane: NativeExpand<usize>,
+    k0: NativeExpand<usize>,
+    bk: usize,
+    dl: usize,
+    el: usize,
+    plane: u32,
+    masked: Option<NativeExpand<bool>>,
+    hidden: Option<NativeExpand<bool>>,
+}
+
+impl<N: Size> GradTile<'_, N> {
+    fn emit(&self, scope: &Scope) {
+        let a = self.a;
+        let k_base = k::uget::expand(scope, self.set, SET_K);
+        let v_base = k::uget::expand(scope, self.set, SET_V);
+        let clamp = self.masked.is_some();
+        let key_rows: Vec<_> =
+            (0..self.bk).map(|jj| key_row::expand(scope, self.k0, k_base, jj, a.sk, clamp, a.views[1])).collect();
+        let value_rows: Vec<_> =
+            (0..self.bk).map(|jj| key_row::expand(scope, self.k0, v_base, jj, a.sk, clamp, a.views[2])).collect();
+        // The scaled logits of every row against every key of the tile.
+        let mut logits = vec![Vec::with_capacity(self.bk); self.rows.len()];
+        for row in &key_rows {
+            let keys = shared_row(scope, self.b.k, *row, self.dl, self.lane, self.plane);
+            for (u, sc) in self.rows.iter().zip(&mut logits) {
+                let mut dot = k::fconst::expand(scope, 0.0);
+                for (c, kc) in keys.iter().enumerate() {
+                    dot = k::dot_add::expand::<N>(scope, dot, k::vget::expand::<N>(scope, &u.qr, c), *kc);
+                }
+                sc.push(dot);
+            }
+        }
+        let scores: Vec<_> = (self.rows.iter().zip(&logits))
+            .map(|(u, sc)| {
+                let i = k::uget::expand(scope, &u.slots, ROW_I);
+                mask_scores(scope, sc.clone(), &self.masked, self.hidden, i, self.k0, a)
+            })
+            .collect();
+        let mut accs: Vec<Vec<_>> = (self.rows.iter())
+            .map(|u| (0..self.dl).map(|c| k::vget::expand::<N>(scope, &u.acc, c)).collect())
+            .collect();
+        let slope_fns = a.fns.as_ref().filter(|f| f.score.is_some());
+        for jj in 0..self.bk {
+            let values = shared_row(scope, self.b.v, value_rows[jj], self.el, self.lane, self.plane);
+            let keys = shared_row(scope, self.b.k, key_rows[jj], self.dl, self.lane, self.plane);
+            for (r, u) in self.rows.iter().enumerate() {
+                let mut dp = k::fconst::expand(scope, 0.0);
+                for (c, vc) in values.iter().enumerate() {
+                    dp = k::dot_add::expand::<N>(scope, dp, k::vget::expand::<N>(scope, &u.dor, c), *vc);
+                }
+                let p = k::exp_diff::expand(scope, scores[r][jj], u.lse);
+                let mut ds = grad_weight::expand(scope, p, dp, u.delta);
+                if let Some(fns) = slope_fns {
+                    let (b, h) = cube_head(scope, a);
+                    let i = k::uget::expand(scope, &u.slots, ROW_I);
+                    let j = k::add_index::expand(scope, self.k0, k::const_index::expand(scope, jj));
+                    let slope = fns.slope(scope, logits[r][jj], &Indices { b, h, i, j }).expect("a score function");
+                    ds = k::fmul::expand(scope, ds, slope);
+                }
+                for (o, kc) in accs[r].iter_mut().zip(&keys) {
+                    *o = k::axpy::expand::<N>(scope, *o, ds, *kc);
+                }
+            }
+        }
+        for (u, acc) in self.rows.iter().zip(accs) {
+            let mut dst = u.acc;
+            for (c, o) in acc.into_iter().enumerate() {
+                k::vset::expand::<N>(scope, &mut dst, c, o);
+            }
+        }
+    }
+}
+
+/// `dS = p · (dp − D)`.
+#[cube]
+fn grad_weight(p: f32, dp: f32, delta: f32) -> f32 {
+    p * (dp - delta)
+}
+
+/// `Σ_c a[c] · b[c]` over `n` vectors.
+#[cube]
+fn row_dot<N: Size>(a: &Array<Vector<f32, N>>, b: &Array<Vector<f32, N>>, #[comptime] n: usize) -> f32 {
+    let mut acc = f32::new(0.0);
+    #[unroll]
+    for c in 0..n {
+        acc += a[c].dot(b[c]);
+    }
+    acc
+}
+
+/// The log-sum-exp of the unit's query row (`rows`: its `ROW_*` slots),
+/// [`DEAD_ROW`] where the row saw no key.
+#[cube]
+fn row_lse(lse: &[Stored], rows: &Array<usize>, #[comptime] s: usize, #[comptime] fold: usize) -> f32 {
+    let bh = k::cube_y(fold);
+    let i = min(rows[ROW_I], comptime![s - 1]);
+    let l = f32::cast_from(lse[bh * comptime![s] + i]);
+    select(l > f32::new(NO_KEYS_BELOW), l, f32::new(DEAD_ROW))
+}
+
+/// `out = acc · scale` at the row's `ROW_OUT`, for rows inside the `s` queries.
+#[cube]
+fn store_scaled<N: Size>(
+    out: &mut [Vector<Stored, N>],
+    acc: &Array<Vector<f32, N>>,
+    rows: &Array<usize>,
+    #[comptime] scale: f32,
+    #[comptime] s: usize,
+    #[comptime] n: usize,
+) {
+    if rows[ROW_I] < s {
+        let base = rows[ROW_OUT];
+        #[unroll]
+        for c in 0..n {
+            out[base + c] = Vector::<Stored, N>::cast_from(acc[c] * Vector::new(f32::new(scale)));
+        }
+    }
+}
+
+/// `dK` (`wrt_k`) or `dV`, row-major `[B, H_kv, S_k, d or e]` (`a.views[3]`),
+/// on the same tiling turned around: a cube owns key rows of one (batch,
+/// key/value head), `R` a unit, their keys (scaled), values (for `dK`) and
+/// accumulators in registers, and walks the query tiles that some of its
+/// key rows' positions see (`attention_grad::query_tiles`) of every query
+/// head reading that key/value head. Each query row is loaded once a plane
+/// and broadcast; every unit computes `D_i` of it. `dV_j += P_ij dO_i`;
+/// `dK_j += dS_ij q_i`, stored times `scale`. The mask (built in, then the
+/// mask function) is applied to every pair. `dV` binds q, k, dout and the
+/// log-sum-exp: `b.v` and `b.o` are not read.
+#[allow(clippy::too_many_arguments)]
+pub fn build_grad_kv<N: Size>(
+    scope: &Scope,
+    b: &GradBuffers<N>,
+    out: &mut NativeExpand<[Vector<Stored, N>]>,
+    scale: f32,
+    a: &Shape,
+    [ov, dov]: [RowView; 2],
+    lanes: usize,
+    plane: u32,
+    wrt_k: bool,
+) {
+    let (dl, el) = (a.d / lanes, a.e / lanes);
+    let (bq, nr) = (a.tiles.key_tile, a.tiles.unit_rows);
+    let cube_rows = ATTN_ROWS * nr;
+    let bh = k::cube_y::expand(scope, a.fold);
+    let (bb, kh) = (k::idx_div::expand(scope, bh, a.hk), k::idx_mod::expand(scope, bh, a.hk));
+    let scaled = k::fconst::expand(scope, scale);
+    let one = k::fconst::expand(scope, 1.0);
+    let mut rows = Vec::with_capacity(nr);
+    for r in 0..nr {
+        let j = key_unit_row::expand(scope, r, cube_rows, a.fold);
+        let jc = last_row::expand(scope, j, a.sk);
+        let kr = load_query::expand::<N>(scope, b.k, view_row::expand(scope, bb, kh, jc, a.views[1]), scaled, dl);
+        let vr = wrt_k
+            .then(|| load_query::expand::<N>(scope, b.v, view_row::expand(scope, bb, kh, jc, a.views[2]), one, el));
+        let acc = k::vzeros::expand::<N>(scope, if wrt_k { dl } else { el });
+        rows.push(KeyRow { j, jc, kr, vr, acc });
+    }
+    let keys = cube_keys::expand(scope, cube_rows, a.sk, a.fold);
+    let dims = Dims {
+        h: a.h,
+        hk: a.hk,
+        s: a.s,
+        sk: a.sk,
+        d: a.d,
+        e: a.e,
+        kind: a.kind,
+        window: a.window,
+        block: a.block,
+        tile: bq,
+        fold: a.fold,
+        lanes: 1,
+        rows: cube_rows,
+    };
+    let (j0, j1) = (k::uget::expand(scope, &keys, 0), k::uget::expand(scope, &keys, 1));
+    let band = query_tiles::expand(scope, j0, j1, dims);
+    let lane = k::plane_lane::expand(scope, plane.max(1));
+    let part = a.tiles.unrolled_rows(if wrt_k { 2 * dl + el } else { dl + el }, a.half);
+    let heads = RangeExpand::new(NativeExpand::from_lit(scope, 0usize), NativeExpand::from_lit(scope, a.h / a.hk));
+    for_expand(scope, heads, false, |scope, hq| {
+        let hi = k::add_index::expand(scope, k::mul_const::expand(scope, kh, a.h / a.hk), hq);
+        let tiles = RangeExpand::new(band.lo.clone(), band.hi.clone());
+        for_expand(scope, tiles, false, |scope, t| {
+            let i0 = k::mul_const::expand(scope, t, bq);
+            let tile = |scope: &Scope, i0| {
+                let t = KeyTileGrad {
+                    a,
+                    b,
+                    rows: &rows,
+                    bb,
+                    hi,
+                    i0,
+                    bq: part,
+                    dl,
+                    el,
+                    lane,
+                    plane,
+                    views: [ov, dov],
+                    wrt_k,
+                };
+                t.emit(scope)
+            };
+            if part == bq {
+                tile(scope, i0);
+            } else {
+                let parts =
+                    RangeExpand::new(NativeExpand::from_lit(scope, 0usize), NativeExpand::from_lit(scope, bq / part));
+                for_expand(scope, parts, false, |scope, p| {
+                    let at = k::mul_const::expand(scope, p, part);
+                    tile(scope, k::add_index::expand(scope, i0, at))
+                });
+            }
+        });
+    });
+    let width = if wrt_k { dl } else { el };
+    let factor = if wrt_k { scale } else { 1.0 };
+    for u in &rows {
+        store_key_row::expand::<N>(scope, out, &u.acc, bb, kh, u.j, factor, a.sk, width, a.views[3]);
+    }
+}
+
+/// One key row of a unit: its index (past the last for a unit with none),
+/// the index clamped, its key (scaled) and value (for `dK`), and the accumulator.
+struct KeyRow<N: Size> {
+    j: NativeExpand<usize>,
+    jc: NativeExpand<usize>,
+    kr: NativeExpand<Array<Vector<f32, N>>>,
+    vr: Option<NativeExpand<Array<Vector<f32, N>>>>,
+    acc: NativeExpand<Array<Vector<f32, N>>>,
+}
+
+/// Query rows `i0 .. i0 + bq` of head `hi` against a cube's key rows.
+struct KeyTileGrad<'a, N: Size> {
+    a: &'a Shape,
+    b: &'a GradBuffers<'a, N>,
+    rows: &'a [KeyRow<N>],
+    bb: NativeExpand<usize>,
+    hi: NativeExpand<usize>,
+    i0: NativeExpand<usize>,
+    bq: usize,
+    dl: usize,
+    el: usize,
+    lane: NativeExpand<usize>,
+    plane: u32,
+    /// Layouts of `o` and `dout`.
+    views: [RowView; 2],
+    wrt_k: bool,
+}
+
+impl<N: Size> KeyTileGrad<'_, N> {
+    fn emit(&self, scope: &Scope) {
+        let a = self.a;
+        let mut accs: Vec<Vec<_>> = (self.rows.iter())
+            .map(|u| {
+                let n = if self.wrt_k { self.dl } else { self.el };
+                (0..n).map(|c| k::vget::expand::<N>(scope, &u.acc, c)).collect()
+            })
+            .collect();
+        for ii in 0..self.bq {
+            let i = k::add_index::expand(scope, self.i0, k::const_index::expand(scope, ii));
+            let ic = last_row::expand(scope, i, a.s);
+            let load = |x, view, n| {
+                let at = view_row::expand(scope, self.bb, self.hi, ic, view);
+                shared_row(scope, x, at, n, self.lane, self.plane)
+            };
+            let q = load(self.b.q, a.views[0], self.dl);
+            let dout = load(self.b.dout, self.views[1], self.el);
+            let lse = query_lse::expand(scope, self.b.lse, self.bb, self.hi, i, a.h, a.s);
+            let delta = self.wrt_k.then(|| {
+                let o = load(self.b.o, self.views[0], self.el);
+                let mut delta = k::fconst::expand(scope, 0.0);
+                for (x, y) in dout.iter().zip(&o) {
+                    delta = k::dot_add::expand::<N>(scope, delta, *x, *y);
+                }
+                delta
+            });
+            for (u, acc) in self.rows.iter().zip(&mut accs) {
+                let mut logit = k::fconst::expand(scope, 0.0);
+                for (c, qc) in q.iter().enumerate() {
+                    logit = k::dot_add::expand::<N>(scope, logit, *qc, k::vget::expand::<N>(scope, &u.kr, c));
+                }
+                let at = Indices { b: self.bb, h: self.hi, i: ic, j: u.jc };
+                let fns = a.fns.as_ref();
+                let score = fns.map_or(logit, |f| f.score(scope, logit, &at));
+                let mut score = mask_score::expand(scope, score, i, u.j, 0, a.s, a.sk, a.kind, a.window, a.block);
+                if let Some(seen) = fns.and_then(|f| f.visible(scope, &at)) {
+                    score = seen_or_masked::expand(scope, seen, score);
+                }
+                let p = k::exp_diff::expand(scope, score, lse);
+                match (&u.vr, delta) {
+                    (Some(vr), Some(delta)) => {
+                        let mut dp = k::fconst::expand(scope, 0.0);
+                        for (c, dc) in dout.iter().enumerate() {
+                            dp = k::dot_add::expand::<N>(scope, dp, *dc, k::vget::expand::<N>(scope, vr, c));
+                        }
+                        let mut ds = grad_weight::expand(scope, p, dp, delta);
+                        if let Some(slope) = fns.and_then(|f| f.slope(scope, logit, &at)) {
+                            ds = k::fmul::expand(scope, ds, slope);
+                        }
+                        for (o, qc) in acc.iter_mut().zip(&q) {
+                            *o = k::axpy::expand::<N>(scope, *o, ds, *qc);
+                        }
+                    }
+                    _ => {
+                        for (o, dc) in acc.iter_mut().zip(&dout) {
+                            *o = k::axpy::expand::<N>(scope, *o, p, *dc);
+                        }
+                    }
+                }
+            }
+        }
+        for (u, acc) in self.rows.iter().zip(accs) {
+            let mut dst = u.acc;
+            for (c, o) in acc.into_iter().enumerate() {
+                k::vset::expand::<N>(scope, &mut dst, c, o);
+            }
+        }
+    }
+}
+
+/// This unit's `r`-th key row (past the last for a unit with none).
+#[cube]
+fn key_unit_row(#[comptime] r: usize, #[comptime] cube_rows: usize, #[comptime] fold: usize) -> usize {
+    k::cube_x(fold) * cube_rows + UNIT_POS as usize + comptime![r * ATTN_ROWS]
+}
+
+/// Row `i` clamped to the last of `n`.
+#[cube]
+fn last_row(i: usize, #[comptime] n: usize) -> usize {
+    min(i, comptime![n - 1])
+}
+
+/// The cube's first and last key rows.
+#[cube]
+fn cube_keys(#[comptime] cube_rows: usize, #[comptime] sk: usize, #[comptime] fold: usize) -> Array<usize> {
+    let mut a = Array::<usize>::new(2usize);
+    let j0 = k::cube_x(fold) * cube_rows;
+    a[0] = j0;
+    a[1] = min(j0 + comptime![cube_rows - 1], comptime![sk - 1]);
+    a
+}
+
+/// The log-sum-exp of query row `i` of head `(b, hi)`, [`DEAD_ROW`] past the
+/// last row or where the row saw no key.
+#[cube]
+fn query_lse(lse: &[Stored], b: usize, hi: usize, i: usize, #[comptime] h: usize, #[comptime] s: usize) -> f32 {
+    let mut l = f32::new(DEAD_ROW);
+    if i < s {
+        let x = f32::cast_from(lse[(b * comptime![h] + hi) * comptime![s] + i]);
+        l = select(x > f32::new(NO_KEYS_BELOW), x, f32::new(DEAD_ROW));
+    }
+    l
+}
+
+/// `out = acc · factor` at key row `j` of head `(b, kh)`, for rows inside the `sk` keys.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn store_key_row<N: Size>(
+    out: &mut [Vector<Stored, N>],
+    acc: &Array<Vector<f32, N>>,
+    b: usize,
+    kh: usize,
+    j: usize,
+    #[comptime] factor: f32,
+    #[comptime] sk: usize,
+    #[comptime] n: usize,
+    #[comptime] v: RowView,
+) {
+    if j < sk {
+        let base = view_row(b, kh, j, v);
+        #[unroll]
+        for c in 0..n {
+            out[base + c] = Vector::<Stored, N>::cast_from(acc[c] * Vector::new(f32::new(factor)));
+        }
+    }
+}
