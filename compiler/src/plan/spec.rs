@@ -281,7 +281,10 @@ impl KernelSpec {
     /// vectors of [`KernelSpec::line_size`] floats, every read clamped and
     /// every write guarded by construction.
     pub fn vectorised(&self) -> bool {
-        matches!(self, KernelSpec::MatMul { .. } | KernelSpec::Attention { .. }) || self.tiled_grad()
+        matches!(
+            self,
+            KernelSpec::MatMul { .. } | KernelSpec::Attention { .. } | KernelSpec::AttentionLse { split: 0, .. }
+        ) || self.tiled_grad()
     }
 
     /// An attention gradient on the forward's tiling (several rows a unit
@@ -444,6 +447,17 @@ impl KernelSpec {
                     _ => AttnTiles::new(2 * d / l, e / l, s, sk, masked, w),
                 }
             }
+            // The forward's kernel without values.
+            KernelSpec::AttentionLse {
+                shape: AttnShape { s, sk, d, mask, window, block, ref fns, .. },
+                split: 0,
+                ..
+            } => {
+                let l = self.line_size();
+                let masked =
+                    mask != MaskKind::None || window.is_some() || fns.as_ref().is_some_and(|f| f.mask.is_some());
+                AttnTiles::new(d / l, 0, s, sk, masked, window.unwrap_or(0) * block)
+            }
             KernelSpec::AttentionLse { tile, split, .. } | KernelSpec::AttentionGrad { tile, split, .. } => {
                 AttnTiles { unit_rows: 1, key_tile: tile, lanes: split.max(1) }
             }
@@ -465,6 +479,13 @@ impl KernelSpec {
             KernelSpec::Attention { shape: AttnShape { d, e, .. }, q, k, v, out, .. } => {
                 let mut ns = vec![d, e];
                 for view in [q, k, v, out] {
+                    ns.extend([view.offset, view.batch, view.head, view.outer, view.inner]);
+                }
+                line_size(&ns)
+            }
+            KernelSpec::AttentionLse { shape: AttnShape { d, .. }, q, k, split: 0, .. } => {
+                let mut ns = vec![d];
+                for view in [q, k] {
                     ns.extend([view.offset, view.batch, view.head, view.outer, view.inner]);
                 }
                 line_size(&ns)
@@ -498,6 +519,8 @@ impl KernelSpec {
             KernelSpec::Attention { shape: AttnShape { fns: Some(f), .. }, .. } => {
                 (3..3 + f.captures.len()).contains(&slot)
             }
+            // The log-sum-exp: q and k in vectors; the captures and the output.
+            KernelSpec::AttentionLse { split: 0, .. } => slot >= 2,
             // dQ and dK: q, k, v, o, dout, then the log-sum-exp and the
             // captures; dV: q, k, dout, the log-sum-exp, the captures.
             KernelSpec::AttentionGrad { shape: AttnShape { fns, .. }, wrt, .. } if self.tiled_grad() => {
@@ -561,6 +584,14 @@ impl KernelSpec {
                     // Query heads, then the query tiles of each.
                     return (h / hk) * (1 + (s.div_ceil(t.key_tile) + 1) * (1 + parts)) + 1;
                 }
+                let tiles = sk.div_ceil(t.key_tile);
+                let listing = if fns.as_ref().is_some_and(|f| f.tiles.is_some()) { tiles + 1 } else { 0 };
+                (tiles + 1) * (1 + parts) + 1 + listing + read_trips(fns, t.cube_rows(), t.key_tile, tiles, true)
+            }
+            KernelSpec::AttentionLse { shape: AttnShape { sk, d, ref fns, .. }, split: 0, .. } => {
+                let t = self.attention_tiles();
+                let part = t.unrolled_rows(d / self.line_size(), half);
+                let parts = if part < t.key_tile { t.key_tile / part + 1 } else { 0 };
                 let tiles = sk.div_ceil(t.key_tile);
                 let listing = if fns.as_ref().is_some_and(|f| f.tiles.is_some()) { tiles + 1 } else { 0 };
                 (tiles + 1) * (1 + parts) + 1 + listing + read_trips(fns, t.cube_rows(), t.key_tile, tiles, true)

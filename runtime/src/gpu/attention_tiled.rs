@@ -24,10 +24,19 @@
 use super::attention::{
     key_row, load_query, mask_scores, row_slots, setup, softmax_state, store_row, Shape, ROW_I, ROW_Q, SET_K, SET_V,
 };
+use super::attention_grad::NO_KEYS;
 use super::kernels::{self as k, Stored};
 use super::tiles::{prepare_tiles, walk_tiles};
 use attnc_compiler::plan::ATTN_ROWS;
 use cubecl::prelude::*;
+
+/// What the kernel writes: attention's rows, or each query row's
+/// log-sum-exp (row-major `[B, H, S]`, `NO_KEYS` for a row that sees no
+/// key; `KernelSpec::AttentionLse`), for which no value is read.
+pub enum Out<'a, N: Size> {
+    Rows(&'a mut NativeExpand<[Vector<Stored, N>]>),
+    Lse(&'a mut NativeExpand<[Stored]>),
+}
 
 /// Emit the kernel body for vectors of `N` (`lanes` floats), spreading each
 /// key and value row over planes of `plane` units (1: every unit loads whole rows).
@@ -37,13 +46,14 @@ pub fn build<N: Size>(
     q: &NativeExpand<[Vector<Stored, N>]>,
     kb: &NativeExpand<[Vector<Stored, N>]>,
     v: &NativeExpand<[Vector<Stored, N>]>,
-    out: &mut NativeExpand<[Vector<Stored, N>]>,
+    out: Out<N>,
     scale: NativeExpand<f32>,
     a: &Shape,
     lanes: usize,
     plane: u32,
 ) {
-    let (dl, el) = (a.d / lanes, a.e / lanes);
+    let dl = a.d / lanes;
+    let el = if matches!(out, Out::Lse(_)) { 0 } else { a.e / lanes };
     let (bk, nr) = (a.tiles.key_tile, a.tiles.unit_rows);
     let bq = ATTN_ROWS * nr;
     let set = setup::expand(scope, a.h, a.hk, a.s, a.sk, bq, bk, a.kind, a.window, a.block, a.views, a.fold);
@@ -77,8 +87,17 @@ pub fn build<N: Size>(
             });
         }
     });
-    for u in &units {
-        store_row::expand::<N>(scope, out, &u.acc, &u.state, &u.slots, a.s, el);
+    match out {
+        Out::Rows(out) => {
+            for u in &units {
+                store_row::expand::<N>(scope, out, &u.acc, &u.state, &u.slots, a.s, el);
+            }
+        }
+        Out::Lse(out) => {
+            for u in &units {
+                store_lse::expand(scope, out, &u.state, &u.slots, a.s, a.fold);
+            }
+        }
     }
 }
 
@@ -210,4 +229,24 @@ pub(super) fn shared_row<N: Size>(
     let per = n.div_ceil(plane as usize);
     let held: Vec<_> = (0..per).map(|r| k::vload_share::expand::<N>(scope, x, row, lane, per, r, n)).collect();
     (0..n).map(|c| k::from_lane::expand::<N>(scope, held[c % per], (c / per) as u32)).collect()
+}
+
+/// The row's log-sum-exp `max + ln(sum)` at `[b·H + h, i]`, `NO_KEYS` for a
+/// row that saw no key (`sum = 0`), for rows inside the `s` queries.
+#[cube]
+fn store_lse(
+    out: &mut [Stored],
+    state: &Array<f32>,
+    rows: &Array<usize>,
+    #[comptime] s: usize,
+    #[comptime] fold: usize,
+) {
+    let i = rows[ROW_I];
+    if i < s {
+        let mut v = f32::new(NO_KEYS);
+        if state[1] > f32::new(0.0) {
+            v = state[0] + state[1].ln();
+        }
+        out[k::cube_y(fold) * comptime![s] + i] = Stored::cast_from(v);
+    }
 }

@@ -269,9 +269,14 @@ impl IrKernel {
             KernelSpec::Attention { .. } => Some(<f32 as LaunchArg>::expand(&(), builder)),
             _ => None,
         };
-        let mut out = bufs.pop().expect("an output buffer");
         let scope: &Scope = &builder.scope;
         let lanes = self.spec.line_size();
+        // A log-sum-exp's output is a scalar binding (the last).
+        let mut out = if self.spec.scalar_binding(self.operand_count()) {
+            bufs[0].clone_unchecked()
+        } else {
+            bufs.pop().expect("an output buffer")
+        };
         let nonempty = k::has_vectors::expand::<N>(scope, &out);
         if_expand(scope, nonempty, |scope| {
             in_grid(scope, &self.spec, |scope| match self.spec {
@@ -342,6 +347,18 @@ impl IrKernel {
                         )
                     }
                 }
+                KernelSpec::AttentionLse { shape: ref sh, q, k: kv, .. } => {
+                    // The log-sum-exp on the forward's kernel, no value read: the captures
+                    // and the output are the scalar bindings.
+                    let fns = sh.fns.as_ref().map(|f| fns_of(f, &scalars[..scalars.len() - 1]));
+                    let shape = self.attention_shape(sh, [q, kv, kv, q], lanes, fns);
+                    let mut lse = scalars.last().expect("the log-sum-exp binding").clone_unchecked();
+                    let scale = k::fconst::expand(scope, sh.scale());
+                    let out = attention_tiled::Out::Lse(&mut lse);
+                    attention_tiled::build::<N>(
+                        scope, &bufs[0], &bufs[1], &bufs[0], out, scale, &shape, lanes, self.plane,
+                    )
+                }
                 KernelSpec::Attention { shape: ref sh, q, k: kv, v, out: o, .. } => {
                     let fns = sh.fns.as_ref().map(|f| fns_of(f, &scalars));
                     let shape = self.attention_shape(sh, [q, kv, v, o], lanes, fns);
@@ -367,8 +384,9 @@ impl IrKernel {
                             scope, &bufs[0], &bufs[1], &bufs[2], &mut out, scale, &shape, lanes,
                         );
                     }
+                    let out = attention_tiled::Out::Rows(&mut out);
                     attention_tiled::build::<N>(
-                        scope, &bufs[0], &bufs[1], &bufs[2], &mut out, scale, &shape, lanes, self.plane,
+                        scope, &bufs[0], &bufs[1], &bufs[2], out, scale, &shape, lanes, self.plane,
                     )
                 }
                 _ => unreachable!("only GEMM and attention are vectorised"),
