@@ -26,7 +26,7 @@ use super::attention::{
 };
 use super::attention_grad::NO_KEYS;
 use super::kernels::{self as k, Stored};
-use super::tiles::{prepare_tiles, walk_tiles};
+use super::tiles::{in_parts, prepare_tiles, walk_tiles};
 use attnc_compiler::plan::ATTN_ROWS;
 use cubecl::prelude::*;
 
@@ -76,16 +76,7 @@ pub fn build<N: Size>(
             let t = KeyTile { a, set: &set, kb, v, rows: &units, lane, k0, bk: part, dl, el, plane, masked, hidden };
             t.emit(scope)
         };
-        if part == bk {
-            tile(scope, k0);
-        } else {
-            let parts =
-                RangeExpand::new(NativeExpand::from_lit(scope, 0usize), NativeExpand::from_lit(scope, bk / part));
-            for_expand(scope, parts, false, |scope, p| {
-                let at = k::mul_const::expand(scope, p, part);
-                tile(scope, k::add_index::expand(scope, k0, at))
-            });
-        }
+        in_parts(scope, k0, bk, part, tile);
     });
     match out {
         Out::Rows(out) => {

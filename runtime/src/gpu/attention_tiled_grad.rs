@@ -23,7 +23,7 @@ use super::attention_grad::{query_tiles, Dims, NO_KEYS_BELOW};
 use super::attention_tiled::shared_row;
 use super::func::Indices;
 use super::kernels::{self as k, Stored};
-use super::tiles::{prepare_tiles, walk_tiles};
+use super::tiles::{in_parts, prepare_tiles, walk_tiles};
 use attnc_compiler::plan::{RowView, ATTN_ROWS};
 use cubecl::prelude::*;
 
@@ -83,16 +83,7 @@ pub fn build_grad_q<N: Size>(
             let t = GradTile { a, set: &set, b, rows: &rows, lane, k0, bk: part, dl, el, plane, masked, hidden };
             t.emit(scope)
         };
-        if part == bk {
-            tile(scope, k0);
-        } else {
-            let parts =
-                RangeExpand::new(NativeExpand::from_lit(scope, 0usize), NativeExpand::from_lit(scope, bk / part));
-            for_expand(scope, parts, false, |scope, p| {
-                let at = k::mul_const::expand(scope, p, part);
-                tile(scope, k::add_index::expand(scope, k0, at))
-            });
-        }
+        in_parts(scope, k0, bk, part, tile);
     });
     for u in &rows {
         store_scaled::expand::<N>(scope, out, &u.acc, &u.slots, scale, a.s, dl);
@@ -318,16 +309,7 @@ pub fn build_grad_kv<N: Size>(
                 };
                 t.emit(scope)
             };
-            if part == bq {
-                tile(scope, i0);
-            } else {
-                let parts =
-                    RangeExpand::new(NativeExpand::from_lit(scope, 0usize), NativeExpand::from_lit(scope, bq / part));
-                for_expand(scope, parts, false, |scope, p| {
-                    let at = k::mul_const::expand(scope, p, part);
-                    tile(scope, k::add_index::expand(scope, i0, at))
-                });
-            }
+            in_parts(scope, i0, bq, part, tile);
         });
     });
     let width = if wrt_k { dl } else { el };

@@ -213,3 +213,24 @@ pub(super) fn visit_tile(
 fn last_key(k0: usize, #[comptime] bk: usize, #[comptime] sk: usize) -> usize {
     min(k0 + comptime![bk - 1], comptime![sk - 1])
 }
+
+/// Runs `tile(scope, r)` over a tile of `rows` rows from row `r0`, `part`
+/// rows at a time: once with `r0` when the whole tile is unrolled, else in
+/// a loop over its parts (the rows unrolled at once are bounded:
+/// `AttnTiles::unrolled_rows`).
+pub(super) fn in_parts(
+    scope: &Scope,
+    r0: NativeExpand<usize>,
+    rows: usize,
+    part: usize,
+    tile: impl Fn(&Scope, NativeExpand<usize>),
+) {
+    if part == rows {
+        return tile(scope, r0);
+    }
+    let parts = RangeExpand::new(NativeExpand::from_lit(scope, 0usize), NativeExpand::from_lit(scope, rows / part));
+    for_expand(scope, parts, false, |scope, p| {
+        let at = k::mul_const::expand(scope, p, part);
+        tile(scope, k::add_index::expand(scope, r0, at))
+    });
+}
