@@ -550,13 +550,8 @@ impl KernelSpec {
             // One loop over the visible key tiles; a tile unrolled in parts
             // loops over them (`AttnTiles::unrolled_rows`).
             KernelSpec::Attention { shape: AttnShape { sk, d, e, ref fns, .. }, split, .. } => {
-                let t = self.attention_tiles();
-                let part = t.unrolled_rows((d + e) / self.line_size(), half);
-                let parts = if split == 0 && part < t.key_tile { t.key_tile / part + 1 } else { 0 };
-                let tiles = sk.div_ceil(t.key_tile);
-                // With tile functions, unit 0 first lists the tiles (`attention::walk_tiles`).
-                let listing = if fns.as_ref().is_some_and(|f| f.tiles.is_some()) { tiles + 1 } else { 0 };
-                (tiles + 1) * (1 + parts) + 1 + listing + read_trips(fns, t.cube_rows(), t.key_tile, tiles, true)
+                let parts = if split == 0 { self.part_trips(d + e, half) } else { 0 };
+                self.key_walk_trips(sk, parts, fns)
             }
             KernelSpec::MixHeads { m, .. } => m,
             KernelSpec::MixCols { m, .. } => m,
@@ -576,25 +571,16 @@ impl KernelSpec {
             KernelSpec::AttentionGrad { shape: AttnShape { h, hk, s, sk, d, e, ref fns, .. }, wrt, .. }
                 if self.tiled_grad() =>
             {
-                let t = self.attention_tiles();
-                let width = if wrt == AttnArg::V { d + e } else { 2 * d + e };
-                let part = t.unrolled_rows(width / self.line_size(), half);
-                let parts = if part < t.key_tile { t.key_tile / part + 1 } else { 0 };
+                let parts = self.part_trips(if wrt == AttnArg::V { d + e } else { 2 * d + e }, half);
                 if wrt != AttnArg::Q {
                     // Query heads, then the query tiles of each.
-                    return (h / hk) * (1 + (s.div_ceil(t.key_tile) + 1) * (1 + parts)) + 1;
+                    let tiles = s.div_ceil(self.attention_tiles().key_tile);
+                    return (h / hk) * (1 + (tiles + 1) * (1 + parts)) + 1;
                 }
-                let tiles = sk.div_ceil(t.key_tile);
-                let listing = if fns.as_ref().is_some_and(|f| f.tiles.is_some()) { tiles + 1 } else { 0 };
-                (tiles + 1) * (1 + parts) + 1 + listing + read_trips(fns, t.cube_rows(), t.key_tile, tiles, true)
+                self.key_walk_trips(sk, parts, fns)
             }
             KernelSpec::AttentionLse { shape: AttnShape { sk, d, ref fns, .. }, split: 0, .. } => {
-                let t = self.attention_tiles();
-                let part = t.unrolled_rows(d / self.line_size(), half);
-                let parts = if part < t.key_tile { t.key_tile / part + 1 } else { 0 };
-                let tiles = sk.div_ceil(t.key_tile);
-                let listing = if fns.as_ref().is_some_and(|f| f.tiles.is_some()) { tiles + 1 } else { 0 };
-                (tiles + 1) * (1 + parts) + 1 + listing + read_trips(fns, t.cube_rows(), t.key_tile, tiles, true)
+                self.key_walk_trips(sk, self.part_trips(d, half), fns)
             }
             // A loop over a tile's rows, and per row the channel loops of `grad_chunk`.
             KernelSpec::AttentionLse { shape: AttnShape { sk, d, ref fns, .. }, tile, split, .. } => {
@@ -627,6 +613,31 @@ impl KernelSpec {
             }
             KernelSpec::Group { ref steps, .. } => group::loop_trips(steps),
             _ => 1,
+        }
+    }
+
+    /// Loop trips of the forward's walk over `sk` keys (the forward, the
+    /// log-sum-exp and dQ on the CPU drivers' tiling): one loop over the
+    /// visible key tiles, `parts` more per tile walked in parts
+    /// ([`KernelSpec::part_trips`]); with tile functions, unit 0 first lists
+    /// the tiles (`tiles::walk_tiles`) and the cube reads what they read.
+    fn key_walk_trips(&self, sk: usize, parts: usize, fns: &Option<KernelFns>) -> usize {
+        let t = self.attention_tiles();
+        let tiles = sk.div_ceil(t.key_tile);
+        let listing = if fns.as_ref().is_some_and(|f| f.tiles.is_some()) { tiles + 1 } else { 0 };
+        (tiles + 1) * (1 + parts) + 1 + listing + read_trips(fns, t.cube_rows(), t.key_tile, tiles, true)
+    }
+
+    /// Loop trips of one tile walked in parts (`tiles::in_parts`) for rows
+    /// of `width` floats, 0 when the whole tile is unrolled
+    /// ([`AttnTiles::unrolled_rows`]).
+    fn part_trips(&self, width: usize, half: bool) -> usize {
+        let t = self.attention_tiles();
+        let part = t.unrolled_rows(width / self.line_size(), half);
+        if part < t.key_tile {
+            t.key_tile / part + 1
+        } else {
+            0
         }
     }
 

@@ -149,6 +149,8 @@ impl<N: Size> GradTile<'_, N> {
             .map(|u| (0..self.dl).map(|c| k::vget::expand::<N>(scope, &u.acc, c)).collect())
             .collect();
         let slope_fns = a.fns.as_ref().filter(|f| f.score.is_some());
+        // The cube's batch and head, for the score function's slope.
+        let head = slope_fns.map(|_| cube_head(scope, a));
         for jj in 0..self.bk {
             let values = shared_row(scope, self.b.v, value_rows[jj], self.el, self.lane, self.plane);
             let keys = shared_row(scope, self.b.k, key_rows[jj], self.dl, self.lane, self.plane);
@@ -159,8 +161,7 @@ impl<N: Size> GradTile<'_, N> {
                 }
                 let p = k::exp_diff::expand(scope, scores[r][jj], u.lse);
                 let mut ds = grad_weight::expand(scope, p, dp, u.delta);
-                if let Some(fns) = slope_fns {
-                    let (b, h) = cube_head(scope, a);
+                if let (Some(fns), Some((b, h))) = (slope_fns, head) {
                     let i = k::uget::expand(scope, &u.slots, ROW_I);
                     let j = k::add_index::expand(scope, self.k0, k::const_index::expand(scope, jj));
                     let slope = fns.slope(scope, logits[r][jj], &Indices { b, h, i, j }).expect("a score function");
