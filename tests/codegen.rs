@@ -20,10 +20,16 @@ fn small(spec: &str) -> Vec<(&'static str, String)> {
         "alibi" | "softcap" => &[("H", "2"), ("H_kv", "1"), ("d", "4"), ("M", "5"), ("N", "7")],
         "relative_bias" => &[("H", "2"), ("H_kv", "1"), ("d", "4"), ("M", "5"), ("N", "7"), ("R", "3")],
         "document" | "prefix_lm" | "sinks" => &[("H", "2"), ("H_kv", "1"), ("d", "4"), ("N", "7")],
+        "talking_heads" => &[("H", "2"), ("d", "4"), ("N", "5")],
+        "diff" => &[("H", "2"), ("d", "2"), ("N", "5")],
         _ => &[("B", "2"), ("G", "3")],
     };
     s.iter().map(|(k, v)| (*k, v.to_string())).collect()
 }
+
+/// The stdlib specs that mix heads inside attention, which only the
+/// interpreter runs so far.
+pub const HEAD_MIXING: [&str; 2] = ["diff", "talking_heads"];
 
 #[test]
 fn emitted_source_for_every_stdlib_spec() {
@@ -31,6 +37,14 @@ fn emitted_source_for_every_stdlib_spec() {
         let c = compile_stdlib(&spec, &small(&spec));
         let dims = bind::default_dims(&c.program).unwrap();
         let p = plan::plan(&c.program, &dims);
+        if HEAD_MIXING.contains(&spec.as_str()) {
+            // No kernel computes head mixing inside attention yet (issue 28):
+            // emission refuses it by name rather than emitting plain attention.
+            let Err(e) = emit::emit(&p, emit::Target::Wgsl) else { panic!("{spec}: emitted head mixing") };
+            let e = e.to_string();
+            assert!(e.contains("needs head mixing inside attention"), "{spec}: {e}");
+            continue;
+        }
         for target in [emit::Target::Wgsl, emit::Target::Cuda] {
             let (files, manifest) = emit::emit(&p, target).unwrap();
             let (again, _) = emit::emit(&p, target).unwrap();

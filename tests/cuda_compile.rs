@@ -52,7 +52,12 @@ fn users_sizes() -> Vec<Case> {
 /// estimator of binary or integer rewards has no continuous input: `attnc
 /// compile --grad` refuses it).
 fn default_sizes() -> Vec<Case> {
-    let names: Vec<&'static str> = stdlib_names().into_iter().map(|n| &*Box::leak(n.into_boxed_str())).collect();
+    // Head mixing inside attention has no kernel yet: its emission is
+    // refused by name (tests/codegen.rs checks that), so nothing compiles.
+    let names: Vec<&'static str> = (stdlib_names().into_iter())
+        .filter(|n| !["diff", "talking_heads"].contains(&n.as_str()))
+        .map(|n| &*Box::leak(n.into_boxed_str()))
+        .collect();
     let differentiable = |s: &str| attnc_compiler::grad::differentiate(&compile_stdlib(s, &[]).program, &[]).is_ok();
     let mut cases: Vec<Case> = names.iter().map(|s| case(s, &[], false)).collect();
     cases.extend(names.iter().filter(|s| differentiable(s)).map(|s| case(s, &[], true)));

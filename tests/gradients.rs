@@ -303,3 +303,42 @@ fn tensors_read_by_score_functions_have_gradients() {
     let g = differentiate(&alibi.program, &[]).unwrap();
     assert!(g.outputs.iter().all(|(n, _)| n != "grad_slopes"), "slopes differentiated by default");
 }
+
+/// Head mixing inside attention (Talking-Heads): every gradient, the mixing
+/// matrices' element by element, with masks, windows, GQA, unequal query and
+/// key counts, rectangular matrices, a per-head mask function and a score
+/// function whose read tensor is differentiated too.
+#[test]
+fn head_mixing_gradients_match_finite_differences() {
+    let th = [
+        sets(&[("H", "3"), ("d", "2"), ("N", "7")]),
+        sets(&[("H", "4"), ("H_kv", "2"), ("d", "2"), ("N", "6"), ("B", "2"), ("mask", "none"), ("window", "3")]),
+    ];
+    for (i, s) in th.iter().enumerate() {
+        let c = compile_stdlib("talking_heads", s);
+        let g = differentiate(&c.program, &[]).unwrap();
+        for w in ["grad_w_l", "grad_w_p"] {
+            assert!(g.outputs.iter().any(|(n, _)| n == w), "{w} is differentiated by default");
+        }
+        check(&c.program, 60 + i as u64, &format!("talking_heads {s:?}"));
+    }
+    for (i, s) in [
+        sets(&[("H", "2"), ("d", "2"), ("N", "6")]),
+        sets(&[("H", "1"), ("d", "3"), ("N", "5"), ("mask", "none"), ("layer", "3")]),
+    ]
+    .iter()
+    .enumerate()
+    {
+        check(&compile_stdlib("diff", s).program, 65 + i as u64, &format!("diff {s:?}"));
+    }
+    let core = "spec th\ndim M = 5\ndim N = 7\ninput q: [1, 3, M, 3]\ninput k: [1, 1, N, 3]\ninput v: [1, 1, N, 2]\n\
+        input t: [3]\ninput wl: [3, 4]\ninput wp: [4, 2]\noutput o = attention(q, k, v, \
+        mask = |b, h, i, j| abs(i - j) <= h + 1, score = |s, b, h, i, j| 2.0 * tanh(s / 2.0) - t[h] * abs(i - j), \
+        mix_logits = wl, mix_probs = wp)\n";
+    let c = attnc_compiler::compile(core, &[]).unwrap();
+    let all: Vec<String> = ["q", "k", "v", "t", "wl", "wp"].iter().map(|x| x.to_string()).collect();
+    check_wrt(&c.program, 70, "rectangular mixing with functions", &all);
+    let causal = core.replace("mask = |b, h, i, j| abs(i - j) <= h + 1", "mask = causal, window = 4");
+    let c = attnc_compiler::compile(&causal, &[]).unwrap();
+    check_wrt(&c.program, 71, "rectangular mixing, causal window, M < N", &all);
+}

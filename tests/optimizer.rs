@@ -395,7 +395,7 @@ fn limits_stop_the_run_with_a_report() {
 #[test]
 fn explain_reports_for_every_stdlib_spec() {
     for spec in stdlib_names() {
-        let attention = ["iha", "mha", "gqa", "mqa"].contains(&spec.as_str());
+        let attention = ["iha", "mha", "gqa", "mqa", "talking_heads", "diff"].contains(&spec.as_str());
         // Attention cores with functions over given q, k, v (M queries where the spec has them).
         let core = ["alibi", "softcap", "document", "prefix_lm", "sinks", "relative_bias"].contains(&spec.as_str());
         let queries = ["alibi", "softcap", "relative_bias"].contains(&spec.as_str());

@@ -125,6 +125,18 @@ pub fn op_cost(op: &Op, out: &[usize], operands: &[Vec<usize>]) -> OpCost {
         Op::Collapse { .. } | Op::CollapseCols { .. } => kernel(2.0 * numel(out) * operands[1][1] as f64),
         Op::CollapseRows { .. } => kernel(2.0 * numel(out) * operands[1][0] as f64),
         Op::Rope { .. } => kernel(6.0 * numel(out)),
+        Op::Attention { mask, fns: Some(f), .. } if f.mixes() => {
+            // Per (query row, key) pair: every query head's logit, the
+            // mixings, each softmax head's exponential and each output
+            // head's accumulation.
+            let (q, v) = (&operands[0], &operands[2]);
+            let (b, hq, s, d, e, ho) = (q[0], q[1], q[2], q[3], v[3], out[1]);
+            let hs = f.mix.logits.map_or(hq, |c| operands[3 + c][1]);
+            let pairs = b as f64 * visible_pairs(mask, s, v[2]);
+            let mixing = f.mix.logits.map_or(0, |_| 2 * hq * hs) + f.mix.probs.map_or(0, |_| 2 * hs * ho);
+            let fns = function_ops(&Some(f.clone()), false);
+            kernel(pairs * ((hq * 2 * d + mixing + 5 * hs + 2 * ho * e) as f64 + hq as f64 * fns))
+        }
         Op::Attention { mask, fns, .. } => {
             let (q, v) = (&operands[0], &operands[2]);
             let (b, h, s, d, e) = (q[0], q[1], q[2], q[3], v[3]);

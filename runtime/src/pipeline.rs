@@ -359,7 +359,11 @@ impl Bound {
             }
             _ => {}
         }
-        emit::emit(&self.plan(), target).map_err(Error::Emit)
+        let plan = self.plan();
+        if let Some((l, what)) = plan.launches.iter().find_map(|l| l.spec.kernel_gap().map(|w| (l, w))) {
+            return Err(Error::Device(GpuError::Unsupported { kernel: l.name.clone(), what }));
+        }
+        emit::emit(&plan, target).map_err(Error::Emit)
     }
 
     /// Refuse, before any work, sizes past `memory_budget` bytes (and, on

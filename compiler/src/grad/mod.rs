@@ -63,12 +63,15 @@ pub fn differentiable_inputs(program: &Program) -> Vec<String> {
     program.inputs.iter().filter(|i| continuous(i) && !read.contains(&i.node)).map(|i| i.name.clone()).collect()
 }
 
-/// The inputs attention's score and mask functions read: their gradients
-/// are computed by the interpreter only, so they are differentiated when
-/// asked for by name (`--wrt`), not by default.
+/// The inputs attention's score and mask functions read (head-mixing
+/// matrices aside): their gradients are computed by the interpreter only,
+/// so they are differentiated when asked for by name (`--wrt`), not by
+/// default.
 fn read_by_functions(program: &Program) -> Vec<NodeId> {
     let fns = program.nodes.iter().filter_map(|n| match &n.op {
-        Op::Attention { fns: Some(f), .. } => Some(f.captures.clone()),
+        Op::Attention { fns: Some(f), .. } => {
+            Some(f.captures.iter().enumerate().filter(|(c, _)| !f.mix.reads(*c)).map(|(_, id)| *id).collect::<Vec<_>>())
+        }
         _ => None,
     });
     fns.flatten().collect()
@@ -114,8 +117,6 @@ pub fn differentiate(program: &Program, wrt: &[String]) -> Result<Program, GradE
         )));
     }
     let wanted_nodes = wanted.iter().map(|i| program.inputs[*i].node).collect();
-    let mut b = Builder { p: program.clone(), adjoint: BTreeMap::new(), wanted: wanted_nodes };
-    b.p.name = format!("{}_grad", program.name);
     // Which forward nodes depend on a differentiated input.
     let n = program.nodes.len();
     let mut depends = vec![false; n];
@@ -125,6 +126,9 @@ pub fn differentiate(program: &Program, wrt: &[String]) -> Result<Program, GradE
             ref op => op.operands().iter().any(|o| depends[o.0 as usize]),
         };
     }
+    let mut b =
+        Builder { p: program.clone(), adjoint: BTreeMap::new(), wanted: wanted_nodes, depends: depends.clone() };
+    b.p.name = format!("{}_grad", program.name);
     // Cotangents: one input per output, drawn standard normal by `--seed`.
     for (name, id) in program.outputs.clone() {
         let shape = program.shape(id).clone();
@@ -181,6 +185,9 @@ struct Builder {
     /// The input nodes differentiated by (a score function's reads get a
     /// gradient operation only when asked for).
     wanted: Vec<NodeId>,
+    /// Which forward nodes depend on a differentiated input (a computed
+    /// head-mixing matrix gets a gradient operation only then).
+    depends: Vec<bool>,
 }
 
 impl Builder {
@@ -280,7 +287,7 @@ impl Builder {
                 // negating the second half of each row.
                 let d = self.known(x, self.shape(x).rank() - 1, "head width")? as usize;
                 let values = (0..d).map(|i| if i < d / 2 { 1.0 } else { -1.0 }).collect();
-                let n = self.push(Op::Constant { values })?;
+                let n = self.push(Op::Constant { values, shape: vec![d as u64] })?;
                 let flipped = self.binary(B::Mul, g, n)?;
                 let rotated = self.push(Op::Rope { x: flipped, base })?;
                 vec![(x, self.binary(B::Mul, rotated, n)?)]
@@ -296,12 +303,14 @@ impl Builder {
                         self.push(Op::AttentionGrad { q, k, v, o: id, dout: g, lse, mask, scale, wrt, fns })?,
                     ));
                 }
-                // The tensors the score function reads (a mask's reads pass no gradient).
+                // The tensors the score function reads (a mask's reads pass
+                // no gradient) and the head-mixing matrices.
                 let reads = fns.as_ref().map_or(vec![], |f| f.captures.clone());
                 for (c, operand) in reads.into_iter().enumerate() {
                     let read =
                         fns.as_ref().and_then(|f| f.score.as_ref()).is_some_and(|s| !read_partials(s, c).is_empty());
-                    if read && self.wanted.contains(&operand) {
+                    let mixed = fns.as_ref().is_some_and(|f| f.mix.reads(c));
+                    if (read && self.wanted.contains(&operand)) || (mixed && self.depends[operand.0 as usize]) {
                         let wrt = AttnArg::Read(c);
                         let fns = fns.clone();
                         out.push((

@@ -379,4 +379,37 @@ pub struct AttnFns {
     pub mask: Option<Func>,
     /// The inputs the functions read; `FExpr::Read::capture` indexes this.
     pub captures: Vec<super::NodeId>,
+    /// Head mixing inside attention (Talking-Heads): captured matrices.
+    pub mix: HeadMix,
+}
+
+impl AttnFns {
+    /// Whether attention mixes heads inside its softmax.
+    pub fn mixes(&self) -> bool {
+        !self.mix.is_identity()
+    }
+}
+
+/// Head mixing inside attention (Shazeer et al., 2020, Talking-Heads
+/// Attention; docs/semantics.md §7), each matrix a capture of `AttnFns`:
+/// `logits` `[H_q, H_s]` mixes the scaled logits (after the score function)
+/// of the query heads into the softmax heads, `probs` `[H_s, H_o]` the
+/// probabilities of the softmax heads into the output heads. Either may be
+/// absent (the identity).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize)]
+pub struct HeadMix {
+    pub logits: Option<usize>,
+    pub probs: Option<usize>,
+}
+
+impl HeadMix {
+    /// Whether capture `c` is one of the mixing matrices.
+    pub fn reads(&self, c: usize) -> bool {
+        self.logits == Some(c) || self.probs == Some(c)
+    }
+
+    /// No mixing: both matrices the identity.
+    pub fn is_identity(&self) -> bool {
+        self.logits.is_none() && self.probs.is_none()
+    }
 }

@@ -152,12 +152,13 @@ impl Op {
                 }
                 s
             }
-            Op::Attention { q, k, v, mask, .. } => {
+            Op::Attention { q, k, v, mask, ref fns, .. } => {
                 let (sq, sk, sv) = (shape(q), shape(k), shape(v));
                 want_rank("the queries", &sq, 4)?;
                 want_rank("the keys", &sk, 4)?;
                 want_rank("the values", &sv, 4)?;
-                if sk.0[..3] != sv.0[..3] {
+                let mixes = fns.as_ref().is_some_and(|f| f.mixes());
+                if sk.0[0] != sv.0[0] || sk.0[2] != sv.0[2] || (!mixes && sk.0[1] != sv.0[1]) {
                     return err(Mismatch, format!("keys {sk} and values {sv} differ in batch, heads or length"));
                 }
                 if sq.0[0] != sk.0[0] || sq.0[3] != sk.0[3] {
@@ -184,7 +185,19 @@ impl Op {
                 if mask.window == Some(0) {
                     return err(BadSize, "the window must be at least 1 token".into());
                 }
-                Shape(vec![sq.0[0].clone(), sq.0[1].clone(), sq.0[2].clone(), sv.0[3].clone()])
+                let (_, ho) = mixed_heads(fns, &sq.0[1], shape)?;
+                if mixes {
+                    match (ho.as_known(), sv.0[1].as_known()) {
+                        (Some(ho), Some(hv)) if hv > 0 && ho % hv == 0 => {}
+                        _ => {
+                            return err(
+                                NotDivisible,
+                                format!("value heads ({}) must divide the output heads of mix_probs ({ho})", sv.0[1]),
+                            )
+                        }
+                    }
+                }
+                Shape(vec![sq.0[0].clone(), ho, sq.0[2].clone(), sv.0[3].clone()])
             }
             Op::Transpose { x } => {
                 let s = shape(x);
@@ -293,15 +306,17 @@ impl Op {
                 };
                 Shape(vec![Dim::known(h), Dim::known(c)])
             }
-            Op::AttentionLse { q, k, .. } => {
+            Op::AttentionLse { q, k, ref fns, .. } => {
                 let (sq, sk) = (shape(q), shape(k));
                 want_rank("the queries", &sq, 4)?;
                 want_rank("the keys", &sk, 4)?;
-                Shape(sq.0[..3].to_vec())
+                let (hs, _) = mixed_heads(fns, &sq.0[1], shape)?;
+                Shape(vec![sq.0[0].clone(), hs, sq.0[2].clone()])
             }
             Op::AttentionGrad { q, k, v, o, dout, lse, wrt, ref fns, .. } => {
                 let (sq, so, sd, sl) = (shape(q), shape(o), shape(dout), shape(lse));
-                if so != sd || sl.0[..] != sq.0[..3] {
+                let (hs, _) = mixed_heads(fns, &sq.0[1], shape)?;
+                if so != sd || sl.0[..] != [sq.0[0].clone(), hs, sq.0[2].clone()] {
                     return err(
                         Mismatch,
                         format!("attention's output {so}, cotangent {sd} and row statistics {sl} differ"),
@@ -320,7 +335,12 @@ impl Op {
             Op::Binary { a, b, op } => broadcast(&shape(a), &shape(b))
                 .map_err(|m| ShapeError { kind: Mismatch, message: format!("`{op:?}`: {m}") })?,
             Op::Unary { x, .. } => shape(x),
-            Op::Constant { ref values } => Shape(vec![Dim::known(values.len() as u64)]),
+            Op::Constant { ref values, ref shape } => {
+                if shape.iter().product::<u64>() != values.len() as u64 {
+                    return err(BadSize, format!("a constant of shape {shape:?} has {} values", values.len()));
+                }
+                Shape(shape.iter().map(|n| Dim::known(*n)).collect())
+            }
             Op::Reduce { x, ref axes, keepdim, .. } => {
                 let s = shape(x);
                 if axes.is_empty() || axes.windows(2).any(|w| w[0] >= w[1]) || axes.iter().any(|a| *a >= s.rank()) {
@@ -434,4 +454,26 @@ impl Op {
             }
         })
     }
+}
+
+/// The softmax and output head counts of attention over `hq` query heads:
+/// `hq` both without head mixing; else the columns of `mix_logits`
+/// (`[hq, H_s]`) and of `mix_probs` (`[H_s, H_o]`).
+fn mixed_heads(
+    fns: &Option<Box<AttnFns>>,
+    hq: &Dim,
+    shape: &dyn Fn(NodeId) -> Shape,
+) -> Result<(Dim, Dim), ShapeError> {
+    let Some(f) = fns.as_deref() else { return Ok((hq.clone(), hq.clone())) };
+    let matrix = |c: Option<usize>, rows: Dim, what: &str, cols: &str| -> Result<Dim, ShapeError> {
+        let Some(c) = c else { return Ok(rows) };
+        let s = shape(f.captures[c]);
+        if s.rank() != 2 || s.0[0] != rows || s.0[1].as_known().is_none_or(|n| n == 0) {
+            return err(ShapeErrorKind::Mismatch, format!("{what} must have shape [{rows}, {cols}], not {s}"));
+        }
+        Ok(s.0[1].clone())
+    };
+    let hs = matrix(f.mix.logits, hq.clone(), "mix_logits (query heads × softmax heads)", "H_s")?;
+    let ho = matrix(f.mix.probs, hs.clone(), "mix_probs (softmax heads × output heads)", "H_o")?;
+    Ok((hs, ho))
 }

@@ -266,10 +266,10 @@ pub enum Op {
     /// ## Shape rules
     /// Same shape.
     Unary { op: UnaryOp, x: NodeId },
-    /// A constant vector.
+    /// A constant tensor, `values` row-major.
     /// ## Shape rules
-    /// `[len(values)]`.
-    Constant { values: Vec<f64> },
+    /// `shape`, whose product is `len(values)`.
+    Constant { values: Vec<f64>, shape: Vec<u64> },
     /// A reduction over `axes` (sorted, distinct).
     /// ## Shape rules
     /// The reduced axes become 1 with `keepdim`, else disappear.

@@ -129,6 +129,11 @@ impl Program {
             }
             let reads: Vec<String> = f.captures.iter().map(|c| c.to_string()).collect();
             let _ = write!(t, ", reads=[{}]", reads.join(", "));
+            for (name, c) in [("mix_logits", f.mix.logits), ("mix_probs", f.mix.probs)] {
+                if let Some(c) = c {
+                    let _ = write!(t, ", {name}={}", f.captures[c]);
+                }
+            }
             t
         };
         let mut out = format!("program {}\n", self.name);
@@ -162,7 +167,8 @@ impl Program {
                 }
                 Op::Binary { op, a, b } => format!("{} {a}, {b}", op.name()),
                 Op::Unary { op, x } => format!("{} {x}", op.name()),
-                Op::Constant { values } => format!("constant {values:?}"),
+                Op::Constant { values, shape } if shape.len() == 1 => format!("constant {values:?}"),
+                Op::Constant { values, shape } => format!("constant {values:?}, shape={shape:?}"),
                 Op::Reduce { x, kind, axes, keepdim } => {
                     format!("reduce_{} {x}, axes={axes:?}, keepdim={keepdim}", kind.name())
                 }

@@ -49,7 +49,7 @@ pub const BUILTINS: &[Signature] = &[
     Signature { name: "deinterleave", params: &["x", "pseudo"], required: 2, summary: "[B, H, S*P, d] -> [B, H, P, S, d]" },
     Signature { name: "collapse",     params: &["x", "r", "mode"], required: 2, summary: "x [B, H', P, S, d], r [H, H'*P] -> [B, H, S, d]; mode global | per_head" },
     Signature { name: "rope",         params: &["x", "base"], required: 1, summary: "rotary embedding by row index; base none = identity" },
-    Signature { name: "attention",    params: &["q", "k", "v", "mask", "window", "block", "scale", "score"], required: 3, summary: "softmax(score(q kᵀ · scale) + mask) v; mask a name or a function of (b, h, i, j) to bool, score a function of (s, b, h, i, j)" },
+    Signature { name: "attention",    params: &["q", "k", "v", "mask", "window", "block", "scale", "score", "mix_logits", "mix_probs"], required: 3, summary: "softmax(score(q kᵀ · scale) + mask) v; mask a name or a function of (b, h, i, j) to bool, score a function of (s, b, h, i, j); mix_logits [H_q, H_s] mixes heads' logits before the softmax, mix_probs [H_s, H_o] its probabilities after (Talking-Heads)" },
     Signature { name: "sqrt",         params: &["x"], required: 1, summary: "elementwise square root" },
     Signature { name: "abs",          params: &["x"], required: 1, summary: "elementwise absolute value" },
     Signature { name: "exp",          params: &["x"], required: 1, summary: "elementwise e^x" },
@@ -80,6 +80,7 @@ pub const BUILTINS: &[Signature] = &[
     Signature { name: "std",          params: &["x", "axis", "bessel", "keepdim"], required: 2, summary: "standard deviation over an axis; bessel divides by n - 1" },
     Signature { name: "loo_mean",     params: &["x", "axis"], required: 2, summary: "leave-one-out mean along an axis (needs 2 or more entries)" },
     Signature { name: "thresholds",   params: &["x", "levels"], required: 2, summary: "ratings 1..K -> [.., K-1] indicators 1[x >= tau], tau = 2..K" },
+    Signature { name: "eye",          params: &["rows", "cols", "offset"], required: 1, summary: "a constant [rows, cols] matrix (cols = rows by default), 1 where col = row + offset (0 by default), else 0" },
     Signature { name: "vector",       params: &["values", "length", "fill"], required: 2, summary: "a constant vector: `values`, or `length` copies of `fill` when values is none" },
 ];
 
@@ -167,6 +168,17 @@ pub(crate) fn lower_call(l: &mut Lowerer, call: &Expr, func: &Ident, args: &[Arg
             let scale = args.opt_float(l, 6);
             let (q, k, v, mask, window, block, scale) = (q?, k?, v?, mask?, window?, block?, scale?);
             let (mask_fn, score_fn) = (mask_fn?, score_fn?);
+            // Head mixing: the matrices are captures, as the functions' reads.
+            let mut mix = HeadMix::default();
+            for (slot, i) in [(&mut mix.logits, 8), (&mut mix.probs, 9)] {
+                if args.values[i].is_some() {
+                    let t = args.tensor(l, i)?;
+                    *slot = Some(captures.iter().position(|c| *c == t).unwrap_or_else(|| {
+                        captures.push(t);
+                        captures.len() - 1
+                    }));
+                }
+            }
             if let (Some(_), Some(_)) = (&mask_fn, window) {
                 let span = args.values[4].as_ref().unwrap().1.span;
                 l.diags.push(
@@ -195,8 +207,9 @@ pub(crate) fn lower_call(l: &mut Lowerer, call: &Expr, func: &Ident, args: &[Arg
                     }
                 },
             };
-            let fns = (mask_fn.is_some() || score_fn.is_some())
-                .then(|| Box::new(AttnFns { score: score_fn, mask: mask_fn, captures }));
+            let mixes = mix.logits.is_some() || mix.probs.is_some();
+            let fns = (mask_fn.is_some() || score_fn.is_some() || mixes)
+                .then(|| Box::new(AttnFns { score: score_fn, mask: mask_fn, captures, mix }));
             l.add(
                 Op::Attention { q, k, v, mask: Mask { kind, window, block }, scale, fns },
                 call.span,
@@ -296,7 +309,22 @@ pub(crate) fn lower_call(l: &mut Lowerer, call: &Expr, func: &Ident, args: &[Arg
                     return None;
                 }
             };
-            l.add(Op::Constant { values }, call.span, &[])
+            let shape = vec![values.len() as u64];
+            l.add(Op::Constant { values, shape }, call.span, &[])
+        }
+        "eye" => {
+            let rows = args.size(l, 0)?;
+            let cols = if args.values[1].is_some() { args.size(l, 1)? } else { rows };
+            let offset = match args.values[2].as_ref() {
+                None => 0,
+                Some((Operand::Const(Value::Int(v)), _)) => *v,
+                Some(_) => {
+                    args.wrong(l, 2, "an integer (the diagonal's offset)");
+                    return None;
+                }
+            };
+            let values = (0..rows * cols).map(|x| f64::from((x % cols) as i64 == (x / cols) as i64 + offset)).collect();
+            l.add(Op::Constant { values, shape: vec![rows, cols] }, call.span, &[])
         }
         other => unreachable!("builtin `{other}` has a signature but no lowering"),
     };

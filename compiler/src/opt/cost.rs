@@ -43,7 +43,9 @@ pub fn program_cost(p: &Program, dims: &BTreeMap<String, u64>, target: &Target, 
             Some(plane) => l.spec.fit_registers(plane),
             None => l.spec.clone(),
         };
-        if let Some(note) = spec.tiling_note() {
+        if let Some(gap) = spec.kernel_gap() {
+            out.tiling.push((l.name.clone(), format!("no kernel yet: {gap}; priced by its roofline")));
+        } else if let Some(note) = spec.tiling_note() {
             out.tiling.push((l.name.clone(), note));
         }
         let c = OpCost { flops: l.flops, bytes: l.bytes, launches: 1 };

@@ -151,6 +151,7 @@ fn kernel_fns(fns: &Option<Box<AttnFns>>, shapes: &[Vec<usize>], dims: &DimValue
             crate::sparsity::TileFns { any: t.any.resolve(dims), hidden: t.hidden.resolve(dims) }
         }),
         captures: f.captures.iter().map(|c| shapes[c.0 as usize].clone()).collect(),
+        mix: f.mix,
     })
 }
 
@@ -406,7 +407,7 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
                 let role = BufferRole::Constant { values: vec![*value] };
                 Some(Val::At { buf: pl.buffer(&shape, role), layout: Layout::contiguous(&shape) })
             }
-            Op::Constant { values } => {
+            Op::Constant { values, .. } => {
                 let role = BufferRole::Constant { values: values.clone() };
                 Some(Val::At { buf: pl.buffer(&shape, role), layout: Layout::contiguous(&shape) })
             }

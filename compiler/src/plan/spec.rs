@@ -534,6 +534,13 @@ impl KernelSpec {
     /// What the kernels cannot compute yet for this launch, if anything.
     pub fn kernel_gap(&self) -> Option<&'static str> {
         match self {
+            KernelSpec::Attention { shape: AttnShape { fns: Some(f), .. }, .. }
+            | KernelSpec::AttentionLse { shape: AttnShape { fns: Some(f), .. }, .. }
+            | KernelSpec::AttentionGrad { shape: AttnShape { fns: Some(f), .. }, .. }
+                if !f.mix.is_identity() =>
+            {
+                Some("head mixing inside attention (`mix_logits`, `mix_probs`; the interpreter computes it)")
+            }
             KernelSpec::AttentionGrad { wrt: AttnArg::Read(_), .. } => {
                 Some("the gradient of a tensor a score function reads (the interpreter computes it)")
             }

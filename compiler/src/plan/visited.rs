@@ -4,7 +4,7 @@
 //! the loop iterations their reads add (what Mesa's CPU drivers bound).
 
 use super::{AttnShape, KernelSpec};
-use crate::ir::Func;
+use crate::ir::{Func, HeadMix};
 use crate::sparsity::TileFns;
 use serde::Serialize;
 
@@ -23,6 +23,9 @@ pub struct KernelFns {
     pub tiles: Option<TileFns>,
     /// The shapes of the tensors read, in binding order.
     pub captures: Vec<Vec<usize>>,
+    /// Head mixing inside the softmax (its matrices among the captures).
+    #[serde(skip_serializing_if = "HeadMix::is_identity")]
+    pub mix: HeadMix,
 }
 
 /// Loop iterations the reads of a mask's tile functions add (`sparsity::read_trips`).

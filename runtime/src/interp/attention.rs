@@ -35,7 +35,7 @@ impl<'a> Scores<'a> {
     }
 
     /// Whether query row `i` sees key row `j`.
-    fn visible(&self, bi: usize, hi: usize, i: usize, j: usize) -> Result<bool, ReadError> {
+    pub fn visible(&self, bi: usize, hi: usize, i: usize, j: usize) -> Result<bool, ReadError> {
         let (s, sk) = (self.q.shape[2], self.k.shape[2]);
         if !self.mask.visible(i as u64, j as u64, s as u64, sk as u64) {
             return Ok(false);
@@ -60,6 +60,12 @@ impl<'a> Scores<'a> {
         }
     }
 
+    /// The captured tensor `c` of the functions.
+    pub fn capture(&self, c: usize) -> &'a Tensor {
+        let (_, env) = self.fns.as_ref().expect("attention functions");
+        env.captures[c].1
+    }
+
     /// `f`, a function of the score function's parameters, at scaled logit
     /// `s` of pair `at` = (b, h, i, j).
     pub fn call(&self, f: &Func, s: f64, at: [usize; 4]) -> Result<FVal, ReadError> {
@@ -74,13 +80,19 @@ impl<'a> Scores<'a> {
         if !self.visible(bi, hi, i, j)? {
             return Ok(None);
         }
+        self.source(bi, hi, i, j).map(Some)
+    }
+
+    /// [`Self::with_slope`] whatever the mask: with head mixing, the mask
+    /// applies to the mixed logits, not to a query head's.
+    pub fn source(&self, bi: usize, hi: usize, i: usize, j: usize) -> Result<[f64; 3], ReadError> {
         let s = self.logit(bi, hi, i, j);
         let at = [bi, hi, i, j];
         match (&self.fns, &self.slope) {
             (Some((AttnFns { score: Some(f), .. }, _)), Some(slope)) => {
-                Ok(Some([s, self.call(f, s, at)?.float(), self.call(slope, s, at)?.float()]))
+                Ok([s, self.call(f, s, at)?.float(), self.call(slope, s, at)?.float()])
             }
-            _ => Ok(Some([s, s, 1.0])),
+            _ => Ok([s, s, 1.0]),
         }
     }
 }

@@ -142,6 +142,41 @@ pub(super) fn attention_lse(scores: &Scores, shape: Vec<usize>) -> Result<Tensor
     Ok(out)
 }
 
+/// For `wrt` a tensor the score function reads: each read's indices and
+/// partial derivative by the value read, as functions of the score
+/// function's parameters.
+pub(super) fn read_partials(scores: &Scores, wrt: AttnArg) -> Vec<(Vec<Func>, Func)> {
+    match (wrt, scores.fns.as_ref().and_then(|(f, _)| f.score.as_ref())) {
+        (AttnArg::Read(c), Some(f)) => (attnc_compiler::grad::read_partials(f, c).into_iter())
+            .map(|(idx, partial)| {
+                let idx = idx.into_iter().map(|body| Func { body, ..partial.clone() }).collect();
+                (idx, partial)
+            })
+            .collect(),
+        _ => vec![],
+    }
+}
+
+/// Adds `value` times each read's partial at pair `at` (scaled logit
+/// `logit`) into the entry of `out` it reads.
+pub(super) fn scatter_reads(
+    scores: &Scores,
+    reads: &[(Vec<Func>, Func)],
+    out: &mut Tensor,
+    value: f64,
+    logit: f64,
+    at: [usize; 4],
+) -> Result<(), ReadError> {
+    for (idx, partial) in reads {
+        let mut flat = 0;
+        for (f, n) in idx.iter().zip(&out.shape) {
+            flat = flat * n + scores.call(f, logit, at)?.int() as usize;
+        }
+        out.data[flat] += value * scores.call(partial, logit, at)?.float();
+    }
+    Ok(())
+}
+
 /// The gradient of attention in `wrt` (FlashAttention-2's backward, in
 /// float64): with `P_ij = exp(score_ij − lse_i)`, `D_i = Σ_e dO_ie · O_ie`,
 /// `dS_ij = P_ij (dO_i · V_j − D_i)`: `dQ_i = scale Σ_j dS_ij K_j`,
@@ -158,16 +193,7 @@ pub(super) fn attention_grad(
     let (b, h, s, d) = (q.shape[0], q.shape[1], q.shape[2], q.shape[3]);
     let (hk, sk, e) = (k.shape[1], k.shape[2], v.shape[3]);
     let mut out = Tensor::zeros(shape);
-    // For a read tensor: each read's indices and partial derivative, as functions.
-    let reads: Vec<(Vec<Func>, Func)> = match (wrt, scores.fns.as_ref().and_then(|(f, _)| f.score.as_ref())) {
-        (AttnArg::Read(c), Some(f)) => (attnc_compiler::grad::read_partials(f, c).into_iter())
-            .map(|(idx, partial)| {
-                let idx = idx.into_iter().map(|body| Func { body, ..partial.clone() }).collect();
-                (idx, partial)
-            })
-            .collect(),
-        _ => vec![],
-    };
+    let reads = read_partials(scores, wrt);
     for bi in 0..b {
         for hi in 0..h {
             let g = hi / (h / hk);
@@ -204,14 +230,7 @@ pub(super) fn attention_grad(
                         }
                         // dS of the logit (before the slope) times ∂f/∂(value read), into the entry read.
                         AttnArg::Read(_) => {
-                            let dz = p * (dp - delta);
-                            for (idx, partial) in &reads {
-                                let mut flat = 0;
-                                for (f, n) in idx.iter().zip(&out.shape) {
-                                    flat = flat * n + scores.call(f, logit, [bi, hi, i, j])?.int() as usize;
-                                }
-                                out.data[flat] += dz * scores.call(partial, logit, [bi, hi, i, j])?.float();
-                            }
+                            scatter_reads(scores, &reads, &mut out, p * (dp - delta), logit, [bi, hi, i, j])?
                         }
                     }
                 }

@@ -5,6 +5,7 @@
 mod attention;
 mod backward;
 pub mod func;
+mod mixed;
 
 /// The elementwise rules (`ir::scalar`, which score and mask functions and
 /// the cost model share).
@@ -112,11 +113,15 @@ fn evaluate_with(
             Op::Collapse { x, r } => collapse(v(*x), v(*r), shape),
             Op::Rope { x, base } => rope(v(*x), *base, round),
             Op::Attention { q, k, v: vv, mask, scale, fns } => {
-                attention::attention(&scores(q, k, mask, *scale, fns), v(*vv), shape, round)?
+                let sc = scores(q, k, mask, *scale, fns);
+                match fns.as_ref().is_some_and(|f| f.mixes()) {
+                    true => mixed::attention(&mixed::Mixed::new(&sc), v(*vv), shape, round)?,
+                    false => attention::attention(&sc, v(*vv), shape, round)?,
+                }
             }
             Op::Binary { op, a, b } => binary(*op, v(*a), v(*b), shape),
             Op::Unary { op, x } => unary(*op, v(*x)),
-            Op::Constant { values } => Tensor::new(vec![values.len()], values.clone()),
+            Op::Constant { values, .. } => Tensor::new(shape, values.clone()),
             Op::Reduce { x, kind, axes, .. } => reduce(v(*x), *kind, axes, shape),
             Op::LooMean { x, axis } => loo_mean(v(*x), *axis),
             Op::Where { cond, a, b } => select(v(*cond), v(*a), v(*b), shape),
@@ -136,15 +141,22 @@ fn evaluate_with(
             Op::CollapseT { dy, r, .. } => backward::collapse_t(v(*dy), v(*r), shape),
             Op::CollapseGrad { x, dy } => backward::collapse_grad(v(*x), v(*dy), shape),
             Op::AttentionLse { q, k, mask, scale, fns } => {
-                backward::attention_lse(&scores(q, k, mask, *scale, fns), shape)?
+                let sc = scores(q, k, mask, *scale, fns);
+                match fns.as_ref().is_some_and(|f| f.mixes()) {
+                    true => mixed::lse(&mixed::Mixed::new(&sc), shape)?,
+                    false => backward::attention_lse(&sc, shape)?,
+                }
             }
             Op::MixColsT { dy, alpha } => backward::mix_cols_t(v(*dy), v(*alpha), shape),
             Op::MixColsGrad { y, dy, .. } => backward::mix_cols_grad(v(*y), v(*dy), shape),
             Op::CollapseColsGrad { y, dy, .. } => backward::collapse_cols_grad(v(*y), v(*dy), shape),
             Op::CollapseRowsGrad { w, dy, .. } => backward::collapse_rows_grad(v(*w), v(*dy), shape),
             Op::AttentionGrad { q, k, v: vv, o, dout, lse, mask, scale, wrt, fns } => {
-                let operands = [v(*vv), v(*o), v(*dout), v(*lse)];
-                backward::attention_grad(&scores(q, k, mask, *scale, fns), operands, *wrt, shape)?
+                let sc = scores(q, k, mask, *scale, fns);
+                match fns.as_ref().is_some_and(|f| f.mixes()) {
+                    true => mixed::grad(&mixed::Mixed::new(&sc), [v(*vv), v(*dout), v(*lse)], *wrt, shape)?,
+                    false => backward::attention_grad(&sc, [v(*vv), v(*o), v(*dout), v(*lse)], *wrt, shape)?,
+                }
             }
         };
         debug_assert_eq!(out.shape, concrete(&node.shape, dims), "interpreter produced a shape other than the IR's");
