@@ -27,24 +27,12 @@ fn small(spec: &str) -> Vec<(&'static str, String)> {
     s.iter().map(|(k, v)| (*k, v.to_string())).collect()
 }
 
-/// The stdlib specs that mix heads inside attention, which only the
-/// interpreter runs so far.
-pub const HEAD_MIXING: [&str; 2] = ["diff", "talking_heads"];
-
 #[test]
 fn emitted_source_for_every_stdlib_spec() {
     for spec in stdlib_names() {
         let c = compile_stdlib(&spec, &small(&spec));
         let dims = bind::default_dims(&c.program).unwrap();
         let p = plan::plan(&c.program, &dims);
-        if HEAD_MIXING.contains(&spec.as_str()) {
-            // No kernel computes head mixing inside attention yet (issue 28):
-            // emission refuses it by name rather than emitting plain attention.
-            let Err(e) = emit::emit(&p, emit::Target::Wgsl) else { panic!("{spec}: emitted head mixing") };
-            let e = e.to_string();
-            assert!(e.contains("needs head mixing inside attention"), "{spec}: {e}");
-            continue;
-        }
         for target in [emit::Target::Wgsl, emit::Target::Cuda] {
             let (files, manifest) = emit::emit(&p, target).unwrap();
             let (again, _) = emit::emit(&p, target).unwrap();

@@ -326,6 +326,49 @@ fn stdlib_at_real_sizes(gpu: &Dev) {
     }
 }
 
+/// Head mixing inside attention (docs/semantics.md §7) on its fused
+/// kernel, past several cubes and key tiles in each direction: masks and
+/// windows, unequal lengths both ways (the first rows of a causal mask see
+/// nothing), GQA on keys and values, rectangular matrices, either matrix
+/// alone, wide values, a score function with a per-head mask function;
+/// and the stdlib's Talking-Heads and Differential layers, optimized.
+fn head_mixing(dev: &Dev) {
+    let core = |[hq, hk, hs, ho, hv]: [usize; 5], [d, e, m, n, b]: [usize; 5], args: &str| {
+        let logits = if args.contains("mix_logits") { format!("input wl: [{hq}, {hs}]\n") } else { String::new() };
+        let probs = if args.contains("mix_probs") { format!("input wp: [{hs}, {ho}]\n") } else { String::new() };
+        format!(
+            "spec th\ndim B = {b}\ninput q: [B, {hq}, {m}, {d}]\ninput k: [B, {hk}, {n}, {d}]\n\
+             input v: [B, {hv}, {n}, {e}]\n{logits}{probs}output o = attention(q, k, v, {args})\n"
+        )
+    };
+    let both = "mix_logits = wl, mix_probs = wp";
+    let specs = [
+        core([4, 4, 4, 4, 4], [32, 32, 200, 200, 1], &format!("mask = causal, {both}")),
+        core([4, 2, 4, 4, 2], [24, 24, 70, 300, 2], &format!("mask = none, window = 40, {both}")),
+        core([3, 1, 5, 2, 1], [16, 40, 97, 97, 1], &format!("mask = causal, {both}")),
+        core([4, 4, 4, 4, 4], [16, 16, 90, 50, 1], "mask = causal, mix_logits = wl"),
+        core([4, 4, 4, 2, 2], [64, 128, 130, 130, 1], "mask = causal, mix_probs = wp"),
+        core(
+            [2, 2, 3, 2, 2],
+            [32, 32, 120, 120, 1],
+            &format!(
+                "mask = |b, h, i, j| abs(i - j) <= 8 * (h + 1), score = |s, b, h, i, j| 2.0 * tanh(s / 2.0), {both}"
+            ),
+        ),
+    ];
+    for (i, src) in specs.iter().enumerate() {
+        let c = attnc_compiler::compile(src, &[]).unwrap_or_else(|d| panic!("{src}: {d:?}"));
+        check_spec(dev, &c, &seeded(&c, 30 + i as u64), false, src);
+    }
+    for (spec, s) in [
+        ("talking_heads", sets(&[("H", "4"), ("d", "32"), ("N", "160")])),
+        ("diff", sets(&[("H", "2"), ("d", "32"), ("N", "140")])),
+    ] {
+        let c = compile_stdlib(spec, &s);
+        check_spec(dev, &c, &seeded(&c, 40), true, &format!("{spec} {s:?}"));
+    }
+}
+
 /// Narrower planes than the device's (and none) give the same answers.
 fn plane_widths(make: Make, dtype: Dtype) {
     for w in [1, 2, 4] {
@@ -803,6 +846,11 @@ macro_rules! backend_tests {
             #[test]
             fn stdlib_specs_at_real_sizes_match_the_interpreter() {
                 stdlib_at_real_sizes(&device($make, $dtype));
+            }
+
+            #[test]
+            fn head_mixing_matches_the_interpreter() {
+                head_mixing(&device($make, $dtype));
             }
 
             #[test]

@@ -324,39 +324,64 @@ fn differential_attention_follows_the_papers_equations() {
     }
 }
 
-/// The interpreter runs the stdlib specs; the kernels refuse head mixing by
-/// name (a code of their own, nothing written) instead of computing plain
-/// attention.
+/// The stdlib specs run on the interpreter and compile to kernels; the
+/// backward's kernels do not exist yet and are refused by name (a code of
+/// their own, nothing written) instead of computing plain attention's.
 #[test]
-fn the_interpreter_runs_head_mixing_and_the_kernels_refuse_it_by_name() {
+fn head_mixing_compiles_and_its_backward_is_refused_by_name() {
     let dir = std::env::temp_dir().join(format!("attnc-head-mixing-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let bin = env!("CARGO_BIN_EXE_attnc");
+    let attnc = |args: &[&str], out: &std::path::Path, spec: &std::path::Path| {
+        std::process::Command::new(bin).args(args).arg("--out").arg(out).arg(spec).output().unwrap()
+    };
     for spec in ["stdlib/talking_heads.attn", "stdlib/diff.attn"] {
         let spec = root().join(spec);
         let out = dir.join("y.safetensors");
-        let o = std::process::Command::new(bin)
-            .args(["run", "--seed", "3", "--set", "N=9", "--set", "H=2", "--set", "d=4", "--out"])
-            .arg(&out)
-            .arg(&spec)
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        assert!(out.exists());
+        let o = attnc(&["run", "--seed", "3", "--set", "N=9", "--set", "H=2", "--set", "d=4"], &out, &spec);
+        assert!(o.status.success() && out.exists(), "{}", String::from_utf8_lossy(&o.stderr));
         for target in ["wgsl", "cuda"] {
             let kernels = dir.join(format!("kernels-{target}"));
-            let o = std::process::Command::new(bin)
-                .args(["compile", "--target", target, "--set", "N=9", "--out"])
-                .arg(&kernels)
-                .arg(&spec)
-                .output()
-                .unwrap();
+            let o = attnc(&["compile", "--target", target, "--set", "N=9"], &kernels, &spec);
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            let names: Vec<String> = (std::fs::read_dir(&kernels).unwrap())
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            assert!(names.iter().any(|n| n.contains("attention_mixed")), "{names:?}");
+            let grads = dir.join(format!("grad-{target}"));
+            let o = attnc(&["compile", "--grad", "--target", target, "--set", "N=9"], &grads, &spec);
             let err = String::from_utf8_lossy(&o.stderr);
             assert_eq!(o.status.code(), Some(1), "{err}");
-            assert!(err.contains("error[E0701]") && err.contains("needs head mixing inside attention"), "{err}");
-            assert!(!kernels.exists(), "a refused compile wrote {}", kernels.display());
+            assert!(
+                err.contains("error[E0701]") && err.contains("the backward of head mixing inside attention"),
+                "{err}"
+            );
+            assert!(!grads.exists(), "a refused compile wrote {}", grads.display());
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Memory stays O(N·H·d): the plan of Talking-Heads attention at N = 8192
+/// has no buffer of N² elements, and its attention is one fused launch
+/// (the manifest's) whose shared memory is independent of N.
+#[test]
+fn talking_heads_at_8192_tokens_stores_no_logits() {
+    let c = compile_stdlib("talking_heads", &[("N", "8192".to_string()), ("H", "8".to_string())]);
+    let dims = attnc_runtime::bind::default_dims(&c.program).unwrap();
+    let plan = attnc_compiler::plan::plan(&c.program, &dims);
+    let n2 = 8192 * 8192;
+    for b in &plan.buffers {
+        assert!(b.len < n2, "buffer {} of {:?} holds {} elements", b.id, b.shape, b.len);
+    }
+    let (_, manifest) = attnc_runtime::gpu::emit::emit(&plan, attnc_runtime::gpu::emit::Target::Cuda).unwrap();
+    let attention: Vec<_> = manifest.launches.iter().filter(|l| l.entry.contains("attention")).collect();
+    assert_eq!(attention.len(), 1, "one attention launch");
+    assert!(attention[0].entry.contains("attention_mixed"), "{}", attention[0].entry);
+    assert!(
+        attention[0].shared_memory_bytes <= 48 * 1024,
+        "{} bytes of shared memory",
+        attention[0].shared_memory_bytes
+    );
 }

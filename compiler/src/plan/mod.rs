@@ -16,9 +16,10 @@ pub use tiles::*;
 pub use view::*;
 
 use crate::cost::{op_cost, weight_only};
-use crate::ir::{concrete, AttnArg, AttnFns, BinaryOp, DimValues, Mask, NodeId, Op, Program};
+use crate::ir::{concrete, AttnArg, BinaryOp, DimValues, Mask, NodeId, Op, Program};
 use serde::Serialize;
 use std::collections::BTreeMap;
+use visited::kernel_fns;
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(tag = "role", rename_all = "snake_case")]
@@ -138,21 +139,6 @@ fn attn_shape(sq: &[usize], sk: &[usize], e: usize, mask: &Mask, scale: f64, fns
         scale_bits: scale.to_bits(),
         fns,
     }
-}
-
-/// Attention's functions for kernels (dims resolved, captured shapes), if any.
-fn kernel_fns(fns: &Option<Box<AttnFns>>, shapes: &[Vec<usize>], dims: &DimValues) -> Option<KernelFns> {
-    let f = fns.as_deref()?;
-    Some(KernelFns {
-        score: f.score.as_ref().map(|x| x.resolve(dims)),
-        mask: f.mask.as_ref().map(|x| x.resolve(dims)),
-        tiles: f.mask.as_ref().map(|m| {
-            let t = crate::sparsity::tile_fns(m);
-            crate::sparsity::TileFns { any: t.any.resolve(dims), hidden: t.hidden.resolve(dims) }
-        }),
-        captures: f.captures.iter().map(|c| shapes[c.0 as usize].clone()).collect(),
-        mix: f.mix,
-    })
 }
 
 fn push_buffer(buffers: &mut Vec<Buffer>, shape: &[usize], role: BufferRole) -> usize {
@@ -548,7 +534,7 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
                 if let [c] = readers[i][..] {
                     let written = match p.nodes[c].op {
                         Op::MergeHeads { .. } if shapes[c].len() == 3 => {
-                            Layout::contiguous(&shapes[c]).split_heads(sq[1])
+                            Layout::contiguous(&shapes[c]).split_heads(shapes[i][1])
                         }
                         Op::Deinterleave { .. } => Some(Layout::contiguous(&shapes[c]).interleave()),
                         _ => None,
@@ -559,14 +545,10 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
                     }
                 }
                 let out = out_layout.row_view().expect("attention writes rows of its output contiguously");
-                let spec = KernelSpec::Attention {
-                    shape: attn_shape(&sq, &sk, sv[3], mask, *scale, kernel_fns(fns, &shapes, dims)),
-                    q: vq,
-                    k: vk,
-                    v: vv,
-                    out,
-                    fragments: false,
-                    split: 0,
+                let shape = attn_shape(&sq, &sk, sv[3], mask, *scale, kernel_fns(fns, &shapes, dims));
+                let spec = match MixTiles::of(fns.as_deref(), &shapes, &sq, &sv) {
+                    Some(mix) => KernelSpec::MixedAttention { shape, mix, q: vq, k: vk, v: vv, out, lse: false },
+                    None => KernelSpec::Attention { shape, q: vq, k: vk, v: vv, out, fragments: false, split: 0 },
                 };
                 let mut bindings = vec![bq, bk, bv];
                 bindings.extend(fns.iter().flat_map(|f| f.captures.iter()).map(|c| pl.contiguous(*c)));
@@ -699,12 +681,10 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
                 let (sq, sk) = (sh(0), sh(1));
                 let (bq, vq) = pl.read(*q, Layout::row_view);
                 let (bk, vk) = pl.read(*k, Layout::row_view);
-                let spec = KernelSpec::AttentionLse {
-                    shape: attn_shape(&sq, &sk, 0, mask, *scale, kernel_fns(fns, &shapes, dims)),
-                    q: vq,
-                    k: vk,
-                    tile: grad_key_tile(sq[3], 0),
-                    split: 0,
+                let shape = attn_shape(&sq, &sk, 0, mask, *scale, kernel_fns(fns, &shapes, dims));
+                let spec = match MixTiles::of(fns.as_deref(), &shapes, &sq, &sk) {
+                    Some(mix) => KernelSpec::MixedAttention { shape, mix, q: vq, k: vk, v: vk, out: vq, lse: true },
+                    None => KernelSpec::AttentionLse { shape, q: vq, k: vk, tile: grad_key_tile(sq[3], 0), split: 0 },
                 };
                 let mut bindings = vec![bq, bk];
                 bindings.extend(fns.iter().flat_map(|f| f.captures.iter()).map(|c| pl.contiguous(*c)));

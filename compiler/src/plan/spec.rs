@@ -122,6 +122,23 @@ pub enum KernelSpec {
         #[serde(default, skip_serializing_if = "is_zero")]
         split: usize,
     },
+    /// Attention that mixes heads inside the softmax
+    /// (`gpu::attention_mixed`; docs/semantics.md §7): binds `q`, `k`, `v`
+    /// (not with `lse`), then the captures (the mixing matrices among
+    /// them); a cube holds every head of `mix.rows` query rows of a batch.
+    /// Writes the output, `[batch, H_o, s, e]` through `out`, or with `lse`
+    /// each softmax head's log-sum-exp, row-major `[batch, H_s, s]`.
+    MixedAttention {
+        #[serde(flatten)]
+        shape: AttnShape,
+        mix: MixTiles,
+        q: RowView,
+        k: RowView,
+        v: RowView,
+        out: RowView,
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        lse: bool,
+    },
     /// `out[x, y] = Σ_{r,i} a[r, x, i] · b[r, y, i]` for row-major
     /// `a: [rows, o1, inner]`, `b: [rows, o2, inner]`: the gradients of
     /// mixing and collapse coefficients, reductions over batch and tokens.
@@ -174,6 +191,7 @@ impl KernelSpec {
             KernelSpec::Attention { .. } => self.attention_tiles().units(),
             KernelSpec::Group { .. } | KernelSpec::Contract { .. } => GROUP_UNITS,
             KernelSpec::AttentionLse { .. } | KernelSpec::AttentionGrad { .. } => self.attention_tiles().units(),
+            KernelSpec::MixedAttention { .. } => MIX_UNITS,
             _ => 256,
         } as u32;
         let (x, y) = self.cubes();
@@ -204,6 +222,7 @@ impl KernelSpec {
             KernelSpec::Attention { shape: AttnShape { batch, h, s, .. }, .. } => {
                 (s.div_ceil(self.attention_tiles().cube_rows()), batch * h)
             }
+            KernelSpec::MixedAttention { shape: AttnShape { batch, s, .. }, mix, .. } => (s.div_ceil(mix.rows), *batch),
             KernelSpec::Group { groups, .. } => (*groups, 1),
             KernelSpec::Contract { o1, o2, .. } => (o1 * o2, 1),
             KernelSpec::AttentionLse { shape: AttnShape { batch, h, s, .. }, .. } => {
@@ -234,6 +253,7 @@ impl KernelSpec {
                 | KernelSpec::Contract { .. }
                 | KernelSpec::AttentionLse { .. }
                 | KernelSpec::AttentionGrad { .. }
+                | KernelSpec::MixedAttention { .. }
         );
         if positional && (x > MAX_GRID || y > MAX_GRID) {
             x
@@ -265,6 +285,9 @@ impl KernelSpec {
             KernelSpec::Rope { rows, d, .. } => rows * d / 2,
             KernelSpec::Attention { shape: AttnShape { batch, h, s, e, .. }, .. } => batch * h * s * e,
             KernelSpec::AttentionLse { shape: AttnShape { batch, h, s, .. }, .. } => batch * h * s,
+            KernelSpec::MixedAttention { shape: AttnShape { batch, s, e, .. }, mix, lse, .. } => {
+                batch * s * if lse { mix.hs } else { mix.ho * e }
+            }
             KernelSpec::AttentionGrad { shape: AttnShape { batch, h, hk, s, sk, d, e, ref fns, .. }, wrt, .. } => {
                 match wrt {
                     AttnArg::Q => batch * h * s * d,
@@ -361,6 +384,16 @@ impl KernelSpec {
     /// words: `attnc explain` prints it, and the manifest's `tiling` is it
     /// for launches tiled within the register file. `None` for any other.
     pub fn tiling_note(&self) -> Option<String> {
+        if let KernelSpec::MixedAttention { mix, shape, lse, .. } = self {
+            return Some(format!(
+                "head mixing: every head of {} query rows a cube, {MIX_UNITS} threads; key tiles of {} rows walked {}, \
+                 scores and probabilities in shared memory ({} floats)",
+                mix.rows,
+                mix.tile,
+                if *lse { "once (statistics)" } else { "twice (statistics, then values)" },
+                mix.shared_floats(shape.h)
+            ));
+        }
         let t = self.attention_tiles();
         let other = match self {
             KernelSpec::AttentionGrad { wrt: AttnArg::K | AttnArg::V, .. } => "query",
@@ -534,12 +567,11 @@ impl KernelSpec {
     /// What the kernels cannot compute yet for this launch, if anything.
     pub fn kernel_gap(&self) -> Option<&'static str> {
         match self {
-            KernelSpec::Attention { shape: AttnShape { fns: Some(f), .. }, .. }
-            | KernelSpec::AttentionLse { shape: AttnShape { fns: Some(f), .. }, .. }
-            | KernelSpec::AttentionGrad { shape: AttnShape { fns: Some(f), .. }, .. }
-                if !f.mix.is_identity() =>
-            {
-                Some("head mixing inside attention (`mix_logits`, `mix_probs`; the interpreter computes it)")
+            KernelSpec::AttentionGrad { shape: AttnShape { fns: Some(f), .. }, .. } if !f.mix.is_identity() => Some(
+                "the backward of head mixing inside attention (`mix_logits`, `mix_probs`; the interpreter computes it)",
+            ),
+            KernelSpec::MixedAttention { shape, mix, .. } if mix.shared_floats(shape.h) > MIX_SHARED => {
+                Some("more heads than one cube's shared memory holds, for head mixing inside attention")
             }
             KernelSpec::AttentionGrad { wrt: AttnArg::Read(_), .. } => {
                 Some("the gradient of a tensor a score function reads (the interpreter computes it)")
@@ -588,6 +620,9 @@ impl KernelSpec {
             }
             KernelSpec::AttentionLse { shape: AttnShape { sk, d, ref fns, .. }, split: 0, .. } => {
                 self.key_walk_trips(sk, self.part_trips(d, half), fns)
+            }
+            KernelSpec::MixedAttention { shape: AttnShape { h, sk, d, .. }, mix, lse, .. } => {
+                mix.loop_trips(h, d, sk, lse)
             }
             // A loop over a tile's rows, and per row the channel loops of `grad_chunk`.
             KernelSpec::AttentionLse { shape: AttnShape { sk, d, ref fns, .. }, tile, split, .. } => {
@@ -672,6 +707,8 @@ impl KernelSpec {
             KernelSpec::Group { .. } => "group",
             KernelSpec::Contract { .. } => "contract",
             KernelSpec::AttentionLse { .. } => "attention_lse",
+            KernelSpec::MixedAttention { lse: false, .. } => "attention_mixed",
+            KernelSpec::MixedAttention { lse: true, .. } => "attention_mixed_lse",
             KernelSpec::AttentionGrad { wrt: AttnArg::Q, .. } => "attention_grad_q",
             KernelSpec::AttentionGrad { wrt: AttnArg::K, .. } => "attention_grad_k",
             KernelSpec::AttentionGrad { wrt: AttnArg::V, .. } => "attention_grad_v",

@@ -2,6 +2,8 @@
 //! query) rows per tile, and the bounds that choose them (unrolled code,
 //! CUDA's registers, shared memory).
 
+use crate::ir::AttnFns;
+
 /// Units per attention cube; each owns `AttnTiles::unit_rows` query rows.
 pub const ATTN_ROWS: usize = 64;
 
@@ -140,5 +142,83 @@ pub(super) fn grad_steps(n: usize) -> usize {
         0
     } else {
         n / grad_chunk(n)
+    }
+}
+
+/// Units per cube of attention that mixes heads inside the softmax.
+pub const MIX_UNITS: usize = 128;
+/// Floats of shared memory a cube of mixed attention may take (48 KiB, what
+/// a CUDA block gets without opting in).
+pub const MIX_SHARED: usize = 12 * 1024;
+/// Output floats each unit of mixed attention accumulates at most.
+const MIX_ACCUMULATORS: usize = 32;
+
+/// How attention that mixes heads inside the softmax is tiled
+/// (`gpu::attention_mixed`): the head counts, whether each matrix is given,
+/// query rows per cube (every head of them) and key rows per tile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct MixTiles {
+    /// Softmax, output and value heads.
+    pub hs: usize,
+    pub ho: usize,
+    pub hv: usize,
+    pub logits: bool,
+    pub probs: bool,
+    pub rows: usize,
+    pub tile: usize,
+}
+
+impl MixTiles {
+    /// The tiling of attention with functions `fns` (whose captures have
+    /// `shapes`), queries `sq` and values `sv` (`[batch, heads, rows,
+    /// width]`; the keys for a log-sum-exp), if it mixes heads.
+    pub fn of(fns: Option<&AttnFns>, shapes: &[Vec<usize>], sq: &[usize], sv: &[usize]) -> Option<MixTiles> {
+        let f = fns.filter(|f| f.mixes())?;
+        let cols = |c: Option<usize>, rows: usize| c.map_or(rows, |c| shapes[f.captures[c].0 as usize][1]);
+        let hs = cols(f.mix.logits, sq[1]);
+        let ho = cols(f.mix.probs, hs);
+        let flags = [f.mix.logits.is_some(), f.mix.probs.is_some()];
+        Some(MixTiles::new(sq[1], [hs, ho, sv[1]], sv[3], sq[2], flags))
+    }
+
+    /// Rows so that each unit accumulates at most `MIX_ACCUMULATORS` outputs
+    /// (a power of two up to 16, no more than the queries need), key tiles of
+    /// 16 rows; both halved while the cube's shared memory is past `MIX_SHARED`.
+    pub fn new(hq: usize, [hs, ho, hv]: [usize; 3], e: usize, s: usize, [logits, probs]: [bool; 2]) -> MixTiles {
+        let fit = (MIX_ACCUMULATORS * MIX_UNITS / (ho * e).max(1)).clamp(1, 16);
+        let rows = (1usize << fit.ilog2()).min(s.next_power_of_two());
+        let mut t = MixTiles { hs, ho, hv, logits, probs, rows, tile: 16 };
+        while t.shared_floats(hq) > MIX_SHARED && (t.rows > 1 || t.tile > 1) {
+            if t.rows > 1 {
+                t.rows /= 2;
+            } else {
+                t.tile /= 2;
+            }
+        }
+        t
+    }
+
+    /// Floats of shared memory a cube takes: the tile's scores (in each
+    /// walk), probabilities and mixed probabilities, the softmax statistics
+    /// and the matrices.
+    pub fn shared_floats(&self, hq: usize) -> usize {
+        let MixTiles { hs, ho, rows, tile, logits, probs, .. } = *self;
+        rows * tile * (2 * hq + hs + if probs { ho } else { 0 })
+            + 2 * rows * hs
+            + if logits { hq * hs } else { 0 }
+            + if probs { hs * ho } else { 0 }
+    }
+
+    /// Loop trips of a unit (Mesa's bound): per key tile of each walk (one
+    /// for the log-sum-exp, two for the output), a loop over its score items
+    /// (each a loop over chunks past 64 channels) and over the tile's keys;
+    /// in the second, over the keys twice and the mixed probabilities' items.
+    pub fn loop_trips(&self, hq: usize, d: usize, sk: usize, lse: bool) -> usize {
+        let items = (self.rows * hq * self.tile).div_ceil(MIX_UNITS);
+        let chunks = if grad_chunk(d) == d { 1 } else { 1 + d / grad_chunk(d) };
+        let stats = 1 + items * chunks + self.tile + 1;
+        let mixed = if self.probs { (self.rows * self.ho * self.tile).div_ceil(MIX_UNITS) + 1 } else { 0 };
+        let values = stats + self.tile + 1 + mixed;
+        sk.div_ceil(self.tile) * if lse { stats } else { stats + values }
     }
 }

@@ -4,7 +4,7 @@
 //! the loop iterations their reads add (what Mesa's CPU drivers bound).
 
 use super::{AttnShape, KernelSpec};
-use crate::ir::{Func, HeadMix};
+use crate::ir::{AttnFns, DimValues, Func, HeadMix};
 use crate::sparsity::TileFns;
 use serde::Serialize;
 
@@ -85,4 +85,19 @@ pub fn visited_fraction(spec: &KernelSpec) -> f64 {
     } else {
         seen as f64 / all as f64
     }
+}
+
+/// Attention's functions for kernels (dims resolved, captured shapes), if any.
+pub(super) fn kernel_fns(fns: &Option<Box<AttnFns>>, shapes: &[Vec<usize>], dims: &DimValues) -> Option<KernelFns> {
+    let f = fns.as_deref()?;
+    Some(KernelFns {
+        score: f.score.as_ref().map(|x| x.resolve(dims)),
+        mask: f.mask.as_ref().map(|x| x.resolve(dims)),
+        tiles: f.mask.as_ref().map(|m| {
+            let t = crate::sparsity::tile_fns(m);
+            crate::sparsity::TileFns { any: t.any.resolve(dims), hidden: t.hidden.resolve(dims) }
+        }),
+        captures: f.captures.iter().map(|c| shapes[c.0 as usize].clone()).collect(),
+        mix: f.mix,
+    })
 }

@@ -89,7 +89,7 @@ impl Dims {
 /// Whether query row `i` sees key row `j` (`Mask::visible`: the queries
 /// are the last `s` of `sk` positions).
 #[cube]
-fn sees(i: usize, j: usize, #[comptime] g: Dims) -> bool {
+pub(super) fn sees(i: usize, j: usize, #[comptime] g: Dims) -> bool {
     let (qoff, koff) = comptime![g.offsets()];
     visible(shifted(i, qoff), shifted(j, koff), comptime![g.kind], comptime![g.window], comptime![g.block])
 }
@@ -115,7 +115,7 @@ fn tiles_of(lo: usize, hi: usize, #[comptime] tile: usize) -> Tiles {
 /// The key tiles that some query row `q0 ..= q1` sees (a mask's band,
 /// as the forward's `setup` finds it): the others are never loaded.
 #[cube]
-fn key_tiles(q0: usize, q1: usize, #[comptime] g: Dims) -> Tiles {
+pub(super) fn key_tiles(q0: usize, q1: usize, #[comptime] g: Dims) -> Tiles {
     let (qoff, koff) = comptime![g.offsets()];
     let lo = key_lo(shifted(q0, qoff), comptime![g.kind], comptime![g.window], comptime![g.block]);
     let hi =

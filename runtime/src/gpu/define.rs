@@ -5,11 +5,14 @@
 
 use super::func::{Capture, Fns, Hook};
 use super::kernels::{self as k, Stored};
-use super::{attention, attention_grad, attention_split, attention_tiled, attention_tiled_grad, gemm, mma};
+use super::{
+    attention, attention_grad, attention_mixed, attention_split, attention_tiled, attention_tiled_grad, gemm, mma,
+};
 use attnc_compiler::ir::{AttnArg, MaskKind, ReduceKind};
 use attnc_compiler::plan::group::{GroupStep, MapOp};
 use attnc_compiler::plan::{
-    AttnShape, Dtype, KernelFns, KernelSpec, RowView, GEMM_COLS, GEMM_ROWS, GEMM_STAGE_K, GEMM_UNITS, GROUP_UNITS,
+    AttnShape, Dtype, KernelFns, KernelSpec, MixTiles, RowView, GEMM_COLS, GEMM_ROWS, GEMM_STAGE_K, GEMM_UNITS,
+    GROUP_UNITS, MIX_UNITS,
 };
 use cubecl::prelude::*;
 use std::sync::Arc;
@@ -82,6 +85,7 @@ impl IrKernel {
             KernelSpec::AttentionGrad { wrt: AttnArg::V, ref shape, .. } => 4 + captures(shape),
             KernelSpec::AttentionGrad { ref shape, .. } => 6 + captures(shape),
             KernelSpec::AttentionLse { ref shape, .. } => 2 + captures(shape),
+            KernelSpec::MixedAttention { ref shape, lse, .. } => (if lse { 2 } else { 3 }) + captures(shape),
             KernelSpec::Binary { .. }
             | KernelSpec::Contract { .. }
             | KernelSpec::MatMul { .. }
@@ -426,6 +430,8 @@ impl IrKernel {
             let g = grad_dims(spec, shape, tile, fold);
             let hook = hook(shape, &bufs[2..]);
             attention_grad::lse::expand(scope, &bufs[0], &bufs[1], &mut out, g, q, kv, shape.scale(), hook);
+        } else if let KernelSpec::MixedAttention { ref shape, mix, q, k: kv, v, out: o, lse } = *spec {
+            mixed_body(scope, bufs, out, shape, mix, [q, kv, v, o], lse, fold);
         } else if let KernelSpec::AttentionGrad { ref shape, wrt, q, k: kv, v, o, dout, tile, .. } = *spec {
             let g = grad_dims(spec, shape, tile, fold);
             let (scale, views) = (shape.scale(), [q, kv, v, o, dout]);
@@ -567,10 +573,61 @@ impl IrKernel {
                 | KernelSpec::Group { .. }
                 | KernelSpec::Contract { .. }
                 | KernelSpec::AttentionLse { .. }
+                | KernelSpec::MixedAttention { .. }
                 | KernelSpec::AttentionGrad { .. } => unreachable!(),
             });
         }
     }
+}
+
+/// Attention mixing heads inside the softmax (`attention_mixed`): `q`, `k`,
+/// `v` (not for the log-sum-exp), then the captures, the mixing matrices
+/// among them; the score and mask functions as two hooks (the score is of a
+/// query head, the mask of a softmax head).
+#[allow(clippy::too_many_arguments)]
+fn mixed_body(
+    scope: &Scope,
+    bufs: &[NativeExpand<[Stored]>],
+    mut out: NativeExpand<[Stored]>,
+    shape: &AttnShape,
+    mix: MixTiles,
+    views: [RowView; 4],
+    lse: bool,
+    fold: usize,
+) {
+    let AttnShape { h, hk, s, sk, d, e, mask, window, block, .. } = *shape;
+    let f = shape.fns.as_ref().expect("head mixing is in the functions");
+    let caps = &bufs[if lse { 2 } else { 3 }..];
+    let g = attention_grad::Dims {
+        h,
+        hk,
+        s,
+        sk,
+        d,
+        e,
+        kind: mask_code(mask),
+        window: window.unwrap_or(0),
+        block,
+        tile: mix.tile,
+        fold,
+        lanes: 1,
+        rows: mix.rows,
+    };
+    let MixTiles { hs, ho, hv, logits, probs, .. } = mix;
+    let m = attention_mixed::MixDims { g, hs, ho, hv, logits, probs, units: MIX_UNITS };
+    let fns = fns_of(f, caps);
+    let only = |score: bool| {
+        let keep = if score { f.score.is_some() } else { f.mask.is_some() };
+        Hook(keep.then(|| {
+            let (score, mask) = if score { (fns.score.clone(), None) } else { (None, fns.mask.clone()) };
+            std::rc::Rc::new(Fns { score, mask, tiles: None, ..fns_of(f, caps) })
+        }))
+    };
+    let matrix = |c: Option<usize>| c.map_or(&bufs[0], |c| &caps[c]);
+    let v = if lse { &bufs[0] } else { &bufs[2] };
+    let (wl, wp) = (matrix(f.mix.logits), matrix(f.mix.probs));
+    let (q, kb, scale) = (&bufs[0], &bufs[1], shape.scale());
+    attention_mixed::mixed::expand(scope, q, kb, v, wl, wp, &mut out, m, views, scale, lse, only(true), only(false));
 }
 
 /// The comptime sizes of attention's backward launches.

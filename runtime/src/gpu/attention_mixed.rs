@@ -1,0 +1,343 @@
+//! Attention that mixes heads inside the softmax (Talking-Heads and
+//! Differential attention; `KernelSpec::MixedAttention`, docs/semantics.md
+//! §7), fused: nothing of size rows × keys is stored.
+//!
+//! Each softmax head's row needs every query head's logits, so a cube owns
+//! `rows` query rows of one batch *for every head*. It walks the key tiles
+//! twice. For each tile, the units compute the scores of every (row, query
+//! head, key) into shared memory; then each (row, softmax head) mixes them
+//! by `mix_logits` and, in the first walk, updates its running maximum and
+//! sum (the online softmax). In the second walk, each (row, softmax head)
+//! writes its probabilities `exp(s̃ − lse)` for the tile, each (row, output
+//! head, key) mixes them by `mix_probs`, and each unit adds its (row,
+//! output head, channel) outputs' share of the tile's values to
+//! accumulators held in registers. With `lse`, the kernel stops after the
+//! first walk and writes each softmax head's log-sum-exp (what the backward
+//! saves). Every sum runs in one unit in a fixed order: results are
+//! deterministic. Work items are spread over the cube's units; loops over
+//! a tile's keys and over the (row, head) items run, the channels of a dot
+//! product (up to 64 at a time) and a unit's statistics and accumulators
+//! are unrolled (`MixTiles::loop_trips` counts the loops for Mesa's bound).
+
+use super::attention::view_row;
+use super::attention_grad::{key_tiles, sees, Dims, NO_KEYS, NO_KEYS_BELOW};
+use super::func::{score_hook, Hook};
+use super::kernels::{self as k, Stored, M_INIT};
+use attnc_compiler::plan::{grad_chunk, RowView};
+use cubecl::prelude::*;
+
+/// The comptime sizes of a mixed attention launch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MixDims {
+    /// Query heads (`h`), key heads, lengths, widths, the mask, key rows a
+    /// tile (`tile`), query rows a cube (`rows`); `lanes` is 1.
+    pub g: Dims,
+    /// Softmax, output and value heads.
+    pub hs: usize,
+    pub ho: usize,
+    pub hv: usize,
+    /// Whether `mix_logits` and `mix_probs` are given (else the identity).
+    pub logits: bool,
+    pub probs: bool,
+    pub units: usize,
+}
+
+/// Whether softmax head `h`'s query row `i` sees key row `j`: the built-in
+/// mask and the mask function (`mask`, a hook without a score function).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn seen(b: usize, h: usize, i: usize, j: usize, #[comptime] g: Dims, #[comptime] mask: Hook) -> bool {
+    let mut ok = false;
+    if j < comptime![g.sk] {
+        if sees(i, j, g) {
+            ok = score_hook(f32::new(0.0), b, h, i, j, mask) > f32::new(NO_KEYS_BELOW);
+        }
+    }
+    ok
+}
+
+/// The scores of key tile `t` for every (row, query head, key) of the cube,
+/// `sc[(r·H_q + m)·tile + jj]`: scaled logits, then the score function
+/// (`score`, a hook without a mask function).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn scores(
+    q: &[Stored],
+    kb: &[Stored],
+    sc: &mut [f32],
+    b: usize,
+    r0: usize,
+    t: usize,
+    #[comptime] m: MixDims,
+    #[comptime] qv: RowView,
+    #[comptime] kv: RowView,
+    #[comptime] scale: f32,
+    #[comptime] score: Hook,
+) {
+    let g = comptime![m.g];
+    let (hq, tile, units, d) = comptime![(g.h, g.tile, m.units, g.d)];
+    let n = comptime![g.rows * hq * tile];
+    let ch = comptime![grad_chunk(d)];
+    for it in 0..comptime![n.div_ceil(units)] {
+        let idx = UNIT_POS as usize + it * units;
+        if idx < n {
+            let r = idx / comptime![hq * tile];
+            let mh = idx / tile % hq;
+            let jj = idx % tile;
+            let i = min(r0 + r, comptime![g.s - 1]);
+            let j = min(t * tile + jj, comptime![g.sk - 1]);
+            let qa = view_row(b, mh, i, qv);
+            let ka = view_row(b, mh / comptime![g.h / g.hk], j, kv);
+            let mut dot = f32::new(0.0);
+            if comptime![ch == d] {
+                #[unroll]
+                for c in 0..d {
+                    dot += f32::cast_from(q[qa + c]) * f32::cast_from(kb[ka + c]);
+                }
+            } else {
+                for c0 in 0..comptime![d / ch] {
+                    #[unroll]
+                    for c in 0..ch {
+                        let at = c0 * ch + c;
+                        dot += f32::cast_from(q[qa + at]) * f32::cast_from(kb[ka + at]);
+                    }
+                }
+            }
+            sc[idx] = score_hook(dot * f32::new(scale), b, mh, i, j, score.clone());
+        }
+    }
+}
+
+/// Softmax head `h`'s mixed logit of row `r` and key `jj` of the tile.
+#[cube]
+fn mixed_logit(sc: &[f32], wls: &[f32], r: usize, h: usize, jj: usize, #[comptime] m: MixDims) -> f32 {
+    let (hq, hs, tile) = comptime![(m.g.h, m.hs, m.g.tile)];
+    let mut x = f32::new(0.0);
+    if comptime![m.logits] {
+        #[unroll]
+        for mh in 0..hq {
+            x += wls[mh * hs + h] * sc[(r * hq + mh) * tile + jj];
+        }
+    } else {
+        x = sc[(r * hq + h) * tile + jj];
+    }
+    x
+}
+
+/// `dst[i] = src[i]` for the `n` entries of a small matrix, the cube's
+/// units sharing the copy.
+#[cube]
+fn load_matrix(src: &[Stored], dst: &mut [f32], #[comptime] n: usize, #[comptime] units: usize) {
+    #[unroll]
+    for it in 0..comptime![n.div_ceil(units)] {
+        let idx = UNIT_POS as usize + comptime![it * units];
+        if idx < n {
+            dst[idx] = f32::cast_from(src[idx]);
+        }
+    }
+}
+
+/// The forward (or, with `lse`, each softmax head's log-sum-exp,
+/// row-major `[B, H_s, S]`) of attention mixing heads by `wl` and `wp`
+/// (unread where `MixDims` says the identity).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub fn mixed(
+    q: &[Stored],
+    kb: &[Stored],
+    v: &[Stored],
+    wl: &[Stored],
+    wp: &[Stored],
+    out: &mut [Stored],
+    #[comptime] m: MixDims,
+    #[comptime] views: [RowView; 4],
+    #[comptime] scale: f32,
+    #[comptime] lse: bool,
+    #[comptime] score: Hook,
+    #[comptime] mask: Hook,
+) {
+    let g = comptime![m.g];
+    let (rows, tile, units) = comptime![(g.rows, g.tile, m.units)];
+    let (hq, hs, ho) = comptime![(g.h, m.hs, m.ho)];
+    let stats = comptime![rows * hs];
+    let b = k::cube_y(comptime![g.fold]);
+    let r0 = k::cube_x(comptime![g.fold]) * rows;
+    let r1 = min(r0 + comptime![rows - 1], comptime![g.s - 1]);
+    let mut sc = Shared::<[f32]>::new_slice(comptime![rows * hq * tile]);
+    let mut wls = Shared::<[f32]>::new_slice(comptime![if m.logits { hq * hs } else { 1 }]);
+    let mut wps = Shared::<[f32]>::new_slice(comptime![if m.probs { hs * ho } else { 1 }]);
+    let mut st_m = Shared::<[f32]>::new_slice(stats);
+    let mut st_l = Shared::<[f32]>::new_slice(stats);
+    if comptime![m.logits] {
+        load_matrix(wl, &mut wls, comptime![hq * hs], units);
+    }
+    if comptime![m.probs] {
+        load_matrix(wp, &mut wps, comptime![hs * ho], units);
+    }
+    #[unroll]
+    for it in 0..comptime![stats.div_ceil(units)] {
+        let idx = UNIT_POS as usize + comptime![it * units];
+        if idx < stats {
+            st_m[idx] = f32::new(M_INIT);
+            st_l[idx] = f32::new(0.0);
+        }
+    }
+    sync_cube();
+    let band = key_tiles(r0, r1, g);
+    // The first walk: each softmax head's running maximum and sum.
+    for t in band.lo..band.hi {
+        scores(q, kb, &mut sc, b, r0, t, m, comptime![views[0]], comptime![views[1]], scale, score.clone());
+        sync_cube();
+        for jj in 0..tile {
+            let j = t * tile + jj;
+            #[unroll]
+            for it in 0..comptime![stats.div_ceil(units)] {
+                let idx = UNIT_POS as usize + comptime![it * units];
+                if idx < stats {
+                    let r = idx / hs;
+                    let h = idx % hs;
+                    if seen(b, h, min(r0 + r, comptime![g.s - 1]), j, g, mask.clone()) {
+                        let x = mixed_logit(&sc, &wls, r, h, jj, m);
+                        let (mx, l) = (st_m[idx], st_l[idx]);
+                        let mn = max(mx, x);
+                        st_l[idx] = l * (mx - mn).exp() + (x - mn).exp();
+                        st_m[idx] = mn;
+                    }
+                }
+            }
+        }
+        sync_cube();
+    }
+    // The log-sum-exp, in place of the maximum.
+    #[unroll]
+    for it in 0..comptime![stats.div_ceil(units)] {
+        let idx = UNIT_POS as usize + comptime![it * units];
+        if idx < stats {
+            let mut x = f32::new(NO_KEYS);
+            if st_l[idx] > f32::new(0.0) {
+                x = st_m[idx] + st_l[idx].ln();
+            }
+            st_m[idx] = x;
+        }
+    }
+    sync_cube();
+    if comptime![lse] {
+        #[unroll]
+        for it in 0..comptime![stats.div_ceil(units)] {
+            let idx = UNIT_POS as usize + comptime![it * units];
+            let r = idx / hs;
+            if idx < stats && r0 + r < comptime![g.s] {
+                out[(b * hs + idx % hs) * comptime![g.s] + r0 + r] = Stored::cast_from(st_m[idx]);
+            }
+        }
+    } else {
+        walk_values(q, kb, v, out, &wls, &wps, &st_m, b, r0, band.lo, band.hi, m, views, scale, score, mask);
+    }
+}
+
+/// The second walk: probabilities, mixed by `wps`, times the values,
+/// accumulated per (row, output head, channel) and stored.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn walk_values(
+    q: &[Stored],
+    kb: &[Stored],
+    v: &[Stored],
+    out: &mut [Stored],
+    wls: &[f32],
+    wps: &[f32],
+    lse: &[f32],
+    b: usize,
+    r0: usize,
+    t0: usize,
+    t1: usize,
+    #[comptime] m: MixDims,
+    #[comptime] views: [RowView; 4],
+    #[comptime] scale: f32,
+    #[comptime] score: Hook,
+    #[comptime] mask: Hook,
+) {
+    let g = comptime![m.g];
+    let (rows, tile, units) = comptime![(g.rows, g.tile, m.units)];
+    let (hs, ho, hv, e) = comptime![(m.hs, m.ho, m.hv, g.e)];
+    let stats = comptime![rows * hs];
+    let mixed_n = comptime![rows * ho * tile];
+    let outs = comptime![rows * ho * e];
+    let n_acc = comptime![outs.div_ceil(units)];
+    let mut sc = Shared::<[f32]>::new_slice(comptime![rows * comptime![g.h] * tile]);
+    let mut pr = Shared::<[f32]>::new_slice(comptime![rows * hs * tile]);
+    let mut pt = Shared::<[f32]>::new_slice(comptime![if m.probs { mixed_n } else { 1 }]);
+    let mut acc = Array::<f32>::new(n_acc);
+    #[unroll]
+    for a in 0..n_acc {
+        acc[a] = f32::new(0.0);
+    }
+    for t in t0..t1 {
+        scores(q, kb, &mut sc, b, r0, t, m, comptime![views[0]], comptime![views[1]], scale, score.clone());
+        sync_cube();
+        for jj in 0..tile {
+            let j = t * tile + jj;
+            #[unroll]
+            for it in 0..comptime![stats.div_ceil(units)] {
+                let idx = UNIT_POS as usize + comptime![it * units];
+                if idx < stats {
+                    let r = idx / hs;
+                    let h = idx % hs;
+                    let l = lse[idx];
+                    let mut p = f32::new(0.0);
+                    if l > f32::new(NO_KEYS_BELOW) && seen(b, h, min(r0 + r, comptime![g.s - 1]), j, g, mask.clone()) {
+                        p = (mixed_logit(&sc, wls, r, h, jj, m) - l).exp();
+                    }
+                    pr[idx * tile + jj] = p;
+                }
+            }
+        }
+        sync_cube();
+        if comptime![m.probs] {
+            for it in 0..comptime![mixed_n.div_ceil(units)] {
+                let idx = UNIT_POS as usize + it * units;
+                if idx < mixed_n {
+                    let r = idx / comptime![ho * tile];
+                    let go = idx / tile % ho;
+                    let jj = idx % tile;
+                    let mut x = f32::new(0.0);
+                    #[unroll]
+                    for h in 0..hs {
+                        x += wps[h * ho + go] * pr[(r * hs + h) * tile + jj];
+                    }
+                    pt[idx] = x;
+                }
+            }
+            sync_cube();
+        }
+        for jj in 0..tile {
+            let j = t * tile + jj;
+            if j < comptime![g.sk] {
+                #[unroll]
+                for a in 0..n_acc {
+                    let idx = UNIT_POS as usize + comptime![a * units];
+                    if idx < outs {
+                        let go = idx / e % ho;
+                        let w = (idx / comptime![ho * e] * ho + go) * tile + jj;
+                        let mut p = pr[w];
+                        if comptime![m.probs] {
+                            p = pt[w];
+                        }
+                        let vh = go / comptime![ho / hv];
+                        acc[a] += p * f32::cast_from(v[view_row(b, vh, j, comptime![views[2]]) + idx % e]);
+                    }
+                }
+            }
+        }
+        sync_cube();
+    }
+    #[unroll]
+    for a in 0..n_acc {
+        let idx = UNIT_POS as usize + comptime![a * units];
+        let r = idx / comptime![ho * e];
+        if idx < outs && r0 + r < comptime![g.s] {
+            let go = idx / e % ho;
+            out[view_row(b, go, r0 + r, comptime![views[3]]) + idx % e] = Stored::cast_from(acc[a]);
+        }
+    }
+}
