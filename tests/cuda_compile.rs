@@ -53,12 +53,7 @@ fn users_sizes() -> Vec<Case> {
 /// compile --grad` refuses it).
 fn default_sizes() -> Vec<Case> {
     let names: Vec<&'static str> = stdlib_names().into_iter().map(|n| &*Box::leak(n.into_boxed_str())).collect();
-    // The backward of head mixing inside attention has no kernel yet: its
-    // emission is refused by name (tests/head_mixing.rs checks that).
-    let differentiable = |s: &str| {
-        !["diff", "talking_heads"].contains(&s)
-            && attnc_compiler::grad::differentiate(&compile_stdlib(s, &[]).program, &[]).is_ok()
-    };
+    let differentiable = |s: &str| attnc_compiler::grad::differentiate(&compile_stdlib(s, &[]).program, &[]).is_ok();
     let mut cases: Vec<Case> = names.iter().map(|s| case(s, &[], false)).collect();
     cases.extend(names.iter().filter(|s| differentiable(s)).map(|s| case(s, &[], true)));
     assert!(cases.len() >= 16, "most stdlib specs have gradient programs");

@@ -143,7 +143,9 @@ pub fn op_cost(op: &Op, out: &[usize], operands: &[Vec<usize>]) -> OpCost {
             let pairs = (b * h) as f64 * visible_pairs(mask, s, v[2]);
             kernel(pairs * (2.0 * d as f64 + 2.0 * e as f64 + 5.0 + function_ops(fns, false)))
         }
-        Op::AttentionLse { mask, fns, .. } | Op::AttentionGrad { mask, fns, .. } => {
+        Op::AttentionLse { mask, fns, .. }
+        | Op::AttentionDelta { mask, fns, .. }
+        | Op::AttentionGrad { mask, fns, .. } => {
             let (q, k) = (&operands[0], &operands[1]);
             let (b, h, s, d) = (q[0], q[1], q[2], q[3]);
             let pairs = (b * h) as f64 * visible_pairs(mask, s, k[2]);

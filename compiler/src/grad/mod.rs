@@ -295,12 +295,18 @@ impl Builder {
             Op::Attention { q, k, v, mask, scale, ref fns } => {
                 let fns = fns.clone();
                 let lse = self.push(Op::AttentionLse { q, k, mask, scale, fns: fns.clone() })?;
+                let mixes = fns.as_ref().is_some_and(|f| f.mixes());
+                // With head mixing, D is not rowsum(dO ∘ O): its own pass computes it.
+                let o = match mixes {
+                    true => self.push(Op::AttentionDelta { q, k, v, dout: g, lse, mask, scale, fns: fns.clone() })?,
+                    false => id,
+                };
                 let mut out = vec![];
                 for (operand, wrt) in [(q, AttnArg::Q), (k, AttnArg::K), (v, AttnArg::V)] {
                     let fns = fns.clone();
                     out.push((
                         operand,
-                        self.push(Op::AttentionGrad { q, k, v, o: id, dout: g, lse, mask, scale, wrt, fns })?,
+                        self.push(Op::AttentionGrad { q, k, v, o, dout: g, lse, mask, scale, wrt, fns })?,
                     ));
                 }
                 // The tensors the score function reads (a mask's reads pass
@@ -313,10 +319,18 @@ impl Builder {
                     if (read && self.wanted.contains(&operand)) || (mixed && self.depends[operand.0 as usize]) {
                         let wrt = AttnArg::Read(c);
                         let fns = fns.clone();
-                        out.push((
-                            operand,
-                            self.push(Op::AttentionGrad { q, k, v, o: id, dout: g, lse, mask, scale, wrt, fns })?,
-                        ));
+                        let grad = self.push(Op::AttentionGrad { q, k, v, o, dout: g, lse, mask, scale, wrt, fns })?;
+                        // A mixing matrix's gradient comes per (batch, query row).
+                        let grad = match mixed {
+                            true => self.push(Op::Reduce {
+                                x: grad,
+                                kind: ReduceKind::Sum,
+                                axes: vec![0, 1],
+                                keepdim: false,
+                            })?,
+                            false => grad,
+                        };
+                        out.push((operand, grad));
                     }
                 }
                 out
@@ -485,6 +499,7 @@ impl Builder {
             | Op::CollapseT { .. }
             | Op::CollapseGrad { .. }
             | Op::AttentionLse { .. }
+            | Op::AttentionDelta { .. }
             | Op::AttentionGrad { .. }
             | Op::MixColsT { .. }
             | Op::MixColsGrad { .. }

@@ -313,9 +313,25 @@ impl Op {
                 let (hs, _) = mixed_heads(fns, &sq.0[1], shape)?;
                 Shape(vec![sq.0[0].clone(), hs, sq.0[2].clone()])
             }
-            Op::AttentionGrad { q, k, v, o, dout, lse, wrt, ref fns, .. } => {
-                let (sq, so, sd, sl) = (shape(q), shape(o), shape(dout), shape(lse));
+            Op::AttentionDelta { q, k, dout, lse, ref fns, .. } => {
+                let (sq, sl) = (shape(q), shape(lse));
+                want_rank("the queries", &sq, 4)?;
+                want_rank("the keys", &shape(k), 4)?;
+                want_rank("the output's cotangent", &shape(dout), 4)?;
                 let (hs, _) = mixed_heads(fns, &sq.0[1], shape)?;
+                let rows = Shape(vec![sq.0[0].clone(), hs, sq.0[2].clone()]);
+                if sl != rows {
+                    return err(Mismatch, format!("row statistics {sl} are not those of softmax heads {rows}"));
+                }
+                rows
+            }
+            Op::AttentionGrad { q, k, v, o, dout, lse, wrt, ref fns, .. } => {
+                let (sq, mut so, sd, sl) = (shape(q), shape(o), shape(dout), shape(lse));
+                let (hs, _) = mixed_heads(fns, &sq.0[1], shape)?;
+                let mixes = fns.as_ref().is_some_and(|f| f.mixes());
+                if mixes && so == sl {
+                    so = sd.clone(); // `o` is the softmax heads' D
+                }
                 if so != sd || sl.0[..] != [sq.0[0].clone(), hs, sq.0[2].clone()] {
                     return err(
                         Mismatch,
@@ -326,8 +342,12 @@ impl Op {
                     AttnArg::Q => sq,
                     AttnArg::K => shape(k),
                     AttnArg::V => shape(v),
-                    AttnArg::Read(c) => match fns.as_ref().and_then(|f| f.captures.get(c)) {
-                        Some(id) => shape(*id),
+                    AttnArg::Read(c) => match fns.as_ref().and_then(|f| f.captures.get(c).map(|id| (f, id))) {
+                        Some((f, id)) if f.mix.reads(c) => {
+                            let m = shape(*id);
+                            Shape(vec![sq.0[0].clone(), sq.0[2].clone(), m.0[0].clone(), m.0[1].clone()])
+                        }
+                        Some((_, id)) => shape(*id),
                         None => return err(Mismatch, format!("attention reads no tensor {c}")),
                     },
                 }

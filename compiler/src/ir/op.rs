@@ -374,11 +374,32 @@ pub enum Op {
     /// ## Shape rules
     /// `q: [B, H, S, d]`, `k: [B, H_kv, S_k, d]` → `[B, H, S]`.
     AttentionLse { q: NodeId, k: NodeId, mask: Mask, scale: f64, fns: Option<Box<AttnFns>> },
+    /// With head mixing inside attention (docs/semantics.md §7), per query
+    /// row and softmax head `h`, `D[h] = Σ_j p[h, j] · dp[h, j]` with
+    /// `dp[h, j] = Σ_g wp[h, g] · dO[g] · v[kv'(g), j]`: what the backward's
+    /// `ds̃ = p (dp − D)` subtracts (without mixing it is `rowsum(dO ∘ O)`,
+    /// which the backward kernels compute themselves).
+    /// ## Shape rules
+    /// `q`, `k`, `v` as `Attention`'s, `dout` its output's shape, `lse`
+    /// `AttentionLse`'s → `[B, H_s, S]`.
+    AttentionDelta {
+        q: NodeId,
+        k: NodeId,
+        v: NodeId,
+        dout: NodeId,
+        lse: NodeId,
+        mask: Mask,
+        scale: f64,
+        fns: Option<Box<AttnFns>>,
+    },
     /// FlashAttention's backward: the gradient of `Attention` in its `wrt`
     /// operand, from the forward output `o`, its cotangent `dout` and the rows'
     /// `lse`; probabilities are recomputed, never stored.
+    /// With head mixing, `o` is `AttentionDelta`'s `D` and the gradient of
+    /// a mixing matrix comes per query row, to be summed over batch and rows.
     /// ## Shape rules
-    /// As `Attention`'s operands; the result has the shape of `q`, `k` or `v`.
+    /// As `Attention`'s operands; the result has the shape of `q`, `k` or `v`
+    /// (of a read tensor; `[B, S, rows, cols]` for a mixing matrix).
     AttentionGrad {
         q: NodeId,
         k: NodeId,
@@ -454,6 +475,9 @@ impl Op {
             Op::AttentionGrad { q, k, v, o, dout, lse, ref fns, .. } => {
                 [q, k, v, o, dout, lse].into_iter().chain(captures(fns)).collect()
             }
+            Op::AttentionDelta { q, k, v, dout, lse, ref fns, .. } => {
+                [q, k, v, dout, lse].into_iter().chain(captures(fns)).collect()
+            }
         }
     }
 
@@ -515,6 +539,12 @@ impl Op {
             }
             Op::AttentionGrad { q, k, v, o, dout, lse, fns, .. } => {
                 for id in [q, k, v, o, dout, lse] {
+                    *id = f(*id);
+                }
+                fns.iter_mut().flat_map(|x| x.captures.iter_mut()).for_each(|x| *x = f(*x));
+            }
+            Op::AttentionDelta { q, k, v, dout, lse, fns, .. } => {
+                for id in [q, k, v, dout, lse] {
                     *id = f(*id);
                 }
                 fns.iter_mut().flat_map(|x| x.captures.iter_mut()).for_each(|x| *x = f(*x));

@@ -196,6 +196,11 @@ impl Program {
                 Op::MixColsGrad { y, dy, m, h, p } => format!("mix_cols_grad {y}, {dy}, m={m}, h={h}, p={p}"),
                 Op::CollapseColsGrad { y, dy, h } => format!("collapse_cols_grad {y}, {dy}, h={h}"),
                 Op::CollapseRowsGrad { w, dy, h } => format!("collapse_rows_grad {w}, {dy}, h={h}"),
+                Op::AttentionDelta { q, k, v, dout, lse, mask, scale, fns } => format!(
+                    "attention_delta {q}, {k}, {v}, {dout}, {lse}, {}, scale={scale:?}{}",
+                    mask_text(mask),
+                    fns_text(fns)
+                ),
                 Op::AttentionGrad { q, k, v, o, dout, lse, mask, scale, wrt, fns } => format!(
                     "attention_grad_{} {q}, {k}, {v}, {o}, {dout}, {lse}, {}, scale={scale:?}{}",
                     format!("{wrt:?}").to_lowercase(),

@@ -173,10 +173,17 @@ pub(crate) fn lower_call(l: &mut Lowerer, call: &Expr, func: &Ident, args: &[Arg
             for (slot, i) in [(&mut mix.logits, 8), (&mut mix.probs, 9)] {
                 if args.values[i].is_some() {
                     let t = args.tensor(l, i)?;
-                    *slot = Some(captures.iter().position(|c| *c == t).unwrap_or_else(|| {
-                        captures.push(t);
-                        captures.len() - 1
-                    }));
+                    if captures.contains(&t) {
+                        let span = args.values[i].as_ref().unwrap().1.span;
+                        l.diags.push(
+                            Diagnostic::error(Code::TypeMismatch, "this tensor is already read by this attention")
+                                .at(span, "read again here")
+                                .hint("a tensor may be one of `mix_logits`, `mix_probs` and a function's reads, not two: pass a copy (`x * 1.0`)"),
+                        );
+                        return None;
+                    }
+                    captures.push(t);
+                    *slot = Some(captures.len() - 1);
                 }
             }
             if let (Some(_), Some(_)) = (&mask_fn, window) {

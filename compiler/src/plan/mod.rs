@@ -16,10 +16,10 @@ pub use tiles::*;
 pub use view::*;
 
 use crate::cost::{op_cost, weight_only};
-use crate::ir::{concrete, AttnArg, BinaryOp, DimValues, Mask, NodeId, Op, Program};
+use crate::ir::{concrete, AttnArg, AttnFns, BinaryOp, DimValues, NodeId, Op, Program};
 use serde::Serialize;
 use std::collections::BTreeMap;
-use visited::kernel_fns;
+use visited::{attn_shape, kernel_fns};
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(tag = "role", rename_all = "snake_case")]
@@ -121,26 +121,6 @@ pub(crate) fn reduce_views(shape: &[usize], axes: &[usize], offset: usize) -> (V
     )
 }
 
-/// The attention launch shape of queries `sq` (`[batch, h, s, d]`) against
-/// keys `sk` (`[batch, hk, sk, d]`) and values `e` wide (0 where none are read).
-fn attn_shape(sq: &[usize], sk: &[usize], e: usize, mask: &Mask, scale: f64, fns: Option<KernelFns>) -> AttnShape {
-    let Mask { kind, window, block } = *mask;
-    AttnShape {
-        batch: sq[0],
-        h: sq[1],
-        hk: sk[1],
-        s: sq[2],
-        sk: sk[2],
-        d: sq[3],
-        e,
-        mask: kind,
-        window: window.map(|w| w as usize),
-        block: block as usize,
-        scale_bits: scale.to_bits(),
-        fns,
-    }
-}
-
 fn push_buffer(buffers: &mut Vec<Buffer>, shape: &[usize], role: BufferRole) -> usize {
     buffers.push(Buffer { id: buffers.len(), len: shape.iter().product(), shape: shape.to_vec(), role });
     buffers.len() - 1
@@ -210,6 +190,30 @@ impl Planner {
 
     /// Node `n` in a row-major buffer of its shape: its own when its layout
     /// is row-major, else a copy (one gather launch, made once per node).
+    /// A backward pass of mixed attention: `q`, `k`, `v` and `dO` through
+    /// row views, then `rows` (the log-sum-exp, D) and the captures whole.
+    fn mixed_backward(
+        &mut self,
+        shape: AttnShape,
+        pass: MixPass,
+        fns: &Option<Box<AttnFns>>,
+        shapes: &[Vec<usize>],
+        [q, k, v, dout]: [NodeId; 4],
+        rows: &[NodeId],
+    ) -> (KernelSpec, Vec<usize>) {
+        let (sq, sv) = (&shapes[q.0 as usize], &shapes[v.0 as usize]);
+        let mix = MixTiles::of(fns.as_deref(), shapes, sq, sv).expect("head mixing");
+        let mut bindings = vec![];
+        let [q, k, v, out] = [q, k, v, dout].map(|x| {
+            let (b, view) = self.read(x, Layout::row_view);
+            bindings.push(b);
+            view
+        });
+        bindings.extend(rows.iter().map(|r| self.contiguous(*r)));
+        bindings.extend(fns.iter().flat_map(|f| f.captures.iter()).map(|c| self.contiguous(*c)));
+        (KernelSpec::MixedAttention { shape, mix, q, k, v, out, pass }, bindings)
+    }
+
     fn contiguous(&mut self, n: NodeId) -> usize {
         let (buf, layout) = self.at(n);
         if layout.is_contiguous() {
@@ -547,7 +551,9 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
                 let out = out_layout.row_view().expect("attention writes rows of its output contiguously");
                 let shape = attn_shape(&sq, &sk, sv[3], mask, *scale, kernel_fns(fns, &shapes, dims));
                 let spec = match MixTiles::of(fns.as_deref(), &shapes, &sq, &sv) {
-                    Some(mix) => KernelSpec::MixedAttention { shape, mix, q: vq, k: vk, v: vv, out, lse: false },
+                    Some(mix) => {
+                        KernelSpec::MixedAttention { shape, mix, q: vq, k: vk, v: vv, out, pass: MixPass::Forward }
+                    }
                     None => KernelSpec::Attention { shape, q: vq, k: vk, v: vv, out, fragments: false, split: 0 },
                 };
                 let mut bindings = vec![bq, bk, bv];
@@ -683,18 +689,31 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
                 let (bk, vk) = pl.read(*k, Layout::row_view);
                 let shape = attn_shape(&sq, &sk, 0, mask, *scale, kernel_fns(fns, &shapes, dims));
                 let spec = match MixTiles::of(fns.as_deref(), &shapes, &sq, &sk) {
-                    Some(mix) => KernelSpec::MixedAttention { shape, mix, q: vq, k: vk, v: vk, out: vq, lse: true },
+                    Some(mix) => {
+                        KernelSpec::MixedAttention { shape, mix, q: vq, k: vk, v: vk, out: vq, pass: MixPass::Lse }
+                    }
                     None => KernelSpec::AttentionLse { shape, q: vq, k: vk, tile: grad_key_tile(sq[3], 0), split: 0 },
                 };
                 let mut bindings = vec![bq, bk];
                 bindings.extend(fns.iter().flat_map(|f| f.captures.iter()).map(|c| pl.contiguous(*c)));
                 (spec, bindings)
             }
+            Op::AttentionDelta { q, k, v, dout, lse, mask, scale, fns } => {
+                let shape = attn_shape(&sh(0), &sh(1), sh(2)[3], mask, *scale, kernel_fns(fns, &shapes, dims));
+                pl.mixed_backward(shape, MixPass::Delta, fns, &shapes, [*q, *k, *v, *dout], &[*lse])
+            }
+            Op::AttentionGrad { q, k, v, o, dout, lse, mask, scale, wrt, fns }
+                if MixPass::of(*wrt, fns.as_deref()).is_some() =>
+            {
+                let shape = attn_shape(&sh(0), &sh(1), sh(2)[3], mask, *scale, kernel_fns(fns, &shapes, dims));
+                let pass = MixPass::of(*wrt, fns.as_deref()).expect("a pass");
+                pl.mixed_backward(shape, pass, fns, &shapes, [*q, *k, *v, *dout], &[*lse, *o])
+            }
             Op::AttentionGrad { q, k, v, o, dout, lse, mask, scale, wrt, fns } => {
                 let (sq, sk, sv) = (sh(0), sh(1), sh(2));
                 let mut views = vec![];
                 let mut bindings = vec![];
-                for x in [q, k, v, o, dout] {
+                for x in [q, k, v, if sh(3).len() == 4 { o } else { dout }, dout] {
                     let (b, view) = pl.read(*x, Layout::row_view);
                     bindings.push(b);
                     views.push(view);

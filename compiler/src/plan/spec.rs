@@ -123,11 +123,12 @@ pub enum KernelSpec {
         split: usize,
     },
     /// Attention that mixes heads inside the softmax
-    /// (`gpu::attention_mixed`; docs/semantics.md §7): binds `q`, `k`, `v`
-    /// (not with `lse`), then the captures (the mixing matrices among
-    /// them); a cube holds every head of `mix.rows` query rows of a batch.
-    /// Writes the output, `[batch, H_o, s, e]` through `out`, or with `lse`
-    /// each softmax head's log-sum-exp, row-major `[batch, H_s, s]`.
+    /// (`gpu::attention_mixed`; docs/semantics.md §7), forward or a pass of
+    /// its backward (`pass`): binds `pass.operands()` of `q`, `k`, `v`, `dO`,
+    /// the log-sum-exp and `D`, then the captures (the mixing matrices
+    /// among them); a cube holds every head of `mix.rows` query (or key)
+    /// rows of a batch. The forward writes through `out`; in the backward
+    /// `out` is `dO`'s view and results are row-major ([`MixPass`]).
     MixedAttention {
         #[serde(flatten)]
         shape: AttnShape,
@@ -136,8 +137,8 @@ pub enum KernelSpec {
         k: RowView,
         v: RowView,
         out: RowView,
-        #[serde(skip_serializing_if = "std::ops::Not::not")]
-        lse: bool,
+        #[serde(skip_serializing_if = "MixPass::is_forward")]
+        pass: MixPass,
     },
     /// `out[x, y] = Σ_{r,i} a[r, x, i] · b[r, y, i]` for row-major
     /// `a: [rows, o1, inner]`, `b: [rows, o2, inner]`: the gradients of
@@ -222,7 +223,9 @@ impl KernelSpec {
             KernelSpec::Attention { shape: AttnShape { batch, h, s, .. }, .. } => {
                 (s.div_ceil(self.attention_tiles().cube_rows()), batch * h)
             }
-            KernelSpec::MixedAttention { shape: AttnShape { batch, s, .. }, mix, .. } => (s.div_ceil(mix.rows), *batch),
+            KernelSpec::MixedAttention { shape: AttnShape { batch, s, sk, .. }, mix, pass, .. } => {
+                (if pass.over_keys() { sk } else { s }.div_ceil(mix.rows), *batch)
+            }
             KernelSpec::Group { groups, .. } => (*groups, 1),
             KernelSpec::Contract { o1, o2, .. } => (o1 * o2, 1),
             KernelSpec::AttentionLse { shape: AttnShape { batch, h, s, .. }, .. } => {
@@ -285,8 +288,8 @@ impl KernelSpec {
             KernelSpec::Rope { rows, d, .. } => rows * d / 2,
             KernelSpec::Attention { shape: AttnShape { batch, h, s, e, .. }, .. } => batch * h * s * e,
             KernelSpec::AttentionLse { shape: AttnShape { batch, h, s, .. }, .. } => batch * h * s,
-            KernelSpec::MixedAttention { shape: AttnShape { batch, s, e, .. }, mix, lse, .. } => {
-                batch * s * if lse { mix.hs } else { mix.ho * e }
+            KernelSpec::MixedAttention { shape: AttnShape { batch, h, hk, s, sk, d, e, .. }, mix, pass, .. } => {
+                mix.len(pass, [batch, h, hk, s, sk, d, e])
             }
             KernelSpec::AttentionGrad { shape: AttnShape { batch, h, hk, s, sk, d, e, ref fns, .. }, wrt, .. } => {
                 match wrt {
@@ -384,13 +387,14 @@ impl KernelSpec {
     /// words: `attnc explain` prints it, and the manifest's `tiling` is it
     /// for launches tiled within the register file. `None` for any other.
     pub fn tiling_note(&self) -> Option<String> {
-        if let KernelSpec::MixedAttention { mix, shape, lse, .. } = self {
+        if let KernelSpec::MixedAttention { mix, shape, pass, .. } = self {
+            let (own, walk) = if pass.over_keys() { ("key", "query") } else { ("query", "key") };
             return Some(format!(
-                "head mixing: every head of {} query rows a cube, {MIX_UNITS} threads; key tiles of {} rows walked {}, \
-                 scores and probabilities in shared memory ({} floats)",
+                "head mixing: every head of {} {own} rows a cube, {MIX_UNITS} threads; {walk} tiles of {} rows walked {}, \
+                 scores and probabilities in shared memory (at most {} floats)",
                 mix.rows,
                 mix.tile,
-                if *lse { "once (statistics)" } else { "twice (statistics, then values)" },
+                if matches!(pass, MixPass::Lse | MixPass::GradK | MixPass::GradV) { "once" } else { "twice" },
                 mix.shared_floats(shape.h)
             ));
         }
@@ -567,9 +571,6 @@ impl KernelSpec {
     /// What the kernels cannot compute yet for this launch, if anything.
     pub fn kernel_gap(&self) -> Option<&'static str> {
         match self {
-            KernelSpec::AttentionGrad { shape: AttnShape { fns: Some(f), .. }, .. } if !f.mix.is_identity() => Some(
-                "the backward of head mixing inside attention (`mix_logits`, `mix_probs`; the interpreter computes it)",
-            ),
             KernelSpec::MixedAttention { shape, mix, .. } if mix.shared_floats(shape.h) > MIX_SHARED => {
                 Some("more heads than one cube's shared memory holds, for head mixing inside attention")
             }
@@ -621,8 +622,8 @@ impl KernelSpec {
             KernelSpec::AttentionLse { shape: AttnShape { sk, d, ref fns, .. }, split: 0, .. } => {
                 self.key_walk_trips(sk, self.part_trips(d, half), fns)
             }
-            KernelSpec::MixedAttention { shape: AttnShape { h, sk, d, .. }, mix, lse, .. } => {
-                mix.loop_trips(h, d, sk, lse)
+            KernelSpec::MixedAttention { shape: AttnShape { h, s, sk, d, e, .. }, mix, pass, .. } => {
+                mix.loop_trips(pass, [h, d, e, s, sk])
             }
             // A loop over a tile's rows, and per row the channel loops of `grad_chunk`.
             KernelSpec::AttentionLse { shape: AttnShape { sk, d, ref fns, .. }, tile, split, .. } => {
@@ -707,8 +708,7 @@ impl KernelSpec {
             KernelSpec::Group { .. } => "group",
             KernelSpec::Contract { .. } => "contract",
             KernelSpec::AttentionLse { .. } => "attention_lse",
-            KernelSpec::MixedAttention { lse: false, .. } => "attention_mixed",
-            KernelSpec::MixedAttention { lse: true, .. } => "attention_mixed_lse",
+            KernelSpec::MixedAttention { pass, .. } => pass.name(),
             KernelSpec::AttentionGrad { wrt: AttnArg::Q, .. } => "attention_grad_q",
             KernelSpec::AttentionGrad { wrt: AttnArg::K, .. } => "attention_grad_k",
             KernelSpec::AttentionGrad { wrt: AttnArg::V, .. } => "attention_grad_v",

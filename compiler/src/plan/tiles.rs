@@ -198,27 +198,125 @@ impl MixTiles {
         t
     }
 
-    /// Floats of shared memory a cube takes: the tile's scores (in each
-    /// walk), probabilities and mixed probabilities, the softmax statistics
-    /// and the matrices.
+    /// Floats of shared memory a cube takes, at most (the backward's): the
+    /// tile's scores and slopes, probabilities, products with the values and
+    /// their mixings, the row statistics and the matrices.
     pub fn shared_floats(&self, hq: usize) -> usize {
         let MixTiles { hs, ho, rows, tile, logits, probs, .. } = *self;
-        rows * tile * (2 * hq + hs + if probs { ho } else { 0 })
+        rows * tile * (3 * hq + 2 * hs + 2 * ho)
             + 2 * rows * hs
             + if logits { hq * hs } else { 0 }
             + if probs { hs * ho } else { 0 }
     }
 
-    /// Loop trips of a unit (Mesa's bound): per key tile of each walk (one
-    /// for the log-sum-exp, two for the output), a loop over its score items
-    /// (each a loop over chunks past 64 channels) and over the tile's keys;
-    /// in the second, over the keys twice and the mixed probabilities' items.
-    pub fn loop_trips(&self, hq: usize, d: usize, sk: usize, lse: bool) -> usize {
-        let items = (self.rows * hq * self.tile).div_ceil(MIX_UNITS);
-        let chunks = if grad_chunk(d) == d { 1 } else { 1 + d / grad_chunk(d) };
-        let stats = 1 + items * chunks + self.tile + 1;
-        let mixed = if self.probs { (self.rows * self.ho * self.tile).div_ceil(MIX_UNITS) + 1 } else { 0 };
-        let values = stats + self.tile + 1 + mixed;
-        sk.div_ceil(self.tile) * if lse { stats } else { stats + values }
+    /// Loop trips of a unit (Mesa's bound), at most: per tile of each walk
+    /// (one for the statistics, two for the others), loops over its score,
+    /// probability, product and mixing items (each chunked past 64
+    /// channels) and over the tile's keys or rows a few times.
+    pub fn loop_trips(&self, pass: MixPass, [hq, d, e, s, sk]: [usize; 5]) -> usize {
+        let MixTiles { hs, ho, rows, tile, .. } = *self;
+        let chunks = |n: usize| if grad_chunk(n) == n { 1 } else { 1 + n / grad_chunk(n) };
+        let items = |heads: usize| (rows * heads * tile).div_ceil(MIX_UNITS);
+        let walk = 4 + items(hq) * chunks(d) + 4 * tile + items(ho) * chunks(e) + items(hs) + items(hq) + items(ho);
+        let (walks, other) = match pass {
+            MixPass::Lse => (1, sk),
+            MixPass::GradK | MixPass::GradV => (1, s),
+            MixPass::Delta | MixPass::GradLogits | MixPass::GradProbs => (2, sk),
+            MixPass::Forward | MixPass::GradQ => (2, sk),
+        };
+        walks * other.div_ceil(tile) * walk
+    }
+}
+
+/// What a launch of mixed attention computes (`KernelSpec::MixedAttention`).
+/// The forward and the statistics run over query rows; so do `D`, `dQ` and
+/// the mixing matrices' per-row gradients; `dK` and `dV` run over key rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MixPass {
+    /// The output `[B, H_o, S, e]`.
+    Forward,
+    /// Each softmax head's log-sum-exp, `[B, H_s, S]`.
+    Lse,
+    /// `AttentionDelta`'s `D`, `[B, H_s, S]`.
+    Delta,
+    /// `dQ`, `[B, H_q, S, d]`.
+    GradQ,
+    /// `dK`, `[B, H_k, S_k, d]`.
+    GradK,
+    /// `dV`, `[B, H_v, S_k, e]`.
+    GradV,
+    /// `mix_logits`' gradient per (batch, query row), `[B, S, H_q, H_s]`.
+    GradLogits,
+    /// `mix_probs`' gradient per (batch, query row), `[B, S, H_s, H_o]`.
+    GradProbs,
+}
+
+impl MixPass {
+    /// The backward pass that computes attention's gradient in `wrt`, with
+    /// head mixing (none without, or for a tensor a score function reads).
+    pub fn of(wrt: crate::ir::AttnArg, fns: Option<&AttnFns>) -> Option<MixPass> {
+        use crate::ir::AttnArg;
+        let mix = fns.filter(|f| f.mixes())?.mix;
+        match wrt {
+            AttnArg::Q => Some(MixPass::GradQ),
+            AttnArg::K => Some(MixPass::GradK),
+            AttnArg::V => Some(MixPass::GradV),
+            AttnArg::Read(c) if mix.logits == Some(c) => Some(MixPass::GradLogits),
+            AttnArg::Read(c) if mix.probs == Some(c) => Some(MixPass::GradProbs),
+            AttnArg::Read(_) => None,
+        }
+    }
+
+    pub fn is_forward(&self) -> bool {
+        *self == MixPass::Forward
+    }
+
+    /// The kernel's name in the plan.
+    pub fn name(self) -> &'static str {
+        match self {
+            MixPass::Forward => "attention_mixed",
+            MixPass::Lse => "attention_mixed_lse",
+            MixPass::Delta => "attention_mixed_delta",
+            MixPass::GradQ => "attention_mixed_grad_q",
+            MixPass::GradK => "attention_mixed_grad_k",
+            MixPass::GradV => "attention_mixed_grad_v",
+            MixPass::GradLogits => "attention_mixed_grad_logits",
+            MixPass::GradProbs => "attention_mixed_grad_probs",
+        }
+    }
+
+    /// Whether cubes own key rows (and walk query tiles).
+    pub fn over_keys(self) -> bool {
+        matches!(self, MixPass::GradK | MixPass::GradV)
+    }
+
+    /// Operands before the captures: q, k (Lse); q, k, v (Forward); and
+    /// dO, the log-sum-exp (Delta), D (the gradients).
+    pub fn operands(self) -> usize {
+        match self {
+            MixPass::Lse => 2,
+            MixPass::Forward => 3,
+            MixPass::Delta => 5,
+            _ => 6,
+        }
+    }
+}
+
+impl MixTiles {
+    /// Output elements of `pass` over `batch` × `s` query rows (`sk` keys),
+    /// `hq`/`hk` query and key heads, widths `d`, `e`.
+    pub fn len(&self, pass: MixPass, [batch, hq, hk, s, sk, d, e]: [usize; 7]) -> usize {
+        let MixTiles { hs, ho, hv, .. } = *self;
+        batch
+            * match pass {
+                MixPass::Forward => ho * s * e,
+                MixPass::Lse | MixPass::Delta => hs * s,
+                MixPass::GradQ => hq * s * d,
+                MixPass::GradK => hk * sk * d,
+                MixPass::GradV => hv * sk * e,
+                MixPass::GradLogits => s * hq * hs,
+                MixPass::GradProbs => s * hs * ho,
+            }
     }
 }

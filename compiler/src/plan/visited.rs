@@ -1,10 +1,11 @@
-//! Attention's score and mask functions in a plan ([`KernelFns`]) and what
+//! Attention in a plan: its launch shape, its score and mask functions
+//! ([`KernelFns`]) and what
 //! a launch with a mask function visits, from the mask's tile functions
 //! (`sparsity`): the fraction of its tiles (the work the plan prices) and
 //! the loop iterations their reads add (what Mesa's CPU drivers bound).
 
 use super::{AttnShape, KernelSpec};
-use crate::ir::{AttnFns, DimValues, Func, HeadMix};
+use crate::ir::{AttnFns, DimValues, Func, HeadMix, Mask};
 use crate::sparsity::TileFns;
 use serde::Serialize;
 
@@ -100,4 +101,31 @@ pub(super) fn kernel_fns(fns: &Option<Box<AttnFns>>, shapes: &[Vec<usize>], dims
         captures: f.captures.iter().map(|c| shapes[c.0 as usize].clone()).collect(),
         mix: f.mix,
     })
+}
+
+/// The attention launch shape of queries `sq` (`[batch, h, s, d]`) against
+/// keys `sk` (`[batch, hk, sk, d]`) and values `e` wide (0 where none are read).
+pub(super) fn attn_shape(
+    sq: &[usize],
+    sk: &[usize],
+    e: usize,
+    mask: &Mask,
+    scale: f64,
+    fns: Option<KernelFns>,
+) -> AttnShape {
+    let Mask { kind, window, block } = *mask;
+    AttnShape {
+        batch: sq[0],
+        h: sq[1],
+        hk: sk[1],
+        s: sq[2],
+        sk: sk[2],
+        d: sq[3],
+        e,
+        mask: kind,
+        window: window.map(|w| w as usize),
+        block: block as usize,
+        scale_bits: scale.to_bits(),
+        fns,
+    }
 }

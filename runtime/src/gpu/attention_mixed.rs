@@ -21,7 +21,7 @@
 
 use super::attention::view_row;
 use super::attention_grad::{key_tiles, sees, Dims, NO_KEYS, NO_KEYS_BELOW};
-use super::func::{score_hook, Hook};
+use super::func::{score_hook, slope_hook, Hook};
 use super::kernels::{self as k, Stored, M_INIT};
 use attnc_compiler::plan::{grad_chunk, RowView};
 use cubecl::prelude::*;
@@ -46,7 +46,7 @@ pub struct MixDims {
 /// mask and the mask function (`mask`, a hook without a score function).
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn seen(b: usize, h: usize, i: usize, j: usize, #[comptime] g: Dims, #[comptime] mask: Hook) -> bool {
+pub(super) fn seen(b: usize, h: usize, i: usize, j: usize, #[comptime] g: Dims, #[comptime] mask: Hook) -> bool {
     let mut ok = false;
     if j < comptime![g.sk] {
         if sees(i, j, g) {
@@ -56,36 +56,40 @@ fn seen(b: usize, h: usize, i: usize, j: usize, #[comptime] g: Dims, #[comptime]
     ok
 }
 
-/// The scores of key tile `t` for every (row, query head, key) of the cube,
-/// `sc[(r·H_q + m)·tile + jj]`: scaled logits, then the score function
-/// (`score`, a hook without a mask function).
+/// The scores of query rows `i0 ..` (`nr` of them) against key rows
+/// `j0 ..` (`nt`) for every query head, `sc[(r·H_q + m)·nt + jj]`: scaled
+/// logits, then the score function (`score`, a hook without a mask
+/// function); with `slopes`, also its derivative at each logit into `sl`.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn scores(
+pub(super) fn scores(
     q: &[Stored],
     kb: &[Stored],
     sc: &mut [f32],
+    sl: &mut [f32],
     b: usize,
-    r0: usize,
-    t: usize,
+    i0: usize,
+    j0: usize,
     #[comptime] m: MixDims,
+    #[comptime] nr: usize,
+    #[comptime] nt: usize,
     #[comptime] qv: RowView,
     #[comptime] kv: RowView,
     #[comptime] scale: f32,
+    #[comptime] slopes: bool,
     #[comptime] score: Hook,
 ) {
     let g = comptime![m.g];
-    let (hq, tile, units, d) = comptime![(g.h, g.tile, m.units, g.d)];
-    let n = comptime![g.rows * hq * tile];
+    let (hq, units, d) = comptime![(g.h, m.units, g.d)];
+    let n = comptime![nr * hq * nt];
     let ch = comptime![grad_chunk(d)];
     for it in 0..comptime![n.div_ceil(units)] {
         let idx = UNIT_POS as usize + it * units;
         if idx < n {
-            let r = idx / comptime![hq * tile];
-            let mh = idx / tile % hq;
-            let jj = idx % tile;
-            let i = min(r0 + r, comptime![g.s - 1]);
-            let j = min(t * tile + jj, comptime![g.sk - 1]);
+            let r = idx / comptime![hq * nt];
+            let mh = idx / nt % hq;
+            let i = min(i0 + r, comptime![g.s - 1]);
+            let j = min(j0 + idx % nt, comptime![g.sk - 1]);
             let qa = view_row(b, mh, i, qv);
             let ka = view_row(b, mh / comptime![g.h / g.hk], j, kv);
             let mut dot = f32::new(0.0);
@@ -103,15 +107,28 @@ fn scores(
                     }
                 }
             }
-            sc[idx] = score_hook(dot * f32::new(scale), b, mh, i, j, score.clone());
+            let logit = dot * f32::new(scale);
+            sc[idx] = score_hook(logit, b, mh, i, j, score.clone());
+            if comptime![slopes] {
+                sl[idx] = slope_hook(f32::new(1.0), logit, b, mh, i, j, score.clone());
+            }
         }
     }
 }
 
-/// Softmax head `h`'s mixed logit of row `r` and key `jj` of the tile.
+/// Softmax head `h`'s mixed logit of row `r` and key `jj` of scores `nt`
+/// keys wide ([`scores`]).
 #[cube]
-fn mixed_logit(sc: &[f32], wls: &[f32], r: usize, h: usize, jj: usize, #[comptime] m: MixDims) -> f32 {
-    let (hq, hs, tile) = comptime![(m.g.h, m.hs, m.g.tile)];
+pub(super) fn mixed_logit(
+    sc: &[f32],
+    wls: &[f32],
+    r: usize,
+    h: usize,
+    jj: usize,
+    #[comptime] m: MixDims,
+    #[comptime] tile: usize,
+) -> f32 {
+    let (hq, hs) = comptime![(m.g.h, m.hs)];
     let mut x = f32::new(0.0);
     if comptime![m.logits] {
         #[unroll]
@@ -127,7 +144,7 @@ fn mixed_logit(sc: &[f32], wls: &[f32], r: usize, h: usize, jj: usize, #[comptim
 /// `dst[i] = src[i]` for the `n` entries of a small matrix, the cube's
 /// units sharing the copy.
 #[cube]
-fn load_matrix(src: &[Stored], dst: &mut [f32], #[comptime] n: usize, #[comptime] units: usize) {
+pub(super) fn load_matrix(src: &[Stored], dst: &mut [f32], #[comptime] n: usize, #[comptime] units: usize) {
     #[unroll]
     for it in 0..comptime![n.div_ceil(units)] {
         let idx = UNIT_POS as usize + comptime![it * units];
@@ -164,6 +181,7 @@ pub fn mixed(
     let r0 = k::cube_x(comptime![g.fold]) * rows;
     let r1 = min(r0 + comptime![rows - 1], comptime![g.s - 1]);
     let mut sc = Shared::<[f32]>::new_slice(comptime![rows * hq * tile]);
+    let mut sl = Shared::<[f32]>::new_slice(1usize);
     let mut wls = Shared::<[f32]>::new_slice(comptime![if m.logits { hq * hs } else { 1 }]);
     let mut wps = Shared::<[f32]>::new_slice(comptime![if m.probs { hs * ho } else { 1 }]);
     let mut st_m = Shared::<[f32]>::new_slice(stats);
@@ -186,7 +204,8 @@ pub fn mixed(
     let band = key_tiles(r0, r1, g);
     // The first walk: each softmax head's running maximum and sum.
     for t in band.lo..band.hi {
-        scores(q, kb, &mut sc, b, r0, t, m, comptime![views[0]], comptime![views[1]], scale, score.clone());
+        let (qv, kv) = comptime![(views[0], views[1])];
+        scores(q, kb, &mut sc, &mut sl, b, r0, t * tile, m, rows, tile, qv, kv, scale, false, score.clone());
         sync_cube();
         for jj in 0..tile {
             let j = t * tile + jj;
@@ -197,7 +216,7 @@ pub fn mixed(
                     let r = idx / hs;
                     let h = idx % hs;
                     if seen(b, h, min(r0 + r, comptime![g.s - 1]), j, g, mask.clone()) {
-                        let x = mixed_logit(&sc, &wls, r, h, jj, m);
+                        let x = mixed_logit(&sc, &wls, r, h, jj, m, tile);
                         let (mx, l) = (st_m[idx], st_l[idx]);
                         let mn = max(mx, x);
                         st_l[idx] = l * (mx - mn).exp() + (x - mn).exp();
@@ -265,6 +284,7 @@ fn walk_values(
     let outs = comptime![rows * ho * e];
     let n_acc = comptime![outs.div_ceil(units)];
     let mut sc = Shared::<[f32]>::new_slice(comptime![rows * comptime![g.h] * tile]);
+    let mut sl = Shared::<[f32]>::new_slice(1usize);
     let mut pr = Shared::<[f32]>::new_slice(comptime![rows * hs * tile]);
     let mut pt = Shared::<[f32]>::new_slice(comptime![if m.probs { mixed_n } else { 1 }]);
     let mut acc = Array::<f32>::new(n_acc);
@@ -273,7 +293,8 @@ fn walk_values(
         acc[a] = f32::new(0.0);
     }
     for t in t0..t1 {
-        scores(q, kb, &mut sc, b, r0, t, m, comptime![views[0]], comptime![views[1]], scale, score.clone());
+        let (qv, kv) = comptime![(views[0], views[1])];
+        scores(q, kb, &mut sc, &mut sl, b, r0, t * tile, m, rows, tile, qv, kv, scale, false, score.clone());
         sync_cube();
         for jj in 0..tile {
             let j = t * tile + jj;
@@ -286,7 +307,7 @@ fn walk_values(
                     let l = lse[idx];
                     let mut p = f32::new(0.0);
                     if l > f32::new(NO_KEYS_BELOW) && seen(b, h, min(r0 + r, comptime![g.s - 1]), j, g, mask.clone()) {
-                        p = (mixed_logit(&sc, wls, r, h, jj, m) - l).exp();
+                        p = (mixed_logit(&sc, wls, r, h, jj, m, tile) - l).exp();
                     }
                     pr[idx * tile + jj] = p;
                 }

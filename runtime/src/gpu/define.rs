@@ -6,13 +6,14 @@
 use super::func::{Capture, Fns, Hook};
 use super::kernels::{self as k, Stored};
 use super::{
-    attention, attention_grad, attention_mixed, attention_split, attention_tiled, attention_tiled_grad, gemm, mma,
+    attention, attention_grad, attention_mixed, attention_mixed_grad, attention_split, attention_tiled,
+    attention_tiled_grad, gemm, mma,
 };
 use attnc_compiler::ir::{AttnArg, MaskKind, ReduceKind};
 use attnc_compiler::plan::group::{GroupStep, MapOp};
 use attnc_compiler::plan::{
-    AttnShape, Dtype, KernelFns, KernelSpec, MixTiles, RowView, GEMM_COLS, GEMM_ROWS, GEMM_STAGE_K, GEMM_UNITS,
-    GROUP_UNITS, MIX_UNITS,
+    AttnShape, Dtype, KernelFns, KernelSpec, MixPass, MixTiles, RowView, GEMM_COLS, GEMM_ROWS, GEMM_STAGE_K,
+    GEMM_UNITS, GROUP_UNITS, MIX_UNITS,
 };
 use cubecl::prelude::*;
 use std::sync::Arc;
@@ -85,7 +86,7 @@ impl IrKernel {
             KernelSpec::AttentionGrad { wrt: AttnArg::V, ref shape, .. } => 4 + captures(shape),
             KernelSpec::AttentionGrad { ref shape, .. } => 6 + captures(shape),
             KernelSpec::AttentionLse { ref shape, .. } => 2 + captures(shape),
-            KernelSpec::MixedAttention { ref shape, lse, .. } => (if lse { 2 } else { 3 }) + captures(shape),
+            KernelSpec::MixedAttention { ref shape, pass, .. } => pass.operands() + captures(shape),
             KernelSpec::Binary { .. }
             | KernelSpec::Contract { .. }
             | KernelSpec::MatMul { .. }
@@ -430,8 +431,8 @@ impl IrKernel {
             let g = grad_dims(spec, shape, tile, fold);
             let hook = hook(shape, &bufs[2..]);
             attention_grad::lse::expand(scope, &bufs[0], &bufs[1], &mut out, g, q, kv, shape.scale(), hook);
-        } else if let KernelSpec::MixedAttention { ref shape, mix, q, k: kv, v, out: o, lse } = *spec {
-            mixed_body(scope, bufs, out, shape, mix, [q, kv, v, o], lse, fold);
+        } else if let KernelSpec::MixedAttention { ref shape, mix, q, k: kv, v, out: o, pass } = *spec {
+            mixed_body(scope, bufs, out, shape, mix, [q, kv, v, o], pass, fold);
         } else if let KernelSpec::AttentionGrad { ref shape, wrt, q, k: kv, v, o, dout, tile, .. } = *spec {
             let g = grad_dims(spec, shape, tile, fold);
             let (scale, views) = (shape.scale(), [q, kv, v, o, dout]);
@@ -592,12 +593,12 @@ fn mixed_body(
     shape: &AttnShape,
     mix: MixTiles,
     views: [RowView; 4],
-    lse: bool,
+    pass: MixPass,
     fold: usize,
 ) {
     let AttnShape { h, hk, s, sk, d, e, mask, window, block, .. } = *shape;
     let f = shape.fns.as_ref().expect("head mixing is in the functions");
-    let caps = &bufs[if lse { 2 } else { 3 }..];
+    let caps = &bufs[pass.operands()..];
     let g = attention_grad::Dims {
         h,
         hk,
@@ -624,10 +625,25 @@ fn mixed_body(
         }))
     };
     let matrix = |c: Option<usize>| c.map_or(&bufs[0], |c| &caps[c]);
-    let v = if lse { &bufs[0] } else { &bufs[2] };
     let (wl, wp) = (matrix(f.mix.logits), matrix(f.mix.probs));
     let (q, kb, scale) = (&bufs[0], &bufs[1], shape.scale());
-    attention_mixed::mixed::expand(scope, q, kb, v, wl, wp, &mut out, m, views, scale, lse, only(true), only(false));
+    // Operands a pass does not bind are never read: `q` stands in.
+    let at = |i: usize| if i < pass.operands() { &bufs[i] } else { &bufs[0] };
+    let (v, dout, lse, delta) = (at(2), at(3), at(4), at(5));
+    let slopes = f.score.is_some();
+    let (sc, mk) = (only(true), only(false));
+    match pass {
+        MixPass::Forward | MixPass::Lse => {
+            let lse = pass == MixPass::Lse;
+            attention_mixed::mixed::expand(scope, q, kb, v, wl, wp, &mut out, m, views, scale, lse, sc, mk)
+        }
+        MixPass::GradK | MixPass::GradV => attention_mixed_grad::keys_grad::expand(
+            scope, q, kb, v, dout, lse, delta, wl, wp, &mut out, m, views, scale, pass, slopes, sc, mk,
+        ),
+        _ => attention_mixed_grad::rows_grad::expand(
+            scope, q, kb, v, dout, lse, delta, wl, wp, &mut out, m, views, scale, pass, slopes, sc, mk,
+        ),
+    }
 }
 
 /// The comptime sizes of attention's backward launches.

@@ -6,13 +6,15 @@
 //! - `attention.rs`, `gemm.rs` — the tiled kernels, assembled from helpers;
 //! - `mma.rs` — the same on matrix fragments (tensor cores) for half precision;
 //! - `attention_grad.rs` — attention's backward and the log-sum-exp it saves;
-//! - `attention_mixed.rs` — attention that mixes heads inside the softmax;
+//! - `attention_mixed.rs`, `attention_mixed_grad.rs` — attention that mixes
+//!   heads inside the softmax, forward and backward;
 //! - `func.rs` — score and mask functions compiled into attention kernels;
 //! - `define.rs` — a plan launch → a cubecl kernel definition.
 
 pub mod attention;
 pub mod attention_grad;
 pub mod attention_mixed;
+pub mod attention_mixed_grad;
 pub mod attention_split;
 pub mod attention_tiled;
 pub mod attention_tiled_grad;

@@ -174,6 +174,55 @@ pub(super) fn lse(mixed: &Mixed, shape: Vec<usize>) -> Result<Tensor, ReadError>
     Ok(out)
 }
 
+/// `D[h]` of every query row and softmax head, `[B, H_s, S]` (`AttentionDelta`).
+pub(super) fn delta(mixed: &Mixed, [v, dout, lse]: [&Tensor; 3], shape: Vec<usize>) -> Result<Tensor, ReadError> {
+    let q = mixed.scores.q;
+    let (b, s, hs) = (q.shape[0], q.shape[2], mixed.hs);
+    let mut out = Tensor::zeros(shape);
+    for bi in 0..b {
+        for i in 0..s {
+            let row = mixed.row(bi, i)?;
+            let p = mixed.probs(&row, |h| lse.data[(bi * hs + h) * s + i]);
+            let dp = mixed.dp(&row, [v, dout], bi, i);
+            for h in 0..hs {
+                out.data[(bi * hs + h) * s + i] = (0..row.keys.len()).map(|jj| p[jj * hs + h] * dp[jj * hs + h]).sum();
+            }
+        }
+    }
+    Ok(out)
+}
+
+impl Mixed<'_, '_> {
+    /// `dp̃[jj·H_o + g] = dO[g] · v[kv'(g), j]` of a row's keys.
+    fn dpt(&self, row: &Row, [v, dout]: [&Tensor; 2], bi: usize, i: usize) -> Vec<f64> {
+        let (s, ho, hv, sk, e) = (self.scores.q.shape[2], self.ho, v.shape[1], v.shape[2], v.shape[3]);
+        let mut dpt = vec![0.0; row.keys.len() * ho];
+        for (jj, &j) in row.keys.iter().enumerate() {
+            for g in 0..ho {
+                let dout_row = &dout.data[((bi * ho + g) * s + i) * e..][..e];
+                let v_row = &v.data[((bi * hv + g / (ho / hv)) * sk + j) * e..][..e];
+                dpt[jj * ho + g] = dout_row.iter().zip(v_row).map(|(a, b)| a * b).sum();
+            }
+        }
+        dpt
+    }
+
+    /// `dp[jj·H_s + h] = Σ_g wp[h, g] dp̃[g, j]`.
+    fn dp(&self, row: &Row, vd: [&Tensor; 2], bi: usize, i: usize) -> Vec<f64> {
+        let (hs, ho) = (self.hs, self.ho);
+        let dpt = self.dpt(row, vd, bi, i);
+        (0..row.keys.len() * hs)
+            .map(|x| {
+                let (jj, h) = (x / hs, x % hs);
+                match self.wp {
+                    None => dpt[jj * ho + h],
+                    Some(_) => (0..ho).map(|g| self.wp(h, g) * dpt[jj * ho + g]).sum(),
+                }
+            })
+            .collect()
+    }
+}
+
 /// The gradient in `wrt`. With `dp̃[g, j] = dO[g] · v[kv(g), j]`,
 /// `dp[h, j] = Σ_g wp[h, g] dp̃[g, j]`, `D[h] = Σ_j p[h, j] dp[h, j]`,
 /// `ds̃[h, j] = p[h, j] (dp[h, j] − D[h])` and `ds[m, j] = Σ_h wl[m, h] ds̃[h, j]`:
@@ -204,13 +253,7 @@ pub(super) fn grad(
             let p = mixed.probs(&row, |h| lse.data[(bi * hs + h) * s + i]);
             let n = row.keys.len();
             let dout_row = |g: usize| &dout.data[((bi * ho + g) * s + i) * e..][..e];
-            let v_row = |g: usize, j: usize| &v.data[((bi * hv + g / (ho / hv)) * sk + j) * e..][..e];
-            let mut dpt = vec![0.0; n * ho];
-            for (jj, &j) in row.keys.iter().enumerate() {
-                for g in 0..ho {
-                    dpt[jj * ho + g] = dout_row(g).iter().zip(v_row(g, j)).map(|(a, b)| a * b).sum();
-                }
-            }
+            let dpt = mixed.dpt(&row, [v, dout], bi, i);
             if wrt == AttnArg::V {
                 let pt = mixed.mix_probs(&p);
                 for (jj, &j) in row.keys.iter().enumerate() {
@@ -223,24 +266,18 @@ pub(super) fn grad(
                 }
                 continue;
             }
+            // A mixing matrix's gradient per (batch, query row): `[B, S, rows, cols]`.
+            let at = (bi * s + i) * if wp_wanted { hs * ho } else { hq * hs };
             if wp_wanted {
                 for jj in 0..n {
                     for h in 0..hs {
                         for g in 0..ho {
-                            out.data[h * ho + g] += p[jj * hs + h] * dpt[jj * ho + g];
+                            out.data[at + h * ho + g] += p[jj * hs + h] * dpt[jj * ho + g];
                         }
                     }
                 }
             }
-            let dp: Vec<f64> = (0..n * hs)
-                .map(|x| {
-                    let (jj, h) = (x / hs, x % hs);
-                    match mixed.wp {
-                        None => dpt[jj * ho + h],
-                        Some(_) => (0..ho).map(|g| mixed.wp(h, g) * dpt[jj * ho + g]).sum(),
-                    }
-                })
-                .collect();
+            let dp = mixed.dp(&row, [v, dout], bi, i);
             let delta: Vec<f64> = (0..hs).map(|h| (0..n).map(|jj| p[jj * hs + h] * dp[jj * hs + h]).sum()).collect();
             let dst: Vec<f64> = (0..n * hs).map(|x| p[x] * (dp[x] - delta[x % hs])).collect();
             if wl_wanted {
@@ -248,7 +285,7 @@ pub(super) fn grad(
                     for m in 0..hq {
                         for h in 0..hs {
                             if row.mixed[jj * hs + h].is_some() {
-                                out.data[m * hs + h] += row.src[jj * hq + m][1] * dst[jj * hs + h];
+                                out.data[at + m * hs + h] += row.src[jj * hq + m][1] * dst[jj * hs + h];
                             }
                         }
                     }

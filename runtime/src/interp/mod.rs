@@ -151,6 +151,10 @@ fn evaluate_with(
             Op::MixColsGrad { y, dy, .. } => backward::mix_cols_grad(v(*y), v(*dy), shape),
             Op::CollapseColsGrad { y, dy, .. } => backward::collapse_cols_grad(v(*y), v(*dy), shape),
             Op::CollapseRowsGrad { w, dy, .. } => backward::collapse_rows_grad(v(*w), v(*dy), shape),
+            Op::AttentionDelta { q, k, v: vv, dout, lse, mask, scale, fns } => {
+                let sc = scores(q, k, mask, *scale, fns);
+                mixed::delta(&mixed::Mixed::new(&sc), [v(*vv), v(*dout), v(*lse)], shape)?
+            }
             Op::AttentionGrad { q, k, v: vv, o, dout, lse, mask, scale, wrt, fns } => {
                 let sc = scores(q, k, mask, *scale, fns);
                 match fns.as_ref().is_some_and(|f| f.mixes()) {
