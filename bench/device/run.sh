@@ -9,9 +9,10 @@
 # On the device: bash bench/device/run.sh [SECTION ...]  (writes its log under $OUT)
 # Sections: core (the stdlib against the interpreter, timings against cubek
 # and PyTorch), half (bf16 and tf32), grad (gradients), functions (score and
-# mask functions against the interpreter and FlexAttention). Default: all.
+# mask functions against the interpreter and FlexAttention), mixing (head
+# mixing inside attention: Talking-Heads, Differential). Default: all.
 set -u
-SECTIONS=${*:-core half grad functions}
+SECTIONS=${*:-core half grad functions mixing}
 want() { [[ " $SECTIONS " == *" $1 "* ]]; }
 BIN=${BIN:-.device-bin/attnc}
 if [ ! -x "$BIN" ] && [ -f "$BIN.xz" ]; then
@@ -136,5 +137,8 @@ timeout 200 "$BIN" bench stdlib/mha.attn --set H=8 --set d=64 --set N=2048 --gra
 fi
 if want functions; then
   source bench/device/functions.sh
+fi
+if want mixing; then
+  source bench/device/mixing.sh
 fi
 exit $status

@@ -46,7 +46,7 @@ pub struct MixDims {
 /// mask and the mask function (`mask`, a hook without a score function).
 #[cube]
 #[allow(clippy::too_many_arguments)]
-pub(super) fn seen(b: usize, h: usize, i: usize, j: usize, #[comptime] g: Dims, #[comptime] mask: Hook) -> bool {
+fn seen(b: usize, h: usize, i: usize, j: usize, #[comptime] g: Dims, #[comptime] mask: Hook) -> bool {
     let mut ok = false;
     if j < comptime![g.sk] {
         if sees(i, j, g) {
@@ -119,7 +119,7 @@ pub(super) fn scores(
 /// Softmax head `h`'s mixed logit of row `r` and key `jj` of scores `nt`
 /// keys wide ([`scores`]).
 #[cube]
-pub(super) fn mixed_logit(
+fn mixed_logit(
     sc: &[f32],
     wls: &[f32],
     r: usize,
@@ -139,6 +139,45 @@ pub(super) fn mixed_logit(
         x = sc[(r * hq + h) * tile + jj];
     }
     x
+}
+
+/// The probabilities `pr[(r·H_s + h)·nt + jj]` of query rows `i0 ..` (`nr`)
+/// against keys `j0 ..` (`nt`), from the rows' log-sum-exp `ls[r·H_s + h]`;
+/// 0 where the key is hidden or the row is past the queries.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn probabilities(
+    sc: &[f32],
+    wls: &[f32],
+    ls: &[f32],
+    pr: &mut [f32],
+    b: usize,
+    i0: usize,
+    j0: usize,
+    #[comptime] m: MixDims,
+    #[comptime] nr: usize,
+    #[comptime] nt: usize,
+    #[comptime] mask: Hook,
+) {
+    let (hs, units) = comptime![(m.hs, m.units)];
+    let stats = comptime![nr * hs];
+    for jj in 0..nt {
+        #[unroll]
+        for it in 0..comptime![stats.div_ceil(units)] {
+            let idx = UNIT_POS as usize + comptime![it * units];
+            if idx < stats {
+                let r = idx / hs;
+                let h = idx % hs;
+                let i = i0 + r;
+                let l = ls[idx];
+                let mut p = f32::new(0.0);
+                if i < comptime![m.g.s] && l > f32::new(NO_KEYS_BELOW) && seen(b, h, i, j0 + jj, m.g, mask.clone()) {
+                    p = (mixed_logit(sc, wls, r, h, jj, m, nt) - l).exp();
+                }
+                pr[idx * nt + jj] = p;
+            }
+        }
+    }
 }
 
 /// `dst[i] = src[i]` for the `n` entries of a small matrix, the cube's
@@ -279,7 +318,6 @@ fn walk_values(
     let g = comptime![m.g];
     let (rows, tile, units) = comptime![(g.rows, g.tile, m.units)];
     let (hs, ho, hv, e) = comptime![(m.hs, m.ho, m.hv, g.e)];
-    let stats = comptime![rows * hs];
     let mixed_n = comptime![rows * ho * tile];
     let outs = comptime![rows * ho * e];
     let n_acc = comptime![outs.div_ceil(units)];
@@ -296,23 +334,7 @@ fn walk_values(
         let (qv, kv) = comptime![(views[0], views[1])];
         scores(q, kb, &mut sc, &mut sl, b, r0, t * tile, m, rows, tile, qv, kv, scale, false, score.clone());
         sync_cube();
-        for jj in 0..tile {
-            let j = t * tile + jj;
-            #[unroll]
-            for it in 0..comptime![stats.div_ceil(units)] {
-                let idx = UNIT_POS as usize + comptime![it * units];
-                if idx < stats {
-                    let r = idx / hs;
-                    let h = idx % hs;
-                    let l = lse[idx];
-                    let mut p = f32::new(0.0);
-                    if l > f32::new(NO_KEYS_BELOW) && seen(b, h, min(r0 + r, comptime![g.s - 1]), j, g, mask.clone()) {
-                        p = (mixed_logit(&sc, wls, r, h, jj, m, tile) - l).exp();
-                    }
-                    pr[idx * tile + jj] = p;
-                }
-            }
-        }
+        probabilities(&sc, wls, lse, &mut pr, b, r0, t * tile, m, rows, tile, mask.clone());
         sync_cube();
         if comptime![m.probs] {
             for it in 0..comptime![mixed_n.div_ceil(units)] {

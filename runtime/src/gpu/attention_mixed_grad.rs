@@ -19,8 +19,8 @@
 //! orientations, as [`scores`] writes them.
 
 use super::attention::view_row;
-use super::attention_grad::{key_tiles, query_tiles, NO_KEYS_BELOW};
-use super::attention_mixed::{load_matrix, mixed_logit, scores, seen, MixDims};
+use super::attention_grad::{key_tiles, query_tiles};
+use super::attention_mixed::{load_matrix, probabilities, scores, MixDims};
 use super::func::Hook;
 use super::kernels::{self as k, Stored};
 use attnc_compiler::plan::{grad_chunk, MixPass, RowView};
@@ -95,45 +95,6 @@ fn products(
                 }
             }
             dpt[idx] = dot;
-        }
-    }
-}
-
-/// The probabilities `pr[(r·H_s + h)·nt + jj]` of query rows `i0 ..` (`nr`)
-/// against keys `j0 ..` (`nt`), from the rows' log-sum-exp `ls[r·H_s + h]`;
-/// 0 where the key is hidden or the row is past the queries.
-#[cube]
-#[allow(clippy::too_many_arguments)]
-fn probabilities(
-    sc: &[f32],
-    wls: &[f32],
-    ls: &[f32],
-    pr: &mut [f32],
-    b: usize,
-    i0: usize,
-    j0: usize,
-    #[comptime] m: MixDims,
-    #[comptime] nr: usize,
-    #[comptime] nt: usize,
-    #[comptime] mask: Hook,
-) {
-    let (hs, units) = comptime![(m.hs, m.units)];
-    let stats = comptime![nr * hs];
-    for jj in 0..nt {
-        #[unroll]
-        for it in 0..comptime![stats.div_ceil(units)] {
-            let idx = UNIT_POS as usize + comptime![it * units];
-            if idx < stats {
-                let r = idx / hs;
-                let h = idx % hs;
-                let i = i0 + r;
-                let l = ls[idx];
-                let mut p = f32::new(0.0);
-                if i < comptime![m.g.s] && l > f32::new(NO_KEYS_BELOW) && seen(b, h, i, j0 + jj, m.g, mask.clone()) {
-                    p = (mixed_logit(sc, wls, r, h, jj, m, nt) - l).exp();
-                }
-                pr[idx * nt + jj] = p;
-            }
         }
     }
 }
