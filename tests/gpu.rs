@@ -413,28 +413,9 @@ fn head_mixing_gradients(dev: &Dev) {
     for (i, (what, program)) in programs.iter().enumerate() {
         let grad = attnc_compiler::grad::differentiate(program, &[]).unwrap();
         let (tensors, dims) = bind::generate_inputs(&grad, 50 + i as u64).unwrap();
-        let inputs: BTreeMap<String, Tensor> =
-            grad.inputs.iter().map(|i| i.name.clone()).zip(tensors.iter().cloned()).collect();
-        let want = interp::evaluate(&grad, &tensors, &dims);
-        let plan = dev.plan(&grad, &dims);
-        let kinds: Vec<&str> = plan.launches.iter().map(|l| l.spec.kind()).collect();
-        for kind in ["attention_mixed_lse", "attention_mixed_delta", "attention_mixed_grad_q", "attention_mixed_grad_k"]
-        {
-            assert!(kinds.contains(&kind), "{what}: no {kind} launch in {kinds:?}");
-        }
-        let (got, _) = dev.run(&plan, &inputs).unwrap_or_else(|e| panic!("{what}: {e}"));
-        let same = dev.same(&grad, &tensors, &dims);
-        for (n, ((name, _), (g, w))) in grad.outputs.iter().zip(got.iter().zip(&want)).enumerate() {
-            assert_eq!(g.shape, w.shape, "{what}: {name}");
-            assert!(w.data.iter().any(|v| *v != 0.0), "{what}: {name} is all zeros in the reference");
-            let same = same.as_ref().map(|s| &s[n].data[..]);
-            check_close(dev.dtype, &g.data, &w.data, same, &format!("{what}: {name}"));
-        }
-        let (again, _) = dev.run(&plan, &inputs).unwrap();
-        for ((name, _), (a, b)) in grad.outputs.iter().zip(again.iter().zip(&got)) {
-            let same = a.data.iter().zip(&b.data).all(|(x, y)| x.to_bits() == y.to_bits());
-            assert!(same, "{what}: {name} differs between two runs");
-        }
+        let kinds =
+            ["attention_mixed_lse", "attention_mixed_delta", "attention_mixed_grad_q", "attention_mixed_grad_k"];
+        check_gradients(dev, &grad, &tensors, &dims, &kinds, what);
     }
 }
 
@@ -729,31 +710,39 @@ fn attention_gradient_cases(dev: &Dev, cases: &[Sized]) {
         let (mut tensors, dims) = bind::generate_inputs(&grad, 40 + i as u64).unwrap();
         // Logits of a few units, so the softmax is neither flat nor one-hot.
         tensors[0].data.iter_mut().for_each(|v| *v *= 2.0);
-        let inputs: BTreeMap<String, Tensor> =
-            grad.inputs.iter().map(|i| i.name.clone()).zip(tensors.iter().cloned()).collect();
-        let want = interp::evaluate(&grad, &tensors, &dims);
         let what = format!(
             "gradients of attention H={} H_kv={} M={} N={} d={} mask={} window={:?} block={}",
             c.h, c.hk, c.m, c.n, c.d, c.mask, c.window, c.block
         );
-        let plan = dev.plan(&grad, &dims);
-        let kinds: Vec<&str> = plan.launches.iter().map(|l| l.spec.kind()).collect();
-        for kind in ["attention_lse", "attention_grad_q", "attention_grad_k", "attention_grad_v"] {
-            assert!(kinds.contains(&kind), "{what}: no {kind} launch in {kinds:?}");
-        }
-        let (got, _) = dev.run(&plan, &inputs).unwrap_or_else(|e| panic!("{what}: {e}"));
-        let same = dev.same(&grad, &tensors, &dims);
-        for (n, ((name, _), (g, w))) in grad.outputs.iter().zip(got.iter().zip(&want)).enumerate() {
-            assert_eq!(g.shape, w.shape, "{what}: {name}");
-            assert!(w.data.iter().any(|v| *v != 0.0), "{what}: {name} is all zeros in the reference");
-            let same = same.as_ref().map(|s| &s[n].data[..]);
-            check_close(dev.dtype, &g.data, &w.data, same, &format!("{what}: {name}"));
-        }
-        let (again, _) = dev.run(&plan, &inputs).unwrap();
-        for ((name, _), (a, b)) in grad.outputs.iter().zip(again.iter().zip(&got)) {
-            let same = a.data.iter().zip(&b.data).all(|(x, y)| x.to_bits() == y.to_bits());
-            assert!(same, "{what}: {name} differs between two runs");
-        }
+        let kinds = ["attention_lse", "attention_grad_q", "attention_grad_k", "attention_grad_v"];
+        check_gradients(dev, &grad, &tensors, &dims, &kinds, &what);
+    }
+}
+
+/// Runs gradient program `grad` on the device: its plan has launches of
+/// every one of `kinds`, every output is within the dtype's tolerance of the
+/// interpreter (and not all zeros there), and a second run is bit-identical.
+fn check_gradients(dev: &Dev, grad: &Program, tensors: &[Tensor], dims: &DimValues, kinds: &[&str], what: &str) {
+    let inputs: BTreeMap<String, Tensor> =
+        grad.inputs.iter().map(|i| i.name.clone()).zip(tensors.iter().cloned()).collect();
+    let want = interp::evaluate(grad, tensors, dims);
+    let plan = dev.plan(grad, dims);
+    let planned: Vec<&str> = plan.launches.iter().map(|l| l.spec.kind()).collect();
+    for kind in kinds {
+        assert!(planned.contains(kind), "{what}: no {kind} launch in {planned:?}");
+    }
+    let (got, _) = dev.run(&plan, &inputs).unwrap_or_else(|e| panic!("{what}: {e}"));
+    let same = dev.same(grad, tensors, dims);
+    for (n, ((name, _), (g, w))) in grad.outputs.iter().zip(got.iter().zip(&want)).enumerate() {
+        assert_eq!(g.shape, w.shape, "{what}: {name}");
+        assert!(w.data.iter().any(|v| *v != 0.0), "{what}: {name} is all zeros in the reference");
+        let same = same.as_ref().map(|s| &s[n].data[..]);
+        check_close(dev.dtype, &g.data, &w.data, same, &format!("{what}: {name}"));
+    }
+    let (again, _) = dev.run(&plan, &inputs).unwrap();
+    for ((name, _), (a, b)) in grad.outputs.iter().zip(again.iter().zip(&got)) {
+        let same = a.data.iter().zip(&b.data).all(|(x, y)| x.to_bits() == y.to_bits());
+        assert!(same, "{what}: {name} differs between two runs");
     }
 }
 
