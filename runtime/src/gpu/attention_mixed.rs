@@ -82,7 +82,6 @@ pub(super) fn scores(
     let g = comptime![m.g];
     let (hq, units, d) = comptime![(g.h, m.units, g.d)];
     let n = comptime![nr * hq * nt];
-    let ch = comptime![grad_chunk(d)];
     for it in 0..comptime![n.div_ceil(units)] {
         let idx = UNIT_POS as usize + it * units;
         if idx < n {
@@ -92,28 +91,36 @@ pub(super) fn scores(
             let j = min(j0 + idx % nt, comptime![g.sk - 1]);
             let qa = view_row(b, mh, i, qv);
             let ka = view_row(b, mh / comptime![g.h / g.hk], j, kv);
-            let mut dot = f32::new(0.0);
-            if comptime![ch == d] {
-                #[unroll]
-                for c in 0..d {
-                    dot += f32::cast_from(q[qa + c]) * f32::cast_from(kb[ka + c]);
-                }
-            } else {
-                for c0 in 0..comptime![d / ch] {
-                    #[unroll]
-                    for c in 0..ch {
-                        let at = c0 * ch + c;
-                        dot += f32::cast_from(q[qa + at]) * f32::cast_from(kb[ka + at]);
-                    }
-                }
-            }
-            let logit = dot * f32::new(scale);
+            let logit = dot(q, qa, kb, ka, d) * f32::new(scale);
             sc[idx] = score_hook(logit, b, mh, i, j, score.clone());
             if comptime![slopes] {
                 sl[idx] = slope_hook(f32::new(1.0), logit, b, mh, i, j, score.clone());
             }
         }
     }
+}
+
+/// `Σ_c x[xa + c] · y[ya + c]` over `n` channels: unrolled, in chunks of
+/// `grad_chunk(n)` past 64 (each chunk a loop trip).
+#[cube]
+pub(super) fn dot(x: &[Stored], xa: usize, y: &[Stored], ya: usize, #[comptime] n: usize) -> f32 {
+    let ch = comptime![grad_chunk(n)];
+    let mut acc = f32::new(0.0);
+    if comptime![ch == n] {
+        #[unroll]
+        for c in 0..n {
+            acc += f32::cast_from(x[xa + c]) * f32::cast_from(y[ya + c]);
+        }
+    } else {
+        for c0 in 0..comptime![n / ch] {
+            #[unroll]
+            for c in 0..ch {
+                let at = c0 * ch + c;
+                acc += f32::cast_from(x[xa + at]) * f32::cast_from(y[ya + at]);
+            }
+        }
+    }
+    acc
 }
 
 /// Softmax head `h`'s mixed logit of row `r` and key `jj` of scores `nt`

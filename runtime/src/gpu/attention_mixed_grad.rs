@@ -20,10 +20,10 @@
 
 use super::attention::view_row;
 use super::attention_grad::{key_tiles, query_tiles};
-use super::attention_mixed::{load_matrix, probabilities, scores, MixDims};
+use super::attention_mixed::{dot, load_matrix, probabilities, scores, MixDims};
 use super::func::Hook;
 use super::kernels::{self as k, Stored};
-use attnc_compiler::plan::{grad_chunk, MixPass, RowView};
+use attnc_compiler::plan::{MixPass, RowView};
 use cubecl::prelude::*;
 
 /// `dp[h]` of row `r` and key `jj` (products `nt` keys wide).
@@ -70,7 +70,6 @@ fn products(
     let g = comptime![m.g];
     let (ho, hv, e, units) = comptime![(m.ho, m.hv, g.e, m.units)];
     let n = comptime![nr * ho * nt];
-    let ch = comptime![grad_chunk(e)];
     for it in 0..comptime![n.div_ceil(units)] {
         let idx = UNIT_POS as usize + it * units;
         if idx < n {
@@ -79,22 +78,7 @@ fn products(
             let j = min(j0 + idx % nt, comptime![g.sk - 1]);
             let oa = view_row(b, go, i, dov);
             let va = view_row(b, go / comptime![ho / hv], j, vv);
-            let mut dot = f32::new(0.0);
-            if comptime![ch == e] {
-                #[unroll]
-                for c in 0..e {
-                    dot += f32::cast_from(dout[oa + c]) * f32::cast_from(v[va + c]);
-                }
-            } else {
-                for c0 in 0..comptime![e / ch] {
-                    #[unroll]
-                    for c in 0..ch {
-                        let at = c0 * ch + c;
-                        dot += f32::cast_from(dout[oa + at]) * f32::cast_from(v[va + at]);
-                    }
-                }
-            }
-            dpt[idx] = dot;
+            dpt[idx] = dot(dout, oa, v, va, e);
         }
     }
 }
