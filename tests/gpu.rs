@@ -327,12 +327,15 @@ fn stdlib_at_real_sizes(gpu: &Dev) {
 }
 
 /// Head mixing inside attention (docs/semantics.md §7) on its fused
-/// kernel, past several cubes and key tiles in each direction: masks and
+/// kernels, past several cubes and key tiles in each direction: masks and
 /// windows, unequal lengths both ways (the first rows of a causal mask see
 /// nothing), GQA on keys and values, rectangular matrices, either matrix
-/// alone, wide values, a score function with a per-head mask function;
-/// and the stdlib's Talking-Heads and Differential layers, optimized.
-fn head_mixing(dev: &Dev) {
+/// alone, wide values, a score function with a per-head mask function, a
+/// head of 256 over a thousand keys; and the stdlib's Talking-Heads and
+/// Differential layers, optimized. The forward runs on the device's kernel
+/// (on Mesa's CPU drivers `attention_mixed_tiled`, also on narrower planes)
+/// and, in f32, on the GPU kernel (`attention_mixed`, forced by staging).
+fn head_mixing(make: Make, dtype: Dtype) {
     let core = mixing_core;
     let both = "mix_logits = wl, mix_probs = wp";
     let specs = [
@@ -348,12 +351,25 @@ fn head_mixing(dev: &Dev) {
                 "mask = |b, h, i, j| abs(i - j) <= 8 * (h + 1), score = |s, b, h, i, j| 2.0 * tanh(s / 2.0), {both}"
             ),
         ),
+        core([2, 1, 3, 2, 1], [256, 48, 203, 1100, 1], &format!("mask = causal, window = 700, {both}")),
     ];
+    let dev = device(make, dtype);
     // In 16-bit storage, a subset (the kernel is the same; lavapipe's time is not).
-    let half = dev.dtype != Dtype::F32;
+    let half = dtype != Dtype::F32;
+    let gpu_kernel = (!half).then(|| device(make, dtype).map(|g| g.with_gemm_staging(true)));
     for (i, src) in specs.iter().enumerate().filter(|(i, _)| !half || [0, 2, 5].contains(i)) {
         let c = attnc_compiler::compile(src, &[]).unwrap_or_else(|d| panic!("{src}: {d:?}"));
-        check_spec(dev, &c, &seeded(&c, 30 + i as u64), false, src);
+        let inputs = seeded(&c, 30 + i as u64);
+        check_spec(&dev, &c, &inputs, false, src);
+        // The GPU kernel, but for the widest head (lavapipe's time).
+        if let Some(g) = gpu_kernel.as_ref().filter(|_| i + 1 < specs.len()) {
+            check_spec(g, &c, &inputs, false, &format!("{src} on the GPU kernel"));
+        }
+    }
+    for w in [2, 4] {
+        let c = attnc_compiler::compile(&specs[0], &[]).unwrap();
+        let g = device(make, dtype).map(|g| g.with_plane_width(w));
+        check_spec(&g, &c, &seeded(&c, 36), false, &format!("{} at plane width {w}", specs[0]));
     }
     for (spec, s) in [
         ("talking_heads", sets(&[("H", "4"), ("d", "32"), ("N", "120")])),
@@ -363,7 +379,7 @@ fn head_mixing(dev: &Dev) {
     .take(if half { 1 } else { 2 })
     {
         let c = compile_stdlib(spec, &s);
-        check_spec(dev, &c, &seeded(&c, 40), true, &format!("{spec} {s:?}"));
+        check_spec(&dev, &c, &seeded(&c, 40), true, &format!("{spec} {s:?}"));
     }
 }
 
@@ -908,7 +924,7 @@ macro_rules! backend_tests {
 
             #[test]
             fn head_mixing_matches_the_interpreter() {
-                head_mixing(&device($make, $dtype));
+                head_mixing($make, $dtype);
             }
 
             #[test]

@@ -46,7 +46,7 @@ pub struct MixDims {
 /// mask and the mask function (`mask`, a hook without a score function).
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn seen(b: usize, h: usize, i: usize, j: usize, #[comptime] g: Dims, #[comptime] mask: Hook) -> bool {
+pub(super) fn seen(b: usize, h: usize, i: usize, j: usize, #[comptime] g: Dims, #[comptime] mask: Hook) -> bool {
     let mut ok = false;
     if j < comptime![g.sk] {
         if sees(i, j, g) {

@@ -6,14 +6,12 @@
 use super::func::{Capture, Fns, Hook};
 use super::kernels::{self as k, Stored};
 use super::{
-    attention, attention_grad, attention_mixed, attention_mixed_grad, attention_split, attention_tiled,
-    attention_tiled_grad, gemm, mma,
+    attention, attention_grad, attention_split, attention_tiled, attention_tiled_grad, gemm, mixed_launch, mma,
 };
 use attnc_compiler::ir::{AttnArg, MaskKind, ReduceKind};
 use attnc_compiler::plan::group::{GroupStep, MapOp};
 use attnc_compiler::plan::{
-    AttnShape, Dtype, KernelFns, KernelSpec, MixPass, MixTiles, RowView, GEMM_COLS, GEMM_ROWS, GEMM_STAGE_K,
-    GEMM_UNITS, GROUP_UNITS, MIX_UNITS,
+    AttnShape, Dtype, KernelFns, KernelSpec, RowView, GEMM_COLS, GEMM_ROWS, GEMM_STAGE_K, GEMM_UNITS, GROUP_UNITS,
 };
 use cubecl::prelude::*;
 use std::sync::Arc;
@@ -25,7 +23,8 @@ pub struct IrKernel {
     pub dtype: Dtype,
     /// Units of a plane that share loaded rows by broadcasts (1: none).
     pub plane: u32,
-    /// Whether the GEMM stages its tiles in shared memory (see `gemm.rs`).
+    /// Whether the GEMM stages its tiles in shared memory (see `gemm.rs`);
+    /// without, and with planes, head mixing's forward takes its CPU kernel.
     pub staged: bool,
     /// Whether the GEMM and attention multiply matrix fragments (see `mma.rs`).
     pub mma: Mma,
@@ -432,7 +431,10 @@ impl IrKernel {
             let hook = hook(shape, &bufs[2..]);
             attention_grad::lse::expand(scope, &bufs[0], &bufs[1], &mut out, g, q, kv, shape.scale(), hook);
         } else if let KernelSpec::MixedAttention { ref shape, mix, q, k: kv, v, out: o, pass } = *spec {
-            mixed_body(scope, bufs, out, shape, mix, [q, kv, v, o], pass, fold);
+            let (plane, cpu) = (self.plane, !self.staged && self.plane > 1);
+            let hooks = mixed_hooks(shape, &bufs[pass.operands()..]);
+            let kind = mask_code(shape.mask);
+            mixed_launch::body(scope, bufs, out, shape, mix, [q, kv, v, o], pass, fold, plane, cpu, hooks, kind);
         } else if let KernelSpec::AttentionGrad { ref shape, wrt, q, k: kv, v, o, dout, tile, .. } = *spec {
             let g = grad_dims(spec, shape, tile, fold);
             let (scale, views) = (shape.scale(), [q, kv, v, o, dout]);
@@ -581,69 +583,19 @@ impl IrKernel {
     }
 }
 
-/// Attention mixing heads inside the softmax (`attention_mixed`): `q`, `k`,
-/// `v` (not for the log-sum-exp), then the captures, the mixing matrices
-/// among them; the score and mask functions as two hooks (the score is of a
-/// query head, the mask of a softmax head).
-#[allow(clippy::too_many_arguments)]
-fn mixed_body(
-    scope: &Scope,
-    bufs: &[NativeExpand<[Stored]>],
-    mut out: NativeExpand<[Stored]>,
-    shape: &AttnShape,
-    mix: MixTiles,
-    views: [RowView; 4],
-    pass: MixPass,
-    fold: usize,
-) {
-    let AttnShape { h, hk, s, sk, d, e, mask, window, block, .. } = *shape;
+/// Head mixing's functions over the capture buffers `caps` as two hooks:
+/// the score function alone (of a query head) and the mask function alone
+/// (of a softmax head); empty where the spec has none.
+fn mixed_hooks(shape: &AttnShape, caps: &[NativeExpand<[Stored]>]) -> [Hook; 2] {
     let f = shape.fns.as_ref().expect("head mixing is in the functions");
-    let caps = &bufs[pass.operands()..];
-    let g = attention_grad::Dims {
-        h,
-        hk,
-        s,
-        sk,
-        d,
-        e,
-        kind: mask_code(mask),
-        window: window.unwrap_or(0),
-        block,
-        tile: mix.tile,
-        fold,
-        lanes: 1,
-        rows: mix.rows,
-    };
-    let MixTiles { hs, ho, hv, logits, probs, .. } = mix;
-    let m = attention_mixed::MixDims { g, hs, ho, hv, logits, probs, units: MIX_UNITS };
     let fns = fns_of(f, caps);
-    let only = |score: bool| {
+    [true, false].map(|score| {
         let keep = if score { f.score.is_some() } else { f.mask.is_some() };
         Hook(keep.then(|| {
             let (score, mask) = if score { (fns.score.clone(), None) } else { (None, fns.mask.clone()) };
             std::rc::Rc::new(Fns { score, mask, tiles: None, ..fns_of(f, caps) })
         }))
-    };
-    let matrix = |c: Option<usize>| c.map_or(&bufs[0], |c| &caps[c]);
-    let (wl, wp) = (matrix(f.mix.logits), matrix(f.mix.probs));
-    let (q, kb, scale) = (&bufs[0], &bufs[1], shape.scale());
-    // Operands a pass does not bind are never read: `q` stands in.
-    let at = |i: usize| if i < pass.operands() { &bufs[i] } else { &bufs[0] };
-    let (v, dout, lse, delta) = (at(2), at(3), at(4), at(5));
-    let slopes = f.score.is_some();
-    let (sc, mk) = (only(true), only(false));
-    match pass {
-        MixPass::Forward | MixPass::Lse => {
-            let lse = pass == MixPass::Lse;
-            attention_mixed::mixed::expand(scope, q, kb, v, wl, wp, &mut out, m, views, scale, lse, sc, mk)
-        }
-        MixPass::GradK | MixPass::GradV => attention_mixed_grad::keys_grad::expand(
-            scope, q, kb, v, dout, lse, delta, wl, wp, &mut out, m, views, scale, pass, slopes, sc, mk,
-        ),
-        _ => attention_mixed_grad::rows_grad::expand(
-            scope, q, kb, v, dout, lse, delta, wl, wp, &mut out, m, views, scale, pass, slopes, sc, mk,
-        ),
-    }
+    })
 }
 
 /// The comptime sizes of attention's backward launches.

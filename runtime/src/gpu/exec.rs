@@ -176,7 +176,10 @@ impl Gpu {
     }
 
     /// GEMMs staged in shared memory (`true`) or reading device memory
-    /// directly, rather than the device's choice (`define::stages_gemm`).
+    /// directly, rather than the device's choice (`define::stages_gemm`);
+    /// head-mixing attention's forward follows: staged (or without plane
+    /// operations), its GPU kernel (`attention_mixed`), else its CPU one
+    /// (`attention_mixed_tiled`).
     pub fn with_gemm_staging(mut self, staged: bool) -> Gpu {
         self.staged = Some(staged);
         self

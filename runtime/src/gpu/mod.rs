@@ -7,7 +7,8 @@
 //! - `mma.rs` — the same on matrix fragments (tensor cores) for half precision;
 //! - `attention_grad.rs` — attention's backward and the log-sum-exp it saves;
 //! - `attention_mixed.rs`, `attention_mixed_grad.rs` — attention that mixes
-//!   heads inside the softmax, forward and backward;
+//!   heads inside the softmax, forward and backward; `attention_mixed_tiled.rs`
+//!   its forward for Mesa's CPU drivers; `mixed_launch.rs` picks one;
 //! - `func.rs` — score and mask functions compiled into attention kernels;
 //! - `define.rs` — a plan launch → a cubecl kernel definition.
 
@@ -15,6 +16,7 @@ pub mod attention;
 pub mod attention_grad;
 pub mod attention_mixed;
 pub mod attention_mixed_grad;
+pub mod attention_mixed_tiled;
 pub mod attention_split;
 pub mod attention_tiled;
 pub mod attention_tiled_grad;
@@ -26,5 +28,6 @@ pub mod exec;
 pub mod func;
 pub mod gemm;
 pub mod kernels;
+pub mod mixed_launch;
 pub mod mma;
 pub mod tiles;
