@@ -150,6 +150,13 @@ pub const MIX_UNITS: usize = 128;
 /// Floats of shared memory a cube of mixed attention may take (48 KiB, what
 /// a CUDA block gets without opting in).
 pub const MIX_SHARED: usize = 12 * 1024;
+/// Query and output floats (`H_q·d + H_o·e`) up to which Mesa's CPU
+/// drivers run head mixing's forward on its CPU kernel
+/// (`gpu::attention_mixed_tiled`, [`MixTiles::on_cpu`]), which holds them in
+/// registers with every head's products unrolled: lavapipe takes 3–5 s to
+/// compile it at 512 and 12–27 s at 1024 (H = 8, d = 64: 16 s; once, Mesa
+/// caches shaders on disk), over a minute past it.
+pub const MIX_CPU_FLOATS: usize = 1024;
 /// Output floats each unit of mixed attention accumulates at most.
 const MIX_ACCUMULATORS: usize = 32;
 
@@ -196,6 +203,12 @@ impl MixTiles {
             }
         }
         t
+    }
+
+    /// Whether the CPU drivers' kernel takes a forward of `hq` query heads
+    /// of `d` and output heads of `e` (see [`MIX_CPU_FLOATS`]).
+    pub fn on_cpu(&self, hq: usize, d: usize, e: usize) -> bool {
+        hq * d + self.ho * e <= MIX_CPU_FLOATS
     }
 
     /// Floats of shared memory a cube takes, at most (the backward's): the

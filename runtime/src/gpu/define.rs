@@ -431,7 +431,7 @@ impl IrKernel {
             let hook = hook(shape, &bufs[2..]);
             attention_grad::lse::expand(scope, &bufs[0], &bufs[1], &mut out, g, q, kv, shape.scale(), hook);
         } else if let KernelSpec::MixedAttention { ref shape, mix, q, k: kv, v, out: o, pass } = *spec {
-            let (plane, cpu) = (self.plane, !self.staged && self.plane > 1);
+            let (plane, cpu) = (self.plane, !self.staged && self.plane > 1 && mix.on_cpu(shape.h, shape.d, shape.e));
             let hooks = mixed_hooks(shape, &bufs[pass.operands()..]);
             let kind = mask_code(shape.mask);
             mixed_launch::body(scope, bufs, out, shape, mix, [q, kv, v, o], pass, fold, plane, cpu, hooks, kind);
