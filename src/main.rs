@@ -6,351 +6,25 @@ use attnc_compiler::opt::{self, cost, cost::Mode, cost::Target};
 use attnc_compiler::plan;
 use attnc_compiler::{render, Code, Compiled, Diagnostic};
 use attnc_runtime::io::FileDtype;
-use attnc_runtime::{bind, gpu, io, nvidia, RunError, Tensor};
-use clap::{Parser, Subcommand, ValueEnum};
+use attnc_runtime::{gpu, io, nvidia, RunError, Tensor};
+use clap::Parser;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+mod args;
 mod sweep;
 
-#[derive(Parser)]
-#[command(name = "attnc", version, about = "Compile attention and group-advantage specs (.attn) to kernels", long_about = None)]
-#[command(after_help = "See 'attnc help <command>' for more information on a specific command.")]
-struct Cli {
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Subcommand)]
-enum Command {
-    /// Check specs for errors without running them
-    Check {
-        /// The .attn files to check
-        #[arg(required = true)]
-        files: Vec<PathBuf>,
-        /// Bind a parameter or dim: NAME=VALUE (repeatable)
-        #[arg(long = "set", value_name = "NAME=VALUE")]
-        set: Vec<String>,
-    },
-    /// Run a spec on input tensors and write its outputs
-    Run {
-        /// The .attn file to run
-        file: PathBuf,
-        /// Read input tensors by name from this safetensors file (f32 or f64)
-        #[arg(long, value_name = "IN.safetensors", conflicts_with = "seed", required_unless_present = "seed")]
-        inputs: Option<PathBuf>,
-        /// Draw deterministic random inputs instead, and write them to --out too
-        #[arg(long, value_name = "S")]
-        seed: Option<u64>,
-        /// Where to write the outputs (safetensors)
-        #[arg(long, value_name = "OUT.safetensors")]
-        out: PathBuf,
-        /// Bind a parameter or dim: NAME=VALUE (repeatable)
-        #[arg(long = "set", value_name = "NAME=VALUE")]
-        set: Vec<String>,
-        /// Where to execute
-        #[arg(long, value_enum, default_value_t = Backend::Interp)]
-        backend: Backend,
-        /// Element type: f32 or f64 files; f16 or bf16 kernels (wgpu, cuda) store
-        /// every tensor in that type and compute in f32, and the file holds f32;
-        /// tf32 stores f32 and multiplies GEMMs on TF32 tensor cores (cuda)
-        #[arg(long, value_enum, default_value_t = Dtype::F32)]
-        dtype: Dtype,
-        /// Run the program the optimizer chooses (see `attnc explain`)
-        #[arg(long)]
-        optimize: bool,
-        /// With --optimize: the machine the cost model predicts for
-        #[arg(long, value_enum, default_value_t = TargetArg::H200)]
-        target: TargetArg,
-        /// With --optimize: inference or training
-        #[arg(long, value_enum, default_value_t = ModeArg::Inference)]
-        mode: ModeArg,
-        /// Report NaN and infinite input values (they propagate per IEEE 754 where the spec allows them)
-        #[arg(long)]
-        check_inputs: bool,
-        /// Refuse runs that would need more memory than this many bytes
-        #[arg(long, value_name = "BYTES", default_value_t = bind::DEFAULT_MEMORY_BUDGET)]
-        memory_budget: u64,
-        /// With --backend interp: refuse runs whose work exceeds this many floating-point operations
-        #[arg(long, value_name = "FLOPS", default_value_t = bind::DEFAULT_MAX_FLOPS)]
-        max_flops: f64,
-    },
-    /// Emit kernel source (WGSL or CUDA) and a launch manifest, without a device
-    Compile {
-        file: PathBuf,
-        /// Bind a parameter or dim: NAME=VALUE (repeatable); kernels are specialised to the sizes
-        #[arg(long = "set", value_name = "NAME=VALUE")]
-        set: Vec<String>,
-        /// Source language
-        #[arg(long, value_enum)]
-        target: SourceArg,
-        /// Folder for the kernels and manifest.json
-        #[arg(long, value_name = "DIR", default_value = "kernels")]
-        out: PathBuf,
-        /// Compile the program the optimizer chooses for the h200 profile
-        #[arg(long)]
-        optimize: bool,
-        /// Element type the kernels store tensors in (they compute in f32); bf16 is CUDA only;
-        /// tf32 stores f32 and multiplies GEMMs on TF32 tensor cores (CUDA only)
-        #[arg(long, value_enum, default_value_t = KernelDtype::F32)]
-        dtype: KernelDtype,
-        /// Emit the gradient program's kernels instead (see `attnc grad`): inputs are the
-        /// forward inputs and a cotangent `cot_<output>` per output; outputs the forward
-        /// outputs and `grad_<input>`
-        #[arg(long)]
-        grad: bool,
-        /// With --grad: the inputs to differentiate by, comma-separated (default: every continuous input)
-        #[arg(long, value_delimiter = ',', value_name = "NAME,...", requires = "grad")]
-        wrt: Vec<String>,
-        /// CUDA architecture the resource table (registers, spills, occupancy) is computed for,
-        /// when NVIDIA's compilers are found (ATTNC_CUDA_TOOLS, CUDA_HOME or PATH)
-        #[arg(long, value_enum, default_value_t = ArchArg::Sm90)]
-        arch: ArchArg,
-    },
-    /// Time the generated kernels on a device, next to their roofline
-    Bench {
-        file: PathBuf,
-        /// Bind a parameter or dim: NAME=VALUE (repeatable)
-        #[arg(long = "set", value_name = "NAME=VALUE")]
-        set: Vec<String>,
-        /// Where to run
-        #[arg(long, value_enum, default_value_t = GpuArg::Wgpu)]
-        backend: GpuArg,
-        /// Timed runs (the median is reported)
-        #[arg(long, default_value_t = 10)]
-        iters: usize,
-        /// Untimed runs first (the first compiles the kernels)
-        #[arg(long, default_value_t = 2)]
-        warmup: usize,
-        /// Roofline profile (default: cpu for wgpu, h200 for cuda)
-        #[arg(long, value_enum)]
-        target: Option<TargetArg>,
-        /// Bench the program the optimizer chooses for the profile
-        #[arg(long)]
-        optimize: bool,
-        /// Bench at each value of a dim or parameter, one row each: NAME=V1,V2,…
-        #[arg(long, value_name = "NAME=V1,V2,...")]
-        sweep: Option<String>,
-        /// Where a sweep writes its plot of GFLOP/s against the swept value
-        #[arg(long, value_name = "FILE.svg", default_value = "sweep.svg")]
-        plot: PathBuf,
-        /// Element type the kernels store tensors in (they compute in f32); tf32: f32
-        /// tensors, GEMMs on TF32 tensor cores
-        #[arg(long, value_enum, default_value_t = KernelDtype::F32)]
-        dtype: KernelDtype,
-        /// Time the gradient program instead (a training step's kernels: the forward, the
-        /// log-sum-exp, attention's dQ/dK/dV, the weight and coefficient gradients), on the
-        /// spec's own inputs and cotangents drawn with seed 0
-        #[arg(long)]
-        grad: bool,
-        /// With --grad: the inputs to differentiate by, comma-separated (default: every continuous input)
-        #[arg(long, value_delimiter = ',', value_name = "NAME,...", requires = "grad")]
-        wrt: Vec<String>,
-        /// Bench on these inputs (safetensors, by name; dims from their shapes) instead of
-        /// inputs drawn with seed 0: a mask that reads its inputs (document ids) needs real data
-        #[arg(long, value_name = "IN.safetensors")]
-        inputs: Option<PathBuf>,
-    },
-    /// Optimize a spec for a target and explain the choice
-    Explain {
-        file: PathBuf,
-        /// Bind a parameter or dim: NAME=VALUE (repeatable)
-        #[arg(long = "set", value_name = "NAME=VALUE")]
-        set: Vec<String>,
-        /// The machine the cost model predicts for
-        #[arg(long, value_enum, default_value_t = TargetArg::H200)]
-        target: TargetArg,
-        /// Inference folds weight-only work once; training pays it every call
-        #[arg(long, value_enum, default_value_t = ModeArg::Inference)]
-        mode: ModeArg,
-    },
-    /// Print the typed IR a spec lowers to
-    Ir {
-        file: PathBuf,
-        /// Bind a parameter or dim: NAME=VALUE (repeatable)
-        #[arg(long = "set", value_name = "NAME=VALUE")]
-        set: Vec<String>,
-        /// Print the gradient program instead (see `attnc grad`)
-        #[arg(long)]
-        grad: bool,
-        /// With --grad: the inputs to differentiate by, comma-separated (default: every continuous input)
-        #[arg(long, value_delimiter = ',', value_name = "NAME,...")]
-        wrt: Vec<String>,
-    },
-    /// Gradients of a spec's outputs with respect to its inputs (reverse mode)
-    Grad {
-        /// The .attn file to differentiate
-        file: PathBuf,
-        /// Read the forward inputs by name from this safetensors file
-        #[arg(long, value_name = "IN.safetensors", conflicts_with = "seed", required_unless_present = "seed")]
-        inputs: Option<PathBuf>,
-        /// Draw deterministic random inputs and cotangents instead, and write them to --out too
-        #[arg(long, value_name = "S")]
-        seed: Option<u64>,
-        /// Cotangents of the outputs, named like them (default: drawn standard normal with --seed, or seed 0)
-        #[arg(long, value_name = "DY.safetensors")]
-        cotangents: Option<PathBuf>,
-        /// Where to write the outputs and `grad_NAME` for each input differentiated (safetensors)
-        #[arg(long, value_name = "OUT.safetensors")]
-        out: PathBuf,
-        /// The inputs to differentiate by, comma-separated (default: every continuous input)
-        #[arg(long, value_delimiter = ',', value_name = "NAME,...")]
-        wrt: Vec<String>,
-        /// Bind a parameter or dim: NAME=VALUE (repeatable)
-        #[arg(long = "set", value_name = "NAME=VALUE")]
-        set: Vec<String>,
-        /// Where to execute: the float64 interpreter, or the gradient program's kernels
-        #[arg(long, value_enum, default_value_t = Backend::Interp)]
-        backend: Backend,
-        /// f32 or f64 output file
-        #[arg(long, value_enum, default_value_t = FileArg::F32)]
-        dtype: FileArg,
-    },
-    /// Format specs: canonical text with comments and paragraph breaks kept
-    Fmt {
-        #[arg(required = true)]
-        files: Vec<PathBuf>,
-        /// Rewrite each file in place (atomically) instead of printing it
-        #[arg(long, conflicts_with = "check")]
-        write: bool,
-        /// Print nothing; exit 1 when a file is not formatted, naming it
-        #[arg(long)]
-        check: bool,
-    },
-    /// Explain an error code, e.g. E0301
-    ExplainError { code: String },
-}
-
-#[derive(Clone, Copy, ValueEnum)]
-enum Backend {
-    /// The float64 reference interpreter
-    Interp,
-    /// Generated kernels on wgpu (Vulkan, Metal, DX12; lavapipe on a CPU)
-    Wgpu,
-    /// Generated kernels on CUDA (needs the `cuda` build feature and a driver)
-    Cuda,
-}
-
-#[derive(Clone, Copy, ValueEnum)]
-enum TargetArg {
-    /// NVIDIA H200 (f32 roofline)
-    H200,
-    /// A 2-core CPU through lavapipe
-    Cpu,
-}
-
-impl TargetArg {
-    fn target(self) -> Target {
-        match self {
-            TargetArg::H200 => cost::H200,
-            TargetArg::Cpu => cost::CPU,
-        }
-    }
-}
-
-#[derive(Clone, Copy, ValueEnum)]
-enum GpuArg {
-    Wgpu,
-    Cuda,
-}
-
-#[derive(Clone, Copy, ValueEnum)]
-enum ArchArg {
-    #[value(name = "sm_80")]
-    Sm80,
-    #[value(name = "sm_90")]
-    Sm90,
-}
-
-#[derive(Clone, Copy, ValueEnum)]
-enum SourceArg {
-    /// WGSL for wgpu/WebGPU
-    Wgsl,
-    /// CUDA C++ for NVRTC
-    Cuda,
-}
-
-#[derive(Clone, Copy, ValueEnum)]
-enum ModeArg {
-    Inference,
-    Training,
-}
-
-impl ModeArg {
-    fn mode(self) -> Mode {
-        match self {
-            ModeArg::Inference => Mode::Inference,
-            ModeArg::Training => Mode::Training,
-        }
-    }
-}
-
-#[derive(Clone, Copy, ValueEnum)]
-enum Dtype {
-    F32,
-    F64,
-    F16,
-    Bf16,
-    Tf32,
-}
-
-impl Dtype {
-    /// What the kernels store, and what the file holds.
-    fn split(self) -> (plan::Dtype, FileDtype) {
-        match self {
-            Dtype::F32 => (plan::Dtype::F32, FileDtype::F32),
-            Dtype::F64 => (plan::Dtype::F32, FileDtype::F64),
-            Dtype::F16 => (plan::Dtype::F16, FileDtype::F32),
-            Dtype::Bf16 => (plan::Dtype::Bf16, FileDtype::F32),
-            Dtype::Tf32 => (plan::Dtype::Tf32, FileDtype::F32),
-        }
-    }
-}
-
-#[derive(Clone, Copy, ValueEnum)]
-enum FileArg {
-    F32,
-    F64,
-}
-
-impl FileArg {
-    fn file(self) -> FileDtype {
-        match self {
-            FileArg::F32 => FileDtype::F32,
-            FileArg::F64 => FileDtype::F64,
-        }
-    }
-}
-
-#[derive(Clone, Copy, ValueEnum)]
-enum KernelDtype {
-    F32,
-    F16,
-    Bf16,
-    Tf32,
-}
-
-impl KernelDtype {
-    fn dtype(self) -> plan::Dtype {
-        match self {
-            KernelDtype::F32 => plan::Dtype::F32,
-            KernelDtype::F16 => plan::Dtype::F16,
-            KernelDtype::Bf16 => plan::Dtype::Bf16,
-            KernelDtype::Tf32 => plan::Dtype::Tf32,
-        }
-    }
-}
+use args::*;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Check { files, set } => check(&files, &set),
+        Command::Check { files, sizes } => check(&files, &sizes.set),
         Command::Run {
-            file,
+            spec: Spec { file, sizes: Sizes { set } },
             inputs,
             seed,
             out,
-            set,
             backend,
             dtype,
             optimize,
@@ -365,7 +39,16 @@ fn main() -> ExitCode {
             let limits = Limits { memory_budget, max_flops };
             run(&file, inputs.as_deref(), seed, &out, &set, dtype, opt, backend, check_inputs, limits)
         }
-        Command::Compile { file, set, target, out, optimize, dtype, grad, wrt, arch } => {
+        Command::Compile {
+            spec: Spec { file, sizes: Sizes { set } },
+            target,
+            out,
+            optimize,
+            dtype,
+            grad,
+            wrt,
+            arch,
+        } => {
             let wrt = grad.then_some(&wrt[..]);
             let arch = match arch {
                 ArchArg::Sm80 => nvidia::Arch::Sm80,
@@ -374,8 +57,7 @@ fn main() -> ExitCode {
             compile(&file, &set, target, &out, optimize, dtype.dtype(), wrt, arch)
         }
         Command::Bench {
-            file,
-            set,
+            spec: Spec { file, sizes: Sizes { set } },
             backend,
             iters,
             warmup,
@@ -395,12 +77,25 @@ fn main() -> ExitCode {
                 Some(sweep) => bench_sweep(&file, &set, &opts, &sweep, &plot),
             }
         }
-        Command::Explain { file, set, target, mode } => explain(&file, &set, target.target(), mode.mode()),
-        Command::Ir { file, set, grad: false, .. } => load(&file, &set).map(|c| print!("{}", c.program.pretty())),
-        Command::Ir { file, set, grad: true, wrt } => program(&file, &set)
+        Command::Explain { spec: Spec { file, sizes: Sizes { set } }, target, mode } => {
+            explain(&file, &set, target.target(), mode.mode())
+        }
+        Command::Ir { spec: Spec { file, sizes: Sizes { set } }, grad: false, .. } => {
+            load(&file, &set).map(|c| print!("{}", c.program.pretty()))
+        }
+        Command::Ir { spec: Spec { file, sizes: Sizes { set } }, grad: true, wrt } => program(&file, &set)
             .and_then(|p| p.gradient(&wrt).map_err(|e| report(e.code(), e)))
             .map(|g| print!("{}", g.program().ir().pretty())),
-        Command::Grad { file, inputs, seed, cotangents, out, wrt, set, backend, dtype } => {
+        Command::Grad {
+            spec: Spec { file, sizes: Sizes { set } },
+            inputs,
+            seed,
+            cotangents,
+            out,
+            wrt,
+            backend,
+            dtype,
+        } => {
             let files = GradFiles { inputs: inputs.as_deref(), cotangents: cotangents.as_deref(), out: &out };
             grad(&file, &set, files, seed, &wrt, backend, dtype.file())
         }
