@@ -58,6 +58,18 @@ fn load_row(x: &[Stored], at: usize, lane: usize, row: &mut Array<f32>, #[compti
     }
 }
 
+/// The `n` entries of a small matrix, in registers (none read for 0: an
+/// identity the spec does not give).
+#[cube]
+fn held_matrix(src: &[Stored], #[comptime] n: usize) -> Array<f32> {
+    let mut a = Array::<f32>::new(comptime![n.max(1)]);
+    #[unroll]
+    for x in 0..n {
+        a[x] = f32::cast_from(src[x]);
+    }
+    a
+}
+
 /// Every softmax head's mixed logit `sm[h]` of query row `i` (queries
 /// `qr`, pre-scaled, `[H_q, d]`) against key row `j`; `s` and `krow` are
 /// scratch.
@@ -138,20 +150,8 @@ pub fn mixed_rows(
     let u = UNIT_POS as usize;
     let i = min(r0 + min(u, comptime![rows - 1]), comptime![g.s - 1]);
     let lane = k::plane_lane(plane);
-    let mut wls = Array::<f32>::new(comptime![if m.logits { hq * hs } else { 1 }]);
-    if comptime![m.logits] {
-        #[unroll]
-        for x in 0..comptime![hq * hs] {
-            wls[x] = f32::cast_from(wl[x]);
-        }
-    }
-    let mut wps = Array::<f32>::new(comptime![if m.probs { hs * ho } else { 1 }]);
-    if comptime![m.probs] {
-        #[unroll]
-        for x in 0..comptime![hs * ho] {
-            wps[x] = f32::cast_from(wp[x]);
-        }
-    }
+    let wls = held_matrix(wl, comptime![if m.logits { hq * hs } else { 0 }]);
+    let wps = held_matrix(wp, comptime![if m.probs { hs * ho } else { 0 }]);
     let mut qr = Array::<f32>::new(comptime![hq * d]);
     #[unroll]
     for mh in 0..hq {
