@@ -30,7 +30,7 @@ pub enum Command {
     Run {
         #[command(flatten)]
         spec: Spec,
-        /// Read input tensors by name from this safetensors file (f32 or f64)
+        /// Read input tensors by name from this safetensors file (f32, f64, f16, bf16; i32 or i64 for integer inputs)
         #[arg(long, value_name = "IN.safetensors", conflicts_with = "seed", required_unless_present = "seed")]
         inputs: Option<PathBuf>,
         /// Draw deterministic random inputs instead, and write them to --out too

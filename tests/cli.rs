@@ -150,9 +150,9 @@ fn run_errors_name_the_tensor_and_write_nothing() {
     let mut bytes = file(&mha_inputs(3, None));
     let header = String::from_utf8_lossy(&bytes[8..]).into_owned();
     let pos = header.find("\"F32\"").unwrap() + 8;
-    bytes[pos..pos + 5].copy_from_slice(b"\"I32\"");
+    bytes[pos..pos + 5].copy_from_slice(b"\"U32\"");
     let err = failing_run("wrong-dtype", bytes, &[]);
-    assert!(err.contains("I32") && err.contains("F32 and F64"), "{err}");
+    assert!(err.contains("has dtype U32") && err.contains("F32, F64, F16, BF16, I32 and I64"), "{err}");
 
     let bytes = file(&mha_inputs(3, None));
     let err = failing_run("truncated", bytes[..bytes.len() - 10].to_vec(), &[]);

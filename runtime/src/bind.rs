@@ -88,10 +88,58 @@ pub fn bind_inputs(
         if concrete(program.input_shape(i), &dims) != t.shape {
             return Err(shape_error(program, i, t));
         }
-        check_domain(&program.inputs[i].name, program.inputs[i].domain, t)?;
+    }
+    check_lengths(program, &inputs, &dims)?;
+    for (i, t) in inputs.iter().enumerate() {
+        check_domain(&program.inputs[i].name, &program.inputs[i].domain, t, &dims)?;
     }
     check_sizes(program, &dims)?;
     Ok((inputs, dims))
+}
+
+/// Every `lengths` tensor of an attention (its sequences' key counts) holds
+/// integers from 0 to the attention's key rows; checked on the host before
+/// any launch, naming the tensor, the sequence and the value.
+pub fn check_lengths(program: &Program, inputs: &[Tensor], dims: &DimValues) -> Result<(), RunError> {
+    for node in &program.nodes {
+        let Some(fns) = node.op.attn_fns() else { continue };
+        let Some(c) = fns.lengths else { continue };
+        let Some(index) = program.inputs.iter().position(|i| i.node == fns.captures[c]) else { continue };
+        let k = node.op.operands()[1];
+        let keys = concrete(&program.nodes[k.0 as usize].shape, dims).iter().rev().nth(1).copied().unwrap_or(0);
+        let (name, t) = (&program.inputs[index].name, &inputs[index]);
+        if let Some((b, v)) =
+            t.data.iter().enumerate().find(|(_, v)| !(v.fract() == 0.0 && **v >= 0.0 && **v <= keys as f64))
+        {
+            return Err(RunError::BadInputValue(format!(
+                "`{name}`[{b}] (sequence {b}'s key count) is {v}, but must be an integer in 0..={keys}, the attention's key rows"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The integers attention's functions read (`lengths`, document ids) are
+/// exact in kernels up to 2^24 in magnitude (f32, or digits in a
+/// half-precision plan: `plan::INTEGER_DIGITS`); a larger one is refused,
+/// naming the tensor, the entry and the value.
+pub fn check_exact_reads(program: &Program, inputs: &BTreeMap<String, Tensor>) -> Result<(), RunError> {
+    for node in &program.nodes {
+        let Some(fns) = node.op.attn_fns() else { continue };
+        for c in &fns.captures {
+            let Some(input) = program.inputs.iter().find(|i| i.node == *c) else { continue };
+            let Some(t) = inputs.get(&input.name).filter(|_| matches!(input.domain, Domain::Integers { .. })) else {
+                continue;
+            };
+            if let Some((i, v)) = t.data.iter().enumerate().find(|(_, v)| v.abs() >= (1u64 << 24) as f64) {
+                return Err(RunError::BadInputValue(format!(
+                    "`{}`[{i}] is {v}: attention's kernels read integers exactly below 2^24 = 16777216 in magnitude",
+                    input.name
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Names index `[i, j, ...]` of a reward-shaped tensor as a person reads it.
@@ -105,12 +153,12 @@ fn describe_index(index: &[usize]) -> String {
 }
 
 /// Every value of `t` must lie in `domain`.
-pub fn check_domain(name: &str, domain: Domain, t: &Tensor) -> Result<(), RunError> {
+pub fn check_domain(name: &str, domain: &Domain, t: &Tensor, dims: &DimValues) -> Result<(), RunError> {
     let ok = |v: f64| match domain {
         Domain::Any => true,
         Domain::Finite => v.is_finite(),
         Domain::Binary => v == 0.0 || v == 1.0,
-        Domain::Integers { lo, hi } => v.fract() == 0.0 && v >= lo as f64 && v <= hi as f64,
+        Domain::Integers { lo, hi } => v.fract() == 0.0 && v >= *lo as f64 && v <= hi.at(dims) as f64,
     };
     let Some(flat) = t.data.iter().position(|v| !ok(*v)) else { return Ok(()) };
     let mut index = vec![0; t.shape.len()];
@@ -123,7 +171,7 @@ pub fn check_domain(name: &str, domain: Domain, t: &Tensor) -> Result<(), RunErr
         Domain::Any => unreachable!(),
         Domain::Finite => "a finite number".to_string(),
         Domain::Binary => "0 or 1".to_string(),
-        Domain::Integers { lo, hi } => format!("an integer in {lo}..={hi}"),
+        Domain::Integers { lo, hi } => format!("an integer in {lo}..={}", hi.at(dims)),
     };
     Err(RunError::BadInputValue(format!(
         "`{name}`{index:?} ({}) is {}, but must be {want}",
@@ -256,7 +304,8 @@ pub fn default_dims(program: &Program) -> Result<DimValues, RunError> {
 pub fn generate_inputs(program: &Program, seed: u64) -> Result<(Vec<Tensor>, DimValues), RunError> {
     let dims = default_dims(program)?;
     check_sizes(program, &dims)?;
-    let inputs = (0..program.inputs.len()).map(|i| draw_input(program, i, &dims, seed)).collect();
+    let inputs: Vec<Tensor> = (0..program.inputs.len()).map(|i| draw_input(program, i, &dims, seed)).collect();
+    check_lengths(program, &inputs, &dims)?;
     Ok((inputs, dims))
 }
 
@@ -267,5 +316,5 @@ pub fn draw_input(program: &Program, index: usize, dims: &DimValues, seed: u64) 
     let shape = concrete(program.input_shape(index), dims);
     let mut rng = Rng::for_input(seed, &input.name);
     let n = shape.iter().product();
-    Tensor::new(shape, (0..n).map(|_| rng.draw(&input.init)).collect())
+    Tensor::new(shape, (0..n).map(|_| rng.draw(&input.init, dims)).collect())
 }

@@ -15,6 +15,26 @@ pub fn round(dtype: Dtype, x: f64) -> f64 {
     }
 }
 
+/// Integers as `plan::INTEGER_DIGITS` base-256 digits each, most
+/// significant first (`v = (d0 · 256 + d1) · 256 + d2`, `d1` and `d2` in
+/// `0..256`): how a half-precision plan stores the integers attention's
+/// functions read, every digit exact in f16 and bf16 for `|v| < 2^24`.
+pub fn integer_digits(values: &[f64]) -> Vec<f64> {
+    let digits = attnc_compiler::plan::INTEGER_DIGITS;
+    let mut out = Vec::with_capacity(values.len() * digits);
+    for v in values {
+        let mut rest = *v;
+        let mut low = [0.0; 8];
+        for d in low.iter_mut().take(digits - 1) {
+            *d = rest.rem_euclid(256.0);
+            rest = (rest - *d) / 256.0;
+        }
+        out.push(rest);
+        out.extend(low[..digits - 1].iter().rev());
+    }
+    out
+}
+
 /// `values` in `dtype`, little-endian, as a device buffer holds them.
 pub fn encode(dtype: Dtype, values: &[f64]) -> Vec<u8> {
     let mut out = Vec::with_capacity(values.len() * dtype.size());

@@ -1,9 +1,11 @@
-//! safetensors files: reading named f32/f64 tensors and writing outputs
+//! safetensors files: reading named tensors (F32, F64, F16, BF16, and I32
+//! and I64 for integer inputs such as lengths) and writing outputs
 //! atomically (a temporary file in the same folder, then a rename), so an
 //! error never leaves a partial or stale output behind.
 
 use crate::error::RunError;
 use crate::tensor::Tensor;
+use half::{bf16, f16};
 use safetensors::tensor::{Dtype, TensorView};
 use safetensors::SafeTensors;
 use std::collections::BTreeMap;
@@ -26,12 +28,28 @@ pub fn decode(bytes: &[u8]) -> Result<BTreeMap<String, Tensor>, String> {
     let st = SafeTensors::deserialize(bytes).map_err(|e| format!("not a valid safetensors file ({e})"))?;
     let mut out = BTreeMap::new();
     for (name, view) in st.tensors() {
+        let bytes = view.data();
         let data: Vec<f64> = match view.dtype() {
-            Dtype::F32 => {
-                view.data().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64).collect()
+            Dtype::F32 => bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64).collect(),
+            Dtype::F64 => bytes.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap())).collect(),
+            Dtype::F16 => bytes.chunks_exact(2).map(|c| f16::from_le_bytes(c.try_into().unwrap()).to_f64()).collect(),
+            Dtype::BF16 => bytes.chunks_exact(2).map(|c| bf16::from_le_bytes(c.try_into().unwrap()).to_f64()).collect(),
+            // Block tables and lengths: what users' caches hold.
+            Dtype::I32 => bytes.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap()) as f64).collect(),
+            Dtype::I64 => {
+                let wide = |c: &[u8]| i64::from_le_bytes(c.try_into().unwrap());
+                if let Some(v) = bytes.chunks_exact(8).map(wide).find(|v| v.unsigned_abs() > 1 << 53) {
+                    return Err(format!(
+                        "tensor `{name}` holds the I64 value {v}, beyond what a float64 holds exactly"
+                    ));
+                }
+                bytes.chunks_exact(8).map(|c| wide(c) as f64).collect()
             }
-            Dtype::F64 => view.data().chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap())).collect(),
-            other => return Err(format!("tensor `{name}` has dtype {other:?}; attnc reads F32 and F64")),
+            other => {
+                return Err(format!(
+                    "tensor `{name}` has dtype {other:?}; attnc reads F32, F64, F16, BF16, I32 and I64"
+                ))
+            }
         };
         out.insert(name.clone(), Tensor::new(view.shape().to_vec(), data));
     }

@@ -392,6 +392,7 @@ impl Bound {
     /// Run the kernels on a device one already has.
     pub fn run_on(&self, gpu: &Gpu) -> Result<BTreeMap<String, Tensor>, Error> {
         self.tensors()?;
+        bind::check_exact_reads(&self.chosen, &self.inputs)?;
         let (outputs, _) = gpu.run(&self.plan(), &self.inputs)?;
         Ok(self.name_outputs(outputs))
     }

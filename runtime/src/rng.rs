@@ -2,7 +2,7 @@
 //! the seed and the input's name, using integer and basic float arithmetic
 //! only, so every machine draws bit-identical values.
 
-use attnc_compiler::ir::Init;
+use attnc_compiler::ir::{DimValues, Init};
 
 pub struct Rng(u64);
 
@@ -30,13 +30,16 @@ impl Rng {
         (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
     }
 
-    /// One draw, already rounded to f32 (inputs are stored as f32).
-    pub fn draw(&mut self, init: &Init) -> f64 {
+    /// One draw at the run's `dims`, already rounded to f32 (inputs are stored as f32).
+    pub fn draw(&mut self, init: &Init, dims: &DimValues) -> f64 {
         let v = match *init {
             Init::Uniform { lo, hi } => lo + (hi - lo) * self.unit(),
             // Irwin–Hall: the sum of 12 uniforms minus 6 has mean 0 and variance 1.
             Init::Normal { mean, std } => mean + std * ((0..12).map(|_| self.unit()).sum::<f64>() - 6.0),
-            Init::Integers { lo, hi } => (lo + (self.next_u64() % (hi - lo + 1) as u64) as i64) as f64,
+            Init::Integers { lo, ref hi } => {
+                let hi = hi.at(dims).max(lo);
+                (lo + (self.next_u64() % (hi - lo + 1) as u64) as i64) as f64
+            }
             Init::Bernoulli { p } => f64::from(u8::from(self.unit() < p)),
         };
         v as f32 as f64

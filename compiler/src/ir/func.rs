@@ -381,6 +381,11 @@ pub struct AttnFns {
     pub captures: Vec<super::NodeId>,
     /// Head mixing inside attention (Talking-Heads): captured matrices.
     pub mix: HeadMix,
+    /// The capture holding each sequence's key count (`lengths =`,
+    /// `[B]`). The mask function already hides the keys past it; this
+    /// names the tensor the host checks before a run (every value an
+    /// integer in `0..=` the key rows).
+    pub lengths: Option<usize>,
 }
 
 impl AttnFns {

@@ -441,6 +441,17 @@ fn captures(fns: &Option<Box<AttnFns>>) -> Vec<NodeId> {
 }
 
 impl Op {
+    /// Attention's functions, on the forward and on its gradient operations.
+    pub fn attn_fns(&self) -> Option<&AttnFns> {
+        match self {
+            Op::Attention { fns, .. }
+            | Op::AttentionLse { fns, .. }
+            | Op::AttentionDelta { fns, .. }
+            | Op::AttentionGrad { fns, .. } => fns.as_deref(),
+            _ => None,
+        }
+    }
+
     /// Operands in order.
     pub fn operands(&self) -> Vec<NodeId> {
         match *self {

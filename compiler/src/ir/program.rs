@@ -1,6 +1,7 @@
 //! A program: its nodes, inputs, dims and outputs, and its printing.
 
 use super::*;
+use std::fmt;
 use std::fmt::Write;
 
 #[derive(Clone, Debug, PartialEq)]
@@ -24,23 +25,57 @@ pub enum Init {
     /// Integers `lo..=hi`, as floats.
     Integers {
         lo: i64,
-        hi: i64,
+        hi: Limit,
     },
     Bernoulli {
         p: f64,
     },
 }
 
+/// The upper end of an integer domain: a number, or a size (a product of
+/// dims, `integers(0, N)`) taken at the run's dims, which input tensors
+/// may fix. Its `Debug` is its `Display` (`10`, `N`), as bindings show domains.
+#[derive(Clone, PartialEq)]
+pub enum Limit {
+    Int(i64),
+    Size(Dim),
+}
+
+impl Limit {
+    /// The value at `dims` (every dim bound).
+    pub fn at(&self, dims: &DimValues) -> i64 {
+        match self {
+            Limit::Int(v) => *v,
+            Limit::Size(d) => d.eval(&|s| dims.get(s).copied()).map_or(i64::MAX, |v| v.min(i64::MAX as u64) as i64),
+        }
+    }
+}
+
+impl fmt::Debug for Limit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+impl fmt::Display for Limit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Limit::Int(v) => write!(f, "{v}"),
+            Limit::Size(d) => write!(f, "{d}"),
+        }
+    }
+}
+
 /// The values an input may hold (`input r: [B, G] in integers(1, K)`); checked
 /// before a run, with the offending index named.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum Domain {
     /// Anything, NaN and infinities included (they propagate per IEEE).
     Any,
     /// Finite numbers.
     Finite,
     /// Integers `lo..=hi`.
-    Integers { lo: i64, hi: i64 },
+    Integers { lo: i64, hi: Limit },
     /// 0 or 1.
     Binary,
 }
@@ -129,7 +164,7 @@ impl Program {
             }
             let reads: Vec<String> = f.captures.iter().map(|c| c.to_string()).collect();
             let _ = write!(t, ", reads=[{}]", reads.join(", "));
-            for (name, c) in [("mix_logits", f.mix.logits), ("mix_probs", f.mix.probs)] {
+            for (name, c) in [("mix_logits", f.mix.logits), ("mix_probs", f.mix.probs), ("lengths", f.lengths)] {
                 if let Some(c) = c {
                     let _ = write!(t, ", {name}={}", f.captures[c]);
                 }
@@ -145,7 +180,7 @@ impl Program {
                 Op::Input { index } => {
                     let input = &self.inputs[*index];
                     let kind = if input.weight { "weight" } else { "input" };
-                    match input.domain {
+                    match &input.domain {
                         Domain::Any => format!("{kind} {}", input.name),
                         Domain::Finite => format!("{kind} {} in finite", input.name),
                         Domain::Binary => format!("{kind} {} in binary", input.name),

@@ -1,7 +1,7 @@
 //! The builtin tensor functions: one table of signatures (for argument
 //! matching and suggestions) and the lowering of each call to IR operations.
 
-use super::{Binding, Lowerer, Operand};
+use super::{positions, Binding, Lowerer, Operand};
 use crate::codes::Code;
 use crate::diag::{suggest, Diagnostic};
 use crate::ir::*;
@@ -49,7 +49,7 @@ pub const BUILTINS: &[Signature] = &[
     Signature { name: "deinterleave", params: &["x", "pseudo"], required: 2, summary: "[B, H, S*P, d] -> [B, H, P, S, d]" },
     Signature { name: "collapse",     params: &["x", "r", "mode"], required: 2, summary: "x [B, H', P, S, d], r [H, H'*P] -> [B, H, S, d]; mode global | per_head" },
     Signature { name: "rope",         params: &["x", "base"], required: 1, summary: "rotary embedding by row index; base none = identity" },
-    Signature { name: "attention",    params: &["q", "k", "v", "mask", "window", "block", "scale", "score", "mix_logits", "mix_probs"], required: 3, summary: "softmax(score(q kᵀ · scale) + mask) v; mask a name or a function of (b, h, i, j) to bool, score a function of (s, b, h, i, j); mix_logits [H_q, H_s] mixes heads' logits before the softmax, mix_probs [H_s, H_o] its probabilities after (Talking-Heads)" },
+    Signature { name: "attention",    params: &["q", "k", "v", "mask", "window", "block", "scale", "score", "mix_logits", "mix_probs", "lengths", "window_left", "window_right"], required: 3, summary: "softmax(score(q kᵀ · scale) + mask) v; mask a name or a function of (b, h, i, j) to bool, score a function of (s, b, h, i, j); mix_logits [H_q, H_s] mixes heads' logits before the softmax, mix_probs [H_s, H_o] its probabilities after (Talking-Heads); lengths [B] each sequence's key count (its queries the last rows); window_left, window_right: keys p - left ..= p + right of query position p" },
     Signature { name: "sqrt",         params: &["x"], required: 1, summary: "elementwise square root" },
     Signature { name: "abs",          params: &["x"], required: 1, summary: "elementwise absolute value" },
     Signature { name: "exp",          params: &["x"], required: 1, summary: "elementwise e^x" },
@@ -94,6 +94,39 @@ struct Args<'e> {
 
 /// The (builtin, parameter) pairs that take a function.
 const FUNCTION_PARAMS: [(&str, &str); 2] = [("attention", "mask"), ("attention", "score")];
+
+/// `attention`'s `lengths =`: an input (the host checks its values before
+/// a run) of shape `[B]`, `q`'s batch; its capture index.
+fn lengths_capture(l: &mut Lowerer, args: &Args, q: NodeId, captures: &mut Vec<NodeId>) -> Option<usize> {
+    let t = args.tensor(l, 10)?;
+    let span = args.values[10].as_ref().unwrap().1.span;
+    let node = &l.nodes[t.0 as usize];
+    if !matches!(node.op, Op::Input { .. }) {
+        l.diags.push(
+            Diagnostic::error(Code::WrongKind, "`lengths` must be an input, checked before the run")
+                .at(span, "a computed tensor")
+                .hint("declare it: `input lengths: [B] in integers(0, N)`"),
+        );
+        return None;
+    }
+    let batch = l.nodes[q.0 as usize].shape.0.first().cloned();
+    if batch.as_ref().is_none_or(|b| node.shape.0 != [b.clone()]) {
+        let want = batch.map_or("[B]".to_string(), |b| format!("[{b}]"));
+        l.diags.push(
+            Diagnostic::error(
+                Code::ShapeMismatch,
+                format!("`lengths` has shape {}, but attention's batch wants {want}", node.shape),
+            )
+            .at(span, "one key count a sequence")
+            .hint("lengths[b] is sequence b's number of keys"),
+        );
+        return None;
+    }
+    Some(captures.iter().position(|c| *c == t).unwrap_or_else(|| {
+        captures.push(t);
+        captures.len() - 1
+    }))
+}
 
 pub(crate) fn lower_call(l: &mut Lowerer, call: &Expr, func: &Ident, args: &[Arg]) -> Option<Operand> {
     let Some(sig) = BUILTINS.iter().find(|s| s.name == func.name) else {
@@ -186,17 +219,46 @@ pub(crate) fn lower_call(l: &mut Lowerer, call: &Expr, func: &Ident, args: &[Arg
                     *slot = Some(captures.len() - 1);
                 }
             }
-            if let (Some(_), Some(_)) = (&mask_fn, window) {
-                let span = args.values[4].as_ref().unwrap().1.span;
-                l.diags.push(
-                    Diagnostic::error(Code::TypeMismatch, "a window applies to the built-in masks")
-                        .at(span, "with a mask function")
-                        .hint("write the window into the mask function, e.g. `i - j < 128`"),
-                );
-                return None;
+            let (left, right) = (args.opt_count(l, 11)?, args.opt_count(l, 12)?);
+            for (w, given) in [(4, window.is_some()), (11, left.is_some()), (12, right.is_some())] {
+                if let (Some(_), true) = (&mask_fn, given) {
+                    let span = args.values[w].as_ref().unwrap().1.span;
+                    l.diags.push(
+                        Diagnostic::error(Code::TypeMismatch, "a window applies to the built-in masks")
+                            .at(span, "with a mask function")
+                            .hint("write the window into the mask function, e.g. `i - j < 128`"),
+                    );
+                    return None;
+                }
             }
             // `choice` accepted one of MASKS' names.
             let kind = MASKS.iter().find(|(name, _)| *name == mask)?.1;
+            let lengths = match args.values[10] {
+                Some(_) => Some(lengths_capture(l, &args, q, &mut captures)?),
+                None => None,
+            };
+            let pos = positions::Positions { lengths, left, right };
+            let (mut mask, mut mask_fn) = (Mask { kind, window, block }, mask_fn);
+            if pos.any() {
+                if block != 1 {
+                    let span = args.values[5].as_ref().unwrap().1.span;
+                    l.diags.push(
+                        Diagnostic::error(
+                            Code::TypeMismatch,
+                            "`lengths`, `window_left` and `window_right` count rows one a token",
+                        )
+                        .at(span, "with blocks of rows")
+                        .hint("drop `block`, or write the positions into a mask function"),
+                    );
+                    return None;
+                }
+                // Ranks below 2 are left to attention's shape rules to report.
+                let rows = |t: NodeId| l.nodes[t.0 as usize].shape.0.iter().rev().nth(1).cloned();
+                if let (Some(m), Some(n)) = (rows(q), rows(k)) {
+                    mask_fn = Some(positions::mask_function(mask, &pos, &m, &n, mask_fn));
+                    mask = Mask { kind: MaskKind::None, window: None, block };
+                }
+            }
             let scale = match scale {
                 Some(s) => s,
                 None => match l.nodes[q.0 as usize].shape.0.last().and_then(Dim::as_known) {
@@ -216,12 +278,8 @@ pub(crate) fn lower_call(l: &mut Lowerer, call: &Expr, func: &Ident, args: &[Arg
             };
             let mixes = mix.logits.is_some() || mix.probs.is_some();
             let fns = (mask_fn.is_some() || score_fn.is_some() || mixes)
-                .then(|| Box::new(AttnFns { score: score_fn, mask: mask_fn, captures, mix }));
-            l.add(
-                Op::Attention { q, k, v, mask: Mask { kind, window, block }, scale, fns },
-                call.span,
-                &args.spans(&[0, 1, 2]),
-            )
+                .then(|| Box::new(AttnFns { score: score_fn, mask: mask_fn, captures, mix, lengths }));
+            l.add(Op::Attention { q, k, v, mask, scale, fns }, call.span, &args.spans(&[0, 1, 2]))
         }
         "gelu" => {
             let x = args.tensor(l, 0);
@@ -527,6 +585,19 @@ impl Args<'_> {
             }
             _ => {
                 self.wrong(l, i, "an integer");
+                None
+            }
+        }
+    }
+
+    /// An optional count (an integer of at least 0): absent or `none` gives
+    /// `Some(None)`; an error gives `None`.
+    fn opt_count(&self, l: &mut Lowerer, i: usize) -> Option<Option<u64>> {
+        match self.values[i].as_ref() {
+            None | Some((Operand::Const(Value::None), _)) => Some(None),
+            Some((Operand::Const(Value::Int(v)), _)) if *v >= 0 => Some(Some(*v as u64)),
+            Some(_) => {
+                self.wrong(l, i, "an integer of at least 0");
                 None
             }
         }

@@ -157,8 +157,10 @@ impl FuncLowerer<'_> {
                     "used here",
                 ),
             },
-            Some(Binding::Dim { value: Some(v) }) => Some((FExpr::Int(v as i64), FType::Int)),
-            Some(Binding::Dim { value: None }) => Some((FExpr::Dim(n.to_string()), FType::Int)),
+            // A dim stays symbolic even with a default or a `--set` value:
+            // input tensors may fix it differently, and the run's value is
+            // substituted when the program runs.
+            Some(Binding::Dim { .. }) => Some((FExpr::Dim(n.to_string()), FType::Int)),
             Some(Binding::Tensor { .. }) => {
                 self.l.diags.push(
                     Diagnostic::error(Code::WrongKind, format!("`{n}` is a tensor: a function reads one entry of it"))

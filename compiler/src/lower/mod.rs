@@ -4,6 +4,7 @@
 
 pub mod builtins;
 mod func;
+mod positions;
 use crate::codes::Code;
 use crate::diag::{suggest, Diagnostic};
 use crate::ir::*;
@@ -400,9 +401,30 @@ impl Lowerer {
             ExprKind::Name(n) if n == "binary" => Some(Domain::Binary),
             ExprKind::Call { func, args } if func.name == "integers" && args.len() == 2 => {
                 let lo = eval_strict(&args[0].value, self);
+                // A size of dims stays symbolic: input tensors may fix them.
+                if self.mentions_dim(&args[1].value) {
+                    let hi = self.dim_expr(&args[1].value)?;
+                    return match lo {
+                        Ok(Value::Int(lo)) if lo <= 1 => Some(Domain::Integers { lo, hi: Limit::Size(hi) }),
+                        Err(d) => {
+                            self.diags.push(d);
+                            None
+                        }
+                        _ => {
+                            self.diags.push(
+                                Diagnostic::error(Code::TypeMismatch, "a domain up to a size must start at 1 or below")
+                                    .at(args[0].value.span, "here")
+                                    .hint("sizes are at least 1: use `integers(0, N)` or `integers(1, N)`"),
+                            );
+                            None
+                        }
+                    };
+                }
                 let hi = eval_strict(&args[1].value, self);
                 match (lo, hi) {
-                    (Ok(Value::Int(lo)), Ok(Value::Int(hi))) if lo <= hi => Some(Domain::Integers { lo, hi }),
+                    (Ok(Value::Int(lo)), Ok(Value::Int(hi))) if lo <= hi => {
+                        Some(Domain::Integers { lo, hi: Limit::Int(hi) })
+                    }
                     (Err(d), _) | (_, Err(d)) => {
                         self.diags.push(d);
                         return None;
@@ -426,8 +448,8 @@ impl Lowerer {
     /// (`uniform(-1, 1)` for real numbers).
     fn init(&mut self, e: Option<&Expr>, domain: &Domain) -> Option<Init> {
         let Some(e) = e else {
-            return Some(match *domain {
-                Domain::Integers { lo, hi } => Init::Integers { lo, hi },
+            return Some(match domain {
+                Domain::Integers { lo, hi } => Init::Integers { lo: *lo, hi: hi.clone() },
                 Domain::Binary => Init::Bernoulli { p: 0.5 },
                 Domain::Any | Domain::Finite => Init::Uniform { lo: -1.0, hi: 1.0 },
             });
@@ -458,7 +480,7 @@ impl Lowerer {
                 Some(Init::Normal { mean: *mean, std: *std })
             }
             ("integers", _) if ints.len() == 2 && vals.len() == 2 && ints[0] <= ints[1] => {
-                Some(Init::Integers { lo: ints[0], hi: ints[1] })
+                Some(Init::Integers { lo: ints[0], hi: Limit::Int(ints[1]) })
             }
             ("bernoulli", [p]) if vals.len() == 1 && (0.0..=1.0).contains(p) => Some(Init::Bernoulli { p: *p }),
             _ => None,
@@ -471,12 +493,18 @@ impl Lowerer {
             );
             return None;
         };
-        let fits = match (*domain, &init) {
+        // A symbolic upper end is at least 1 (the smallest size).
+        let least = |l: &Limit| match l {
+            Limit::Int(v) => *v,
+            Limit::Size(_) => 1,
+        };
+        let fits = match (domain, &init) {
             (Domain::Any | Domain::Finite, _) => true,
             (Domain::Binary, Init::Bernoulli { .. }) => true,
-            (Domain::Binary, Init::Integers { lo, hi }) => *lo >= 0 && *hi <= 1,
-            (Domain::Integers { lo, hi }, Init::Integers { lo: a, hi: b }) => lo <= *a && *b <= hi,
-            (Domain::Integers { lo, hi }, Init::Bernoulli { .. }) => lo <= 0 && 1 <= hi,
+            (Domain::Binary, Init::Integers { lo, hi }) => *lo >= 0 && least(hi) <= 1,
+            (Domain::Integers { lo, hi }, Init::Integers { lo: a, hi: Limit::Int(b) }) => lo <= a && *b <= least(hi),
+            (Domain::Integers { lo, hi }, Init::Integers { lo: a, hi: b }) => lo <= a && hi == b,
+            (Domain::Integers { lo, hi }, Init::Bernoulli { .. }) => *lo <= 0 && 1 <= least(hi),
             _ => false,
         };
         if !fits {

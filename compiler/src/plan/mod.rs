@@ -19,14 +19,23 @@ use crate::cost::{op_cost, weight_only};
 use crate::ir::{concrete, AttnArg, AttnFns, BinaryOp, DimValues, NodeId, Op, Program};
 use serde::Serialize;
 use std::collections::BTreeMap;
+pub use visited::INTEGER_DIGITS;
 use visited::{attn_shape, kernel_fns};
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(tag = "role", rename_all = "snake_case")]
 pub enum BufferRole {
     /// Uploaded from the input tensor of this name (`weight`: declared
-    /// `weight`, so it may stay on the device between calls).
-    Input { name: String, weight: bool },
+    /// `weight`, so it may stay on the device between calls). `integers`:
+    /// integers read only by attention's functions (`lengths`, document
+    /// ids), which a half-precision plan stores as [`INTEGER_DIGITS`]
+    /// base-256 digits a value, so that every integer below 2^24 is exact.
+    Input {
+        name: String,
+        weight: bool,
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        integers: bool,
+    },
     /// Uploaded constant values.
     Constant { values: Vec<f64> },
     /// Written by a launch.
@@ -98,7 +107,16 @@ impl Plan {
 
     /// Bytes of buffer `id` on the device.
     pub fn buffer_bytes(&self, id: usize) -> u64 {
-        (self.buffers[id].len * self.dtype.size()) as u64
+        (self.buffers[id].len * self.elements_per_value(id) * self.dtype.size()) as u64
+    }
+
+    /// Stored elements a value of buffer `id` takes: [`INTEGER_DIGITS`]
+    /// for a half-precision plan's integers, else 1.
+    pub fn elements_per_value(&self, id: usize) -> usize {
+        match self.buffers[id].role {
+            BufferRole::Input { integers: true, .. } if self.dtype.is_half() => INTEGER_DIGITS,
+            _ => 1,
+        }
     }
 
     /// How many launches, at the start, prepare the weights: run them once
@@ -333,6 +351,7 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
         }
     }
     let readers = readers(p);
+    let integers = visited::integer_reads(p);
     let is_output = |n: usize| p.outputs.iter().any(|(_, o)| o.0 as usize == n);
     let mut pl = Planner {
         shapes: shapes.clone(),
@@ -390,7 +409,7 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
         let val = match &node.op {
             Op::Input { index } => {
                 let input = &p.inputs[*index];
-                let role = BufferRole::Input { name: input.name.clone(), weight: input.weight };
+                let role = BufferRole::Input { name: input.name.clone(), weight: input.weight, integers: integers[i] };
                 Some(Val::At { buf: pl.buffer(&shape, role), layout: Layout::contiguous(&shape) })
             }
             Op::Scalar { value } => {
@@ -549,7 +568,7 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
                     }
                 }
                 let out = out_layout.row_view().expect("attention writes rows of its output contiguously");
-                let shape = attn_shape(&sq, &sk, sv[3], mask, *scale, kernel_fns(fns, &shapes, dims));
+                let shape = attn_shape(&sq, &sk, sv[3], mask, *scale, kernel_fns(fns, &shapes, dims, &integers));
                 let spec = match MixTiles::of(fns.as_deref(), &shapes, &sq, &sv) {
                     Some(mix) => {
                         KernelSpec::MixedAttention { shape, mix, q: vq, k: vk, v: vv, out, pass: MixPass::Forward }
@@ -687,7 +706,7 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
                 let (sq, sk) = (sh(0), sh(1));
                 let (bq, vq) = pl.read(*q, Layout::row_view);
                 let (bk, vk) = pl.read(*k, Layout::row_view);
-                let shape = attn_shape(&sq, &sk, 0, mask, *scale, kernel_fns(fns, &shapes, dims));
+                let shape = attn_shape(&sq, &sk, 0, mask, *scale, kernel_fns(fns, &shapes, dims, &integers));
                 let spec = match MixTiles::of(fns.as_deref(), &shapes, &sq, &sk) {
                     Some(mix) => {
                         KernelSpec::MixedAttention { shape, mix, q: vq, k: vk, v: vk, out: vq, pass: MixPass::Lse }
@@ -699,13 +718,15 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
                 (spec, bindings)
             }
             Op::AttentionDelta { q, k, v, dout, lse, mask, scale, fns } => {
-                let shape = attn_shape(&sh(0), &sh(1), sh(2)[3], mask, *scale, kernel_fns(fns, &shapes, dims));
+                let shape =
+                    attn_shape(&sh(0), &sh(1), sh(2)[3], mask, *scale, kernel_fns(fns, &shapes, dims, &integers));
                 pl.mixed_backward(shape, MixPass::Delta, fns, &shapes, [*q, *k, *v, *dout], &[*lse])
             }
             Op::AttentionGrad { q, k, v, o, dout, lse, mask, scale, wrt, fns }
                 if MixPass::of(*wrt, fns.as_deref()).is_some() =>
             {
-                let shape = attn_shape(&sh(0), &sh(1), sh(2)[3], mask, *scale, kernel_fns(fns, &shapes, dims));
+                let shape =
+                    attn_shape(&sh(0), &sh(1), sh(2)[3], mask, *scale, kernel_fns(fns, &shapes, dims, &integers));
                 let pass = MixPass::of(*wrt, fns.as_deref()).expect("a pass");
                 pl.mixed_backward(shape, pass, fns, &shapes, [*q, *k, *v, *dout], &[*lse, *o])
             }
@@ -725,7 +746,7 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
                 }
                 bindings.extend(fns.iter().flat_map(|f| f.captures.iter()).map(|c| pl.contiguous(*c)));
                 let spec = KernelSpec::AttentionGrad {
-                    shape: attn_shape(&sq, &sk, sv[3], mask, *scale, kernel_fns(fns, &shapes, dims)),
+                    shape: attn_shape(&sq, &sk, sv[3], mask, *scale, kernel_fns(fns, &shapes, dims, &integers)),
                     wrt: *wrt,
                     q: views[0],
                     k: views[1],

@@ -5,7 +5,7 @@
 //! the loop iterations their reads add (what Mesa's CPU drivers bound).
 
 use super::{AttnShape, KernelSpec};
-use crate::ir::{AttnFns, DimValues, Func, HeadMix, Mask};
+use crate::ir::{AttnFns, DimValues, Domain, Func, HeadMix, Mask, NodeId, Program};
 use crate::sparsity::TileFns;
 use serde::Serialize;
 
@@ -27,6 +27,45 @@ pub struct KernelFns {
     /// Head mixing inside the softmax (its matrices among the captures).
     #[serde(skip_serializing_if = "HeadMix::is_identity")]
     pub mix: HeadMix,
+    /// Per capture: whether its buffer holds integers
+    /// (`BufferRole::Input::integers`), which half-precision kernels read
+    /// as [`INTEGER_DIGITS`] base-256 digits.
+    #[serde(skip_serializing_if = "no_integers")]
+    pub integers: Vec<bool>,
+}
+
+fn no_integers(v: &[bool]) -> bool {
+    !v.contains(&true)
+}
+
+/// Digits a value of an integer buffer takes in a half-precision plan:
+/// `v = (d0 · 256 + d1) · 256 + d2` with `d1`, `d2` in `0..256`, each exact
+/// in f16 and bf16, so every integer of magnitude below 2^24 is exact.
+pub const INTEGER_DIGITS: usize = 3;
+
+/// Per node: an input of integers (`integers(lo, hi)`) that only
+/// attention's functions read (not as a mixing matrix, not as an output),
+/// so its buffer may store digits ([`INTEGER_DIGITS`]).
+pub(super) fn integer_reads(p: &Program) -> Vec<bool> {
+    let mut ok = vec![false; p.nodes.len()];
+    for input in &p.inputs {
+        ok[input.node.0 as usize] = matches!(input.domain, Domain::Integers { .. });
+    }
+    for node in &p.nodes {
+        let reads: Vec<NodeId> = node.op.attn_fns().map_or(vec![], |f| {
+            let mixing = [f.mix.logits, f.mix.probs];
+            (f.captures.iter().enumerate()).filter(|(i, _)| !mixing.contains(&Some(*i))).map(|(_, c)| *c).collect()
+        });
+        for o in node.op.operands() {
+            if !reads.contains(&o) {
+                ok[o.0 as usize] = false;
+            }
+        }
+    }
+    for (_, o) in &p.outputs {
+        ok[o.0 as usize] = false;
+    }
+    ok
 }
 
 /// Loop iterations the reads of a mask's tile functions add (`sparsity::read_trips`).
@@ -89,7 +128,12 @@ pub fn visited_fraction(spec: &KernelSpec) -> f64 {
 }
 
 /// Attention's functions for kernels (dims resolved, captured shapes), if any.
-pub(super) fn kernel_fns(fns: &Option<Box<AttnFns>>, shapes: &[Vec<usize>], dims: &DimValues) -> Option<KernelFns> {
+pub(super) fn kernel_fns(
+    fns: &Option<Box<AttnFns>>,
+    shapes: &[Vec<usize>],
+    dims: &DimValues,
+    integers: &[bool],
+) -> Option<KernelFns> {
     let f = fns.as_deref()?;
     Some(KernelFns {
         score: f.score.as_ref().map(|x| x.resolve(dims)),
@@ -100,6 +144,7 @@ pub(super) fn kernel_fns(fns: &Option<Box<AttnFns>>, shapes: &[Vec<usize>], dims
         }),
         captures: f.captures.iter().map(|c| shapes[c.0 as usize].clone()).collect(),
         mix: f.mix,
+        integers: f.captures.iter().map(|c| integers[c.0 as usize]).collect(),
     })
 }
 

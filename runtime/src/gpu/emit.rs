@@ -254,7 +254,9 @@ order, padded to a multiple of two. Kernels are specialised to the listed shapes
 against these lengths: each guards its writes by its own sizes and reads only inside the shapes (the GEMM and \
 attention clamp rows and columns to the last one, so a buffer must hold at least its listed `len`); launch \
 exactly the listed grid. Buffers with role \
-`input` hold the named tensors, `constant` buffers hold the listed values, `temp` buffers are allocated \
+`input` hold the named tensors (one marked `integers` holds integers that attention's functions read: in f16 and \
+bf16 each value is three elements, base-256 digits d0, d1, d2 with v = (d0 * 256 + d1) * 256 + d2 and d1, d2 in \
+0..256, so the buffer holds 3 * `len` elements), `constant` buffers hold the listed values, `temp` buffers are allocated \
 with `len` elements and written by the launch that binds them last. Run the launches in order; \
 `outputs` names the buffers to read back. CUDA kernels take their buffers as pointer arguments in the \
 same order, then the `info` struct by value (a `__grid_constant__` parameter, as cubecl-cuda passes it on \

@@ -322,7 +322,10 @@ impl Gpu {
             let h = match &b.role {
                 BufferRole::Input { name, .. } => {
                     let t = inputs.get(name).ok_or_else(|| GpuError::MissingInput(name.clone()))?;
-                    self.upload(&t.data, plan.dtype)
+                    match plan.elements_per_value(b.id) {
+                        1 => self.upload(&t.data, plan.dtype),
+                        _ => self.upload(&crate::dtype::integer_digits(&t.data), plan.dtype),
+                    }
                 }
                 BufferRole::Constant { values } => self.upload(values, plan.dtype),
                 BufferRole::Temp => continue,

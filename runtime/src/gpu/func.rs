@@ -12,10 +12,12 @@ use attnc_compiler::sparsity::{reads, TileFns};
 const BIG: f32 = 3.0e38;
 use cubecl::prelude::*;
 
-/// A tensor a function reads: its buffer (bound after the kernel's own) and shape.
+/// A tensor a function reads: its buffer (bound after the kernel's own),
+/// shape, and elements a value (`plan::Plan::elements_per_value`).
 pub struct Capture {
     pub buf: NativeExpand<[Stored]>,
     pub shape: Vec<usize>,
+    pub digits: usize,
 }
 
 /// An attention kernel's functions and what they read.
@@ -303,7 +305,7 @@ impl Fns {
                     let at = clamp_index::expand(scope, go(x).int(), *n as i32 - 1);
                     flat = mul_add::expand(scope, flat, *n as i32, at);
                 }
-                Val::F(k::read::expand::<Stored>(scope, &c.buf, to_index::expand(scope, flat)))
+                Val::F(read_value::expand(scope, &c.buf, to_index::expand(scope, flat), c.digits))
             }
             FExpr::ReadBound { capture, lo, hi, max } => {
                 let c = &self.captures[*capture];
@@ -314,7 +316,7 @@ impl Fns {
                     int_set::expand(scope, &mut his, a, go(h).int());
                 }
                 let shape: Vec<u32> = c.shape.iter().map(|n| *n as u32).collect();
-                Val::F(read_bound::expand(scope, &c.buf, &los, &his, shape, *max))
+                Val::F(read_bound::expand(scope, &c.buf, &los, &his, shape, *max, c.digits))
             }
             FExpr::ToFloat(x) => Val::F(to_float::expand(scope, go(x).int())),
             FExpr::Neg(x) => match go(x) {
@@ -435,6 +437,7 @@ fn read_bound(
     hi: &Array<i32>,
     #[comptime] shape: Vec<u32>,
     #[comptime] greatest: bool,
+    #[comptime] digits: usize,
 ) -> f32 {
     let rank = comptime![shape.len()];
     let mut first = Array::<i32>::new(rank);
@@ -467,7 +470,7 @@ fn read_bound(
                 rest /= width[a];
                 stride *= i32::new(comptime![shape[a] as i64]);
             }
-            let v = f32::cast_from(buf[usize::cast_from(flat)]);
+            let v = read_value(buf, usize::cast_from(flat), digits);
             if comptime![greatest] {
                 best = max(best, v);
             } else {
@@ -476,6 +479,23 @@ fn read_bound(
         }
     }
     best
+}
+
+/// Entry `i` of a captured buffer: one element, or an integer stored as
+/// `digits` base-256 digits, most significant first
+/// (`plan::INTEGER_DIGITS`, `dtype::integer_digits`).
+#[cube]
+fn read_value(buf: &[Stored], i: usize, #[comptime] digits: usize) -> f32 {
+    if comptime![digits == 1] {
+        f32::cast_from(buf[i])
+    } else {
+        let mut v = f32::cast_from(buf[i * digits]);
+        #[unroll]
+        for k in 1..digits {
+            v = v * f32::new(256.0) + f32::cast_from(buf[i * digits + k]);
+        }
+        v
+    }
 }
 
 #[cube]
