@@ -431,3 +431,114 @@ fn serving_argument_errors_point_at_them() {
     let text = text.replace("input lengths: [B] in integers(0, N)\n", "");
     attnc_compiler::compile(&text, &[]).unwrap_or_else(|d| panic!("{d:?}"));
 }
+
+/// `case`'s contiguous inputs laid out as a paged cache of `page`-row pages
+/// (FlashAttention's `block_table`): the sequences' pages shuffled over a
+/// cache with two spare pages, spare pages and rows past a sequence's cache
+/// holding large values, so a wrong page or row read fails loudly.
+fn paged_inputs(c: &Case, t: &BTreeMap<String, Tensor>, page: usize, seed: u64) -> BTreeMap<String, Tensor> {
+    let (b, hk, n, d) = (c.lengths.len(), c.h_kv, c.n, c.d);
+    let slots = n.div_ceil(page);
+    let blocks = b * slots + 2;
+    let mut rng = Rng::for_input(seed, "pages");
+    let mut order: Vec<usize> = (0..blocks).collect();
+    for i in (1..blocks).rev() {
+        order.swap(i, (rng.unit() * (i + 1) as f64) as usize % (i + 1));
+    }
+    let mut table = Tensor::zeros(vec![b, slots]);
+    let mut caches = [(); 2].map(|_| Tensor::new(vec![blocks, page, hk, d], vec![300.0; blocks * page * hk * d]));
+    for bi in 0..b {
+        for slot in 0..slots {
+            let p = order[bi * slots + slot];
+            table.data[bi * slots + slot] = p as f64;
+            for r in 0..page {
+                let row = slot * page + r;
+                for g in 0..hk {
+                    for ch in 0..d {
+                        let at = ((p * page + r) * hk + g) * d + ch;
+                        for (cache, name) in caches.iter_mut().zip(["k", "v"]) {
+                            cache.data[at] =
+                                if row < n { t[name].data[((bi * hk + g) * n + row) * d + ch] } else { -300.0 };
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let [k_cache, v_cache] = caches;
+    named(vec![
+        ("q", t["q"].clone()),
+        ("k_cache", k_cache),
+        ("v_cache", v_cache),
+        ("pages", table),
+        ("lengths", t["lengths"].clone()),
+    ])
+}
+
+fn paged_sets(c: &Case, page: usize) -> Vec<(&'static str, String)> {
+    let slots = c.n.div_ceil(page);
+    let mut s = c.sets();
+    s.retain(|(k, _)| *k != "N");
+    s.extend([("PS", page.to_string()), ("MP", slots.to_string()), ("NB", (c.lengths.len() * slots + 2).to_string())]);
+    s
+}
+
+/// A paged cache (page sizes 1, 16 and 256, as FlashAttention tests) gives
+/// what the contiguous cache gives: the interpreter against the kvcache
+/// reference, the kernels (f32; f16 for one case) against the interpreter.
+#[test]
+fn paged_caches_match_the_reference() {
+    let gpu = wgpu();
+    let grid = grid();
+    for (n, c) in grid.iter().enumerate() {
+        let t = inputs(c, 500 + n as u64);
+        let want = reference(c, &t);
+        for (k, page) in [1, 16, 256].into_iter().enumerate() {
+            if page == 1 && c.n > 800 {
+                continue; // a thousand one-row pages: the interpreter's time, nothing new
+            }
+            let compiled = compile_stdlib("paged", &paged_sets(c, page));
+            let p = paged_inputs(c, &t, page, n as u64);
+            let got = eval(&compiled, &p).remove("o").unwrap();
+            assert_close(&got, &want, 1e-12, &format!("{c:?}, pages of {page}"));
+            if (n + k) % 3 == 0 {
+                let (tensors, dims) = bind::bind_inputs(&compiled.program, p.clone(), &BTreeSet::new()).unwrap();
+                let plan = plan::plan(&compiled.program, &dims);
+                let on = gpu.run(&plan, &p).unwrap().0.remove(0);
+                assert_close(&on, &got, 1e-4, &format!("{c:?}, pages of {page}, on the kernels"));
+                assert_each(&on, &got, 1e-4, &format!("{c:?}, pages of {page}, on the kernels"));
+                let _ = tensors;
+            }
+        }
+    }
+    // f16, with page indices past f16's integers (2048 one-row pages).
+    let c = case((2, 1), 16, (2, 1100), true, &[1100, 1000]);
+    let t = inputs(&c, 9);
+    let compiled = compile_stdlib("paged", &paged_sets(&c, 1));
+    let p = paged_inputs(&c, &t, 1, 9);
+    let (tensors, dims) = bind::bind_inputs(&compiled.program, p.clone(), &BTreeSet::new()).unwrap();
+    let want = interp::evaluate(&compiled.program, &tensors, &dims).remove(0);
+    let plan = plan::plan(&compiled.program, &dims).in_dtype(attnc_compiler::plan::Dtype::F16);
+    let same = interp::evaluate_planned(&compiled.program, &plan, &tensors).remove(0);
+    let got = gpu.run(&plan, &p).unwrap().0.remove(0);
+    half_rule(&got.data, &want.data, &same.data, attnc_compiler::plan::Dtype::F16)
+        .unwrap_or_else(|e| panic!("f16 paged: {e}"));
+}
+
+/// A page index outside the cache, or a fractional one, is refused before
+/// any launch, naming the sequence, its page slot and the value; a paged
+/// cache has no gradient.
+#[test]
+fn bad_block_tables_are_refused() {
+    let c = case((2, 1), 8, (2, 40), true, &[40, 3, 0]);
+    let compiled = compile_stdlib("paged", &paged_sets(&c, 16));
+    for (bad, shown) in [(11.0, "11"), (-1.0, "-1"), (0.5, "0.5")] {
+        let mut p = paged_inputs(&c, &inputs(&c, 1), 16, 1);
+        p.get_mut("pages").unwrap().data[4] = bad;
+        let err = bind::bind_inputs(&compiled.program, p, &BTreeSet::new()).unwrap_err().to_string();
+        assert!(err.contains("`pages`[1, 1] (sequence 1's page 1)") && err.contains(shown), "{err}");
+        assert!(err.contains("the cache has 11 pages"), "{err}");
+    }
+    let err = attnc_compiler::grad::differentiate(&compiled.program, &[]).unwrap_err().to_string();
+    assert!(err.contains("a paged key/value cache has no gradient"), "{err}");
+}

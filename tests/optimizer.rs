@@ -399,7 +399,17 @@ fn explain_reports_for_every_stdlib_spec() {
         // Attention cores with functions over given q, k, v (M queries where the spec has them).
         let core = ["alibi", "softcap", "document", "prefix_lm", "sinks", "relative_bias"].contains(&spec.as_str());
         let queries = ["alibi", "softcap", "relative_bias"].contains(&spec.as_str());
-        let sizes: [(&str, Vec<(&str, String)>); 2] = if attention {
+        // Serving: a decode step and a prefill chunk over a 32768-row cache.
+        let serving = ["kvcache", "paged"].contains(&spec.as_str());
+        let sizes: [(&str, Vec<(&str, String)>); 2] = if serving {
+            let cache = if spec == "kvcache" {
+                vec![("N", "32768")]
+            } else {
+                vec![("PS", "256"), ("MP", "128"), ("NB", "256")]
+            };
+            let with = |m: &str| cache.iter().map(|(k, v)| (*k, v.to_string())).chain([("M", m.to_string())]).collect();
+            [("decode", with("1")), ("prefill", with("512"))]
+        } else if attention {
             [("prefill", vec![("N", "8192".into())]), ("decode", vec![("N", "1".into())])]
         } else if core && queries {
             [

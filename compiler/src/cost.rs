@@ -125,6 +125,8 @@ pub fn op_cost(op: &Op, out: &[usize], operands: &[Vec<usize>]) -> OpCost {
         Op::Collapse { .. } | Op::CollapseCols { .. } => kernel(2.0 * numel(out) * operands[1][1] as f64),
         Op::CollapseRows { .. } => kernel(2.0 * numel(out) * operands[1][0] as f64),
         Op::Rope { .. } => kernel(6.0 * numel(out)),
+        // A gather: reads the rows it writes (not the whole cache) and the table.
+        Op::Paged { .. } => OpCost { flops: 0.0, bytes: 4.0 * (2.0 * numel(out) + numel(&operands[1])), launches: 1 },
         Op::Attention { mask, fns: Some(f), .. } if f.mixes() => {
             // Per (query row, key) pair: every query head's logit, the
             // mixings, each softmax head's exponential and each output

@@ -5,7 +5,7 @@ use crate::error::RunError;
 use crate::interp::{concrete, DimValues};
 use crate::rng::Rng;
 use crate::tensor::Tensor;
-use attnc_compiler::ir::{Domain, Op, Program};
+use attnc_compiler::ir::{Domain, NodeId, Op, Program};
 use attnc_compiler::opt::cost;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -89,7 +89,7 @@ pub fn bind_inputs(
             return Err(shape_error(program, i, t));
         }
     }
-    check_lengths(program, &inputs, &dims)?;
+    check_tables(program, &inputs, &dims)?;
     for (i, t) in inputs.iter().enumerate() {
         check_domain(&program.inputs[i].name, &program.inputs[i].domain, t, &dims)?;
     }
@@ -97,16 +97,32 @@ pub fn bind_inputs(
     Ok((inputs, dims))
 }
 
-/// Every `lengths` tensor of an attention (its sequences' key counts) holds
-/// integers from 0 to the attention's key rows; checked on the host before
-/// any launch, naming the tensor, the sequence and the value.
-pub fn check_lengths(program: &Program, inputs: &[Tensor], dims: &DimValues) -> Result<(), RunError> {
+/// Attention's serving tables, checked on the host before any launch,
+/// naming the tensor, the sequence and the value: every `lengths` entry
+/// (a sequence's key count) an integer from 0 to the attention's key rows,
+/// every block-table entry (`pages`) a page of its cache.
+pub fn check_tables(program: &Program, inputs: &[Tensor], dims: &DimValues) -> Result<(), RunError> {
+    let input_of = |node: NodeId| program.inputs.iter().position(|i| i.node == node);
+    let shape = |node: NodeId| concrete(&program.nodes[node.0 as usize].shape, dims);
     for node in &program.nodes {
+        if let Op::Paged { cache, pages } = node.op {
+            let Some(index) = input_of(pages) else { continue };
+            let (name, t, blocks) = (&program.inputs[index].name, &inputs[index], shape(cache)[0]);
+            let slots = t.shape.get(1).copied().unwrap_or(1).max(1);
+            let bad = |v: f64| !(v.fract() == 0.0 && v >= 0.0 && v < blocks as f64);
+            if let Some((at, v)) = t.data.iter().enumerate().find(|(_, v)| bad(**v)) {
+                let (b, slot) = (at / slots, at % slots);
+                return Err(RunError::BadInputValue(format!(
+                    "`{name}`[{b}, {slot}] (sequence {b}'s page {slot}) is {v}, but the cache has {blocks} pages: \
+                     a page index must be an integer in 0..={}",
+                    blocks.saturating_sub(1)
+                )));
+            }
+        }
         let Some(fns) = node.op.attn_fns() else { continue };
         let Some(c) = fns.lengths else { continue };
-        let Some(index) = program.inputs.iter().position(|i| i.node == fns.captures[c]) else { continue };
-        let k = node.op.operands()[1];
-        let keys = concrete(&program.nodes[k.0 as usize].shape, dims).iter().rev().nth(1).copied().unwrap_or(0);
+        let Some(index) = input_of(fns.captures[c]) else { continue };
+        let keys = shape(node.op.operands()[1]).iter().rev().nth(1).copied().unwrap_or(0);
         let (name, t) = (&program.inputs[index].name, &inputs[index]);
         if let Some((b, v)) =
             t.data.iter().enumerate().find(|(_, v)| !(v.fract() == 0.0 && **v >= 0.0 && **v <= keys as f64))
@@ -305,7 +321,7 @@ pub fn generate_inputs(program: &Program, seed: u64) -> Result<(Vec<Tensor>, Dim
     let dims = default_dims(program)?;
     check_sizes(program, &dims)?;
     let inputs: Vec<Tensor> = (0..program.inputs.len()).map(|i| draw_input(program, i, &dims, seed)).collect();
-    check_lengths(program, &inputs, &dims)?;
+    check_tables(program, &inputs, &dims)?;
     Ok((inputs, dims))
 }
 

@@ -252,6 +252,11 @@ impl Builder {
         use BinaryOp as B;
         Ok(match *op {
             Op::Input { .. } | Op::Scalar { .. } | Op::Constant { .. } | Op::Thresholds { .. } => vec![],
+            Op::Paged { .. } => {
+                return Err(no_gradient(
+                    "a paged key/value cache has no gradient: `pages =` serves inference (a page may be shared)".into(),
+                ))
+            }
             Op::MatMul { a, b } => {
                 let bt = self.push(Op::Transpose { x: b })?;
                 vec![(a, self.push(Op::MatMul { a: g, b: bt })?), (b, self.push(Op::MatMulAt { a, b: g })?)]

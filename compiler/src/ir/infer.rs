@@ -141,6 +141,14 @@ impl Op {
                 }
                 Shape(vec![sx.0[0].clone(), sr.0[0].clone(), sx.0[3].clone(), sx.0[4].clone()])
             }
+            Op::Paged { cache, pages } => {
+                let (sc, sp) = (shape(cache), shape(pages));
+                want_rank("a paged cache", &sc, 4)?;
+                want_rank("a block table", &sp, 2)?;
+                let rows =
+                    sp.0[1].mul(&sc.0[1]).ok_or(ShapeError { kind: BadSize, message: "size overflow".into() })?;
+                Shape(vec![sp.0[0].clone(), sc.0[2].clone(), rows, sc.0[3].clone()])
+            }
             Op::Rope { x, .. } => {
                 let s = shape(x);
                 want_min_rank("the operand of `rope`", &s, 2)?;

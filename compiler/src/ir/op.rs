@@ -251,6 +251,11 @@ pub enum Op {
     /// ## Shape rules
     /// `x: [..., S, d]` with `d` even → same shape.
     Rope { x: NodeId, base: f64 },
+    /// The rows of a paged key/value cache in sequence order (FlashAttention's
+    /// `block_table`): `out[b, h, t] = cache[pages[b, t / PS], t % PS, h]`.
+    /// ## Shape rules
+    /// `cache: [NB, PS, H, d]`, `pages: [B, MP]` → `[B, H, MP·PS, d]`.
+    Paged { cache: NodeId, pages: NodeId },
     /// Scaled dot-product attention, one softmax per query row over visible keys;
     /// query head `h` reads key/value head `h / (H / H_kv)`. A row that sees no key is 0.
     /// ## Shape rules
@@ -471,6 +476,7 @@ impl Op {
             | Op::Rope { x, .. }
             | Op::Unary { x, .. } => vec![x],
             Op::MixHeads { x, alpha } => vec![x, alpha],
+            Op::Paged { cache, pages } => vec![cache, pages],
             Op::BlockDiag { r, .. } => vec![r],
             Op::Collapse { x, r } => vec![x, r],
             Op::Attention { q, k, v, ref fns, .. } => [q, k, v].into_iter().chain(captures(fns)).collect(),
@@ -515,7 +521,7 @@ impl Op {
             | Op::LooMean { x, .. }
             | Op::Thresholds { x, .. }
             | Op::BlockDiag { r: x, .. } => *x = f(*x),
-            Op::MixHeads { x, alpha: y } | Op::Collapse { x, r: y } => {
+            Op::MixHeads { x, alpha: y } | Op::Collapse { x, r: y } | Op::Paged { cache: x, pages: y } => {
                 *x = f(*x);
                 *y = f(*y);
             }

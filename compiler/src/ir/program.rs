@@ -33,12 +33,13 @@ pub enum Init {
 }
 
 /// The upper end of an integer domain: a number, or a size (a product of
-/// dims, `integers(0, N)`) taken at the run's dims, which input tensors
-/// may fix. Its `Debug` is its `Display` (`10`, `N`), as bindings show domains.
+/// dims) plus a constant, `integers(0, N)` or `integers(0, NB - 1)`, taken
+/// at the run's dims, which input tensors may fix. Its `Debug` is its
+/// `Display` (`10`, `N`, `NB - 1`), as bindings show domains.
 #[derive(Clone, PartialEq)]
 pub enum Limit {
     Int(i64),
-    Size(Dim),
+    Size { size: Dim, plus: i64 },
 }
 
 impl Limit {
@@ -46,7 +47,17 @@ impl Limit {
     pub fn at(&self, dims: &DimValues) -> i64 {
         match self {
             Limit::Int(v) => *v,
-            Limit::Size(d) => d.eval(&|s| dims.get(s).copied()).map_or(i64::MAX, |v| v.min(i64::MAX as u64) as i64),
+            Limit::Size { size, plus } => size
+                .eval(&|s| dims.get(s).copied())
+                .map_or(i64::MAX, |v| (v.min(i64::MAX as u64 / 2) as i64).saturating_add(*plus)),
+        }
+    }
+
+    /// The least value it can take (sizes are at least 1).
+    pub fn least(&self) -> i64 {
+        match self {
+            Limit::Int(v) => *v,
+            Limit::Size { size, plus } => (size.coeff() as i64).saturating_add(*plus),
         }
     }
 }
@@ -61,7 +72,9 @@ impl fmt::Display for Limit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Limit::Int(v) => write!(f, "{v}"),
-            Limit::Size(d) => write!(f, "{d}"),
+            Limit::Size { size, plus: 0 } => write!(f, "{size}"),
+            Limit::Size { size, plus } if *plus < 0 => write!(f, "{size} - {}", -plus),
+            Limit::Size { size, plus } => write!(f, "{size} + {plus}"),
         }
     }
 }
@@ -197,6 +210,7 @@ impl Program {
                 Op::BlockDiag { r, block } => format!("block_diag {r}, block={block}"),
                 Op::Collapse { x, r } => format!("collapse {x}, {r}"),
                 Op::Rope { x, base } => format!("rope {x}, base={base:?}"),
+                Op::Paged { cache, pages } => format!("paged {cache}, pages={pages}"),
                 Op::Attention { q, k, v, mask, scale, fns } => {
                     format!("attention {q}, {k}, {v}, {}, scale={scale:?}{}", mask_text(mask), fns_text(fns))
                 }

@@ -49,7 +49,7 @@ pub const BUILTINS: &[Signature] = &[
     Signature { name: "deinterleave", params: &["x", "pseudo"], required: 2, summary: "[B, H, S*P, d] -> [B, H, P, S, d]" },
     Signature { name: "collapse",     params: &["x", "r", "mode"], required: 2, summary: "x [B, H', P, S, d], r [H, H'*P] -> [B, H, S, d]; mode global | per_head" },
     Signature { name: "rope",         params: &["x", "base"], required: 1, summary: "rotary embedding by row index; base none = identity" },
-    Signature { name: "attention",    params: &["q", "k", "v", "mask", "window", "block", "scale", "score", "mix_logits", "mix_probs", "lengths", "window_left", "window_right"], required: 3, summary: "softmax(score(q kᵀ · scale) + mask) v; mask a name or a function of (b, h, i, j) to bool, score a function of (s, b, h, i, j); mix_logits [H_q, H_s] mixes heads' logits before the softmax, mix_probs [H_s, H_o] its probabilities after (Talking-Heads); lengths [B] each sequence's key count (its queries the last rows); window_left, window_right: keys p - left ..= p + right of query position p" },
+    Signature { name: "attention",    params: &["q", "k", "v", "mask", "window", "block", "scale", "score", "mix_logits", "mix_probs", "lengths", "window_left", "window_right", "pages"], required: 3, summary: "softmax(score(q kᵀ · scale) + mask) v; mask a name or a function of (b, h, i, j) to bool, score a function of (s, b, h, i, j); mix_logits [H_q, H_s] mixes heads' logits before the softmax, mix_probs [H_s, H_o] its probabilities after (Talking-Heads); lengths [B] each sequence's key count (its queries the last rows); window_left, window_right: keys p - left ..= p + right of query position p; pages [B, MP] a block table into k, v caches [NB, PS, H_kv, d]" },
     Signature { name: "sqrt",         params: &["x"], required: 1, summary: "elementwise square root" },
     Signature { name: "abs",          params: &["x"], required: 1, summary: "elementwise absolute value" },
     Signature { name: "exp",          params: &["x"], required: 1, summary: "elementwise e^x" },
@@ -95,37 +95,48 @@ struct Args<'e> {
 /// The (builtin, parameter) pairs that take a function.
 const FUNCTION_PARAMS: [(&str, &str); 2] = [("attention", "mask"), ("attention", "score")];
 
-/// `attention`'s `lengths =`: an input (the host checks its values before
-/// a run) of shape `[B]`, `q`'s batch; its capture index.
-fn lengths_capture(l: &mut Lowerer, args: &Args, q: NodeId, captures: &mut Vec<NodeId>) -> Option<usize> {
-    let t = args.tensor(l, 10)?;
-    let span = args.values[10].as_ref().unwrap().1.span;
+/// `attention`'s `lengths =` (argument 10) or `pages =` (13): an input of
+/// integers (the host checks its values before a run), `[B]` or `[B, MP]`
+/// with `q`'s batch `B`.
+fn serving_table(l: &mut Lowerer, args: &Args, i: usize, q: NodeId) -> Option<NodeId> {
+    let t = args.tensor(l, i)?;
+    let (span, name) = (args.values[i].as_ref().unwrap().1.span, args.func.params[i]);
     let node = &l.nodes[t.0 as usize];
-    if !matches!(node.op, Op::Input { .. }) {
+    let declared = |l: &Lowerer| match node.op {
+        Op::Input { index } => matches!(l.inputs[index].domain, Domain::Integers { .. }),
+        _ => false,
+    };
+    let (example, what) = match i {
+        10 => ("input lengths: [B] in integers(0, N)", "one key count a sequence"),
+        _ => ("input pages: [B, MP] in integers(0, NB - 1)", "a row of page indices a sequence"),
+    };
+    if !declared(l) {
         l.diags.push(
-            Diagnostic::error(Code::WrongKind, "`lengths` must be an input, checked before the run")
-                .at(span, "a computed tensor")
-                .hint("declare it: `input lengths: [B] in integers(0, N)`"),
+            Diagnostic::error(
+                Code::WrongKind,
+                format!("`{name}` must be an input of integers, checked before the run"),
+            )
+            .at(span, "not an input declared `in integers(lo, hi)`")
+            .hint(format!("declare it: `{example}`")),
         );
         return None;
     }
     let batch = l.nodes[q.0 as usize].shape.0.first().cloned();
-    if batch.as_ref().is_none_or(|b| node.shape.0 != [b.clone()]) {
-        let want = batch.map_or("[B]".to_string(), |b| format!("[{b}]"));
+    let rank = if i == 10 { 1 } else { 2 };
+    if batch.as_ref().is_none_or(|b| node.shape.rank() != rank || node.shape.0[0] != *b) {
+        let want = batch.map_or("B".to_string(), |b| b.to_string());
+        let want = if rank == 1 { format!("[{want}]") } else { format!("[{want}, MP]") };
         l.diags.push(
             Diagnostic::error(
                 Code::ShapeMismatch,
-                format!("`lengths` has shape {}, but attention's batch wants {want}", node.shape),
+                format!("`{name}` has shape {}, but attention's batch wants {want}", node.shape),
             )
-            .at(span, "one key count a sequence")
-            .hint("lengths[b] is sequence b's number of keys"),
+            .at(span, what)
+            .hint(format!("declare it: `{example}`")),
         );
         return None;
     }
-    Some(captures.iter().position(|c| *c == t).unwrap_or_else(|| {
-        captures.push(t);
-        captures.len() - 1
-    }))
+    Some(t)
 }
 
 pub(crate) fn lower_call(l: &mut Lowerer, call: &Expr, func: &Ident, args: &[Arg]) -> Option<Operand> {
@@ -234,8 +245,25 @@ pub(crate) fn lower_call(l: &mut Lowerer, call: &Expr, func: &Ident, args: &[Arg
             // `choice` accepted one of MASKS' names.
             let kind = MASKS.iter().find(|(name, _)| *name == mask)?.1;
             let lengths = match args.values[10] {
-                Some(_) => Some(lengths_capture(l, &args, q, &mut captures)?),
+                Some(_) => {
+                    let t = serving_table(l, &args, 10, q)?;
+                    Some(captures.iter().position(|c| *c == t).unwrap_or_else(|| {
+                        captures.push(t);
+                        captures.len() - 1
+                    }))
+                }
                 None => None,
+            };
+            // A paged cache: its rows gathered in sequence order (`Op::Paged`).
+            let (k, v) = match args.values[13] {
+                Some(_) => {
+                    let t = serving_table(l, &args, 13, q)?;
+                    let spans = args.spans(&[1, 13]);
+                    let k = l.add(Op::Paged { cache: k, pages: t }, call.span, &spans)?;
+                    let spans = args.spans(&[2, 13]);
+                    (k, l.add(Op::Paged { cache: v, pages: t }, call.span, &spans)?)
+                }
+                None => (k, v),
             };
             let pos = positions::Positions { lengths, left, right };
             let (mut mask, mut mask_fn) = (Mask { kind, window, block }, mask_fn);

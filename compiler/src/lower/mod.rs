@@ -364,6 +364,32 @@ impl Lowerer {
         }
     }
 
+    /// A size of dims plus or minus a constant (`N`, `NB - 1`), for domains.
+    fn size_plus(&mut self, e: &Expr) -> Option<Limit> {
+        if let ExprKind::Binary(op @ (BinOp::Add | BinOp::Sub), a, b) = &e.kind {
+            if self.mentions_dim(a) && !self.mentions_dim(b) {
+                let size = self.dim_expr(a)?;
+                let plus = match eval_strict(b, self) {
+                    Ok(Value::Int(c)) if *op == BinOp::Add => c,
+                    Ok(Value::Int(c)) => -c,
+                    _ => {
+                        self.diags.push(
+                            Diagnostic::error(
+                                Code::TypeMismatch,
+                                "a domain's end must be a size plus or minus an integer",
+                            )
+                            .at(b.span, "not an integer")
+                            .hint("e.g. `integers(0, NB - 1)`"),
+                        );
+                        return None;
+                    }
+                };
+                return Some(Limit::Size { size, plus });
+            }
+        }
+        Some(Limit::Size { size: self.dim_expr(e)?, plus: 0 })
+    }
+
     fn mentions_dim(&self, e: &Expr) -> bool {
         let mut found = false;
         e.walk(&mut |x| {
@@ -401,20 +427,24 @@ impl Lowerer {
             ExprKind::Name(n) if n == "binary" => Some(Domain::Binary),
             ExprKind::Call { func, args } if func.name == "integers" && args.len() == 2 => {
                 let lo = eval_strict(&args[0].value, self);
-                // A size of dims stays symbolic: input tensors may fix them.
+                // A size of dims (plus a constant) stays symbolic: input
+                // tensors may fix the dims.
                 if self.mentions_dim(&args[1].value) {
-                    let hi = self.dim_expr(&args[1].value)?;
+                    let hi = self.size_plus(&args[1].value)?;
                     return match lo {
-                        Ok(Value::Int(lo)) if lo <= 1 => Some(Domain::Integers { lo, hi: Limit::Size(hi) }),
+                        Ok(Value::Int(lo)) if lo <= hi.least() => Some(Domain::Integers { lo, hi }),
                         Err(d) => {
                             self.diags.push(d);
                             None
                         }
                         _ => {
                             self.diags.push(
-                                Diagnostic::error(Code::TypeMismatch, "a domain up to a size must start at 1 or below")
-                                    .at(args[0].value.span, "here")
-                                    .hint("sizes are at least 1: use `integers(0, N)` or `integers(1, N)`"),
+                                Diagnostic::error(
+                                    Code::TypeMismatch,
+                                    "a domain up to a size must start at its least value or below",
+                                )
+                                .at(args[0].value.span, "here")
+                                .hint("sizes are at least 1: use `integers(0, N)` or `integers(0, NB - 1)`"),
                             );
                             None
                         }
@@ -493,11 +523,7 @@ impl Lowerer {
             );
             return None;
         };
-        // A symbolic upper end is at least 1 (the smallest size).
-        let least = |l: &Limit| match l {
-            Limit::Int(v) => *v,
-            Limit::Size(_) => 1,
-        };
+        let least = Limit::least;
         let fits = match (domain, &init) {
             (Domain::Any | Domain::Finite, _) => true,
             (Domain::Binary, Init::Bernoulli { .. }) => true,

@@ -25,11 +25,10 @@ use visited::{attn_shape, kernel_fns};
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(tag = "role", rename_all = "snake_case")]
 pub enum BufferRole {
-    /// Uploaded from the input tensor of this name (`weight`: declared
-    /// `weight`, so it may stay on the device between calls). `integers`:
-    /// integers read only by attention's functions (`lengths`, document
-    /// ids), which a half-precision plan stores as [`INTEGER_DIGITS`]
-    /// base-256 digits a value, so that every integer below 2^24 is exact.
+    /// Uploaded from the input tensor of this name (`weight`: declared `weight`,
+    /// so it may stay on the device between calls). `integers`: integers that
+    /// only functions and block tables read, stored in half-precision plans as
+    /// [`INTEGER_DIGITS`] base-256 digits a value (exact below 2^24).
     Input {
         name: String,
         weight: bool,
@@ -110,8 +109,7 @@ impl Plan {
         (self.buffers[id].len * self.elements_per_value(id) * self.dtype.size()) as u64
     }
 
-    /// Stored elements a value of buffer `id` takes: [`INTEGER_DIGITS`]
-    /// for a half-precision plan's integers, else 1.
+    /// Stored elements a value of buffer `id` takes (digits of integers in half precision).
     pub fn elements_per_value(&self, id: usize) -> usize {
         match self.buffers[id].role {
             BufferRole::Input { integers: true, .. } if self.dtype.is_half() => INTEGER_DIGITS,
@@ -124,19 +122,6 @@ impl Plan {
     pub fn prepared(&self) -> usize {
         self.launches.iter().take_while(|l| l.prepare).count()
     }
-}
-
-/// A reduction of `axes` of a row-major `shape`: the view from each output
-/// element to its first input element (`offset` added) and the view over the
-/// reduced elements. One loop walks them when the second has at most one term.
-pub(crate) fn reduce_views(shape: &[usize], axes: &[usize], offset: usize) -> (View, View) {
-    let strides = row_major_strides(shape);
-    let kept: Vec<usize> = (0..shape.len()).filter(|a| !axes.contains(a)).collect();
-    let pick = |which: &[usize], of: &[usize]| -> Vec<usize> { which.iter().map(|&a| of[a]).collect() };
-    (
-        View::new(&pick(&kept, shape), &pick(&kept, &strides), offset),
-        View::new(&pick(axes, shape), &pick(axes, &strides), 0),
-    )
 }
 
 fn push_buffer(buffers: &mut Vec<Buffer>, shape: &[usize], role: BufferRole) -> usize {
@@ -531,6 +516,19 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
                 let (f1, f2) = (*sa.last().unwrap(), *sb.last().unwrap());
                 let rows = sa[..sa.len() - 1].iter().product();
                 (KernelSpec::Concat { rows, f1, f2 }, vec![pl.contiguous(*a), pl.contiguous(*b)])
+            }
+            Op::Paged { cache, pages } => {
+                let (c, t, integers) = (sh(0), sh(1), integers[pages.0 as usize]);
+                let spec = KernelSpec::Paged {
+                    batch: t[0],
+                    slots: t[1],
+                    blocks: c[0],
+                    page: c[1],
+                    heads: c[2],
+                    width: c[3],
+                    integers,
+                };
+                (spec, vec![pl.contiguous(*cache), pl.contiguous(*pages)])
             }
             Op::Rope { x, base } => {
                 let sx = sh(0);

@@ -60,6 +60,9 @@ pub enum KernelSpec {
     BlockDiag { h: usize, cols: usize, block: usize },
     /// `out[r, 0..f1] = a[r], out[r, f1..] = b[r]`.
     Concat { rows: usize, f1: usize, f2: usize },
+    /// `out[b, h, t, c] = cache[pages[b, t / page], t % page, h, c]` (`Op::Paged`;
+    /// `integers`: the table is stored as integer digits, `INTEGER_DIGITS`).
+    Paged { batch: usize, slots: usize, blocks: usize, page: usize, heads: usize, width: usize, integers: bool },
     /// Rotate-half RoPE at row position `row % s`; element `i` of the
     /// (row-major) operand at `x(i)`.
     Rope { rows: usize, s: usize, d: usize, base_bits: u64, x: View },
@@ -285,6 +288,7 @@ impl KernelSpec {
             KernelSpec::CollapseRows { c, d, f, .. } => c * d * f,
             KernelSpec::BlockDiag { h, cols, .. } => h * cols,
             KernelSpec::Concat { rows, f1, f2 } => rows * (f1 + f2),
+            KernelSpec::Paged { batch, slots, page, heads, width, .. } => batch * slots * page * heads * width,
             KernelSpec::Rope { rows, d, .. } => rows * d / 2,
             KernelSpec::Attention { shape: AttnShape { batch, h, s, e, .. }, .. } => batch * h * s * e,
             KernelSpec::AttentionLse { shape: AttnShape { batch, h, s, .. }, .. } => batch * h * s,
@@ -701,6 +705,7 @@ impl KernelSpec {
             KernelSpec::CollapseRows { .. } => "collapse_rows",
             KernelSpec::BlockDiag { .. } => "block_diag",
             KernelSpec::Concat { .. } => "concat",
+            KernelSpec::Paged { .. } => "paged",
             KernelSpec::Rope { .. } => "rope",
             KernelSpec::Attention { .. } => "attention",
             KernelSpec::Reduce { .. } => "reduce",

@@ -109,6 +109,19 @@ impl RowView {
     }
 }
 
+/// A reduction of `axes` of a row-major `shape`: the view from each output
+/// element to its first input element (`offset` added) and the view over the
+/// reduced elements. One loop walks them when the second has at most one term.
+pub(crate) fn reduce_views(shape: &[usize], axes: &[usize], offset: usize) -> (View, View) {
+    let strides = row_major_strides(shape);
+    let kept: Vec<usize> = (0..shape.len()).filter(|a| !axes.contains(a)).collect();
+    let pick = |which: &[usize], of: &[usize]| -> Vec<usize> { which.iter().map(|&a| of[a]).collect() };
+    (
+        View::new(&pick(&kept, shape), &pick(&kept, &strides), offset),
+        View::new(&pick(axes, shape), &pick(axes, &strides), 0),
+    )
+}
+
 pub(crate) fn row_major_strides(shape: &[usize]) -> Vec<usize> {
     let mut s = vec![1; shape.len()];
     for i in (0..shape.len().saturating_sub(1)).rev() {

@@ -5,7 +5,7 @@
 //! the loop iterations their reads add (what Mesa's CPU drivers bound).
 
 use super::{AttnShape, KernelSpec};
-use crate::ir::{AttnFns, DimValues, Domain, Func, HeadMix, Mask, NodeId, Program};
+use crate::ir::{AttnFns, DimValues, Domain, Func, HeadMix, Mask, NodeId, Op, Program};
 use crate::sparsity::TileFns;
 use serde::Serialize;
 
@@ -44,18 +44,22 @@ fn no_integers(v: &[bool]) -> bool {
 pub const INTEGER_DIGITS: usize = 3;
 
 /// Per node: an input of integers (`integers(lo, hi)`) that only
-/// attention's functions read (not as a mixing matrix, not as an output),
-/// so its buffer may store digits ([`INTEGER_DIGITS`]).
+/// attention's functions (not as a mixing matrix) and block tables read,
+/// and no output is, so its buffer may store digits ([`INTEGER_DIGITS`]).
 pub(super) fn integer_reads(p: &Program) -> Vec<bool> {
     let mut ok = vec![false; p.nodes.len()];
     for input in &p.inputs {
         ok[input.node.0 as usize] = matches!(input.domain, Domain::Integers { .. });
     }
     for node in &p.nodes {
-        let reads: Vec<NodeId> = node.op.attn_fns().map_or(vec![], |f| {
+        let mut reads: Vec<NodeId> = node.op.attn_fns().map_or(vec![], |f| {
             let mixing = [f.mix.logits, f.mix.probs];
             (f.captures.iter().enumerate()).filter(|(i, _)| !mixing.contains(&Some(*i))).map(|(_, c)| *c).collect()
         });
+        // A paged cache's block table (`KernelSpec::Paged` reads its digits).
+        if let Op::Paged { pages, .. } = node.op {
+            reads.push(pages);
+        }
         for o in node.op.operands() {
             if !reads.contains(&o) {
                 ok[o.0 as usize] = false;

@@ -96,6 +96,7 @@ impl IrKernel {
             | KernelSpec::CollapseCols { .. }
             | KernelSpec::CollapseRows { .. }
             | KernelSpec::Concat { .. }
+            | KernelSpec::Paged { .. }
             | KernelSpec::Rope { .. } => 2,
         }
     }
@@ -550,6 +551,13 @@ impl IrKernel {
                 }
                 KernelSpec::Concat { f1, f2, .. } => {
                     k::concat::expand(scope, &bufs[0], &bufs[1], &mut out, i, *f1, *f2)
+                }
+                KernelSpec::Paged { slots, blocks, page, heads, width, integers, .. } => {
+                    let digits = if *integers && self.dtype.is_half() { INTEGER_DIGITS } else { 1 };
+                    let (bufs, sizes) = (&bufs, (*slots, *blocks, *page, *heads, *width));
+                    k::paged::expand(
+                        scope, &bufs[0], &bufs[1], &mut out, i, sizes.0, sizes.1, sizes.2, sizes.3, sizes.4, digits,
+                    )
                 }
                 KernelSpec::Rope { rows, s, d, x, .. } => {
                     let first = k::rope_source::expand(scope, i, *d);

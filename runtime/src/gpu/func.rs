@@ -305,7 +305,7 @@ impl Fns {
                     let at = clamp_index::expand(scope, go(x).int(), *n as i32 - 1);
                     flat = mul_add::expand(scope, flat, *n as i32, at);
                 }
-                Val::F(read_value::expand(scope, &c.buf, to_index::expand(scope, flat), c.digits))
+                Val::F(k::read_digits::expand(scope, &c.buf, to_index::expand(scope, flat), c.digits))
             }
             FExpr::ReadBound { capture, lo, hi, max } => {
                 let c = &self.captures[*capture];
@@ -470,7 +470,7 @@ fn read_bound(
                 rest /= width[a];
                 stride *= i32::new(comptime![shape[a] as i64]);
             }
-            let v = read_value(buf, usize::cast_from(flat), digits);
+            let v = k::read_digits(buf, usize::cast_from(flat), digits);
             if comptime![greatest] {
                 best = max(best, v);
             } else {
@@ -479,23 +479,6 @@ fn read_bound(
         }
     }
     best
-}
-
-/// Entry `i` of a captured buffer: one element, or an integer stored as
-/// `digits` base-256 digits, most significant first
-/// (`plan::INTEGER_DIGITS`, `dtype::integer_digits`).
-#[cube]
-fn read_value(buf: &[Stored], i: usize, #[comptime] digits: usize) -> f32 {
-    if comptime![digits == 1] {
-        f32::cast_from(buf[i])
-    } else {
-        let mut v = f32::cast_from(buf[i * digits]);
-        #[unroll]
-        for k in 1..digits {
-            v = v * f32::new(256.0) + f32::cast_from(buf[i * digits + k]);
-        }
-        v
-    }
 }
 
 #[cube]

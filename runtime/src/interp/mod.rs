@@ -112,6 +112,7 @@ fn evaluate_with(
             Op::BlockDiag { r, block } => block_diag(v(*r), *block as usize),
             Op::Collapse { x, r } => collapse(v(*x), v(*r), shape),
             Op::Rope { x, base } => rope(v(*x), *base, round),
+            Op::Paged { cache, pages } => paged(v(*cache), v(*pages), shape),
             Op::Attention { q, k, v: vv, mask, scale, fns } => {
                 let sc = scores(q, k, mask, *scale, fns);
                 match fns.as_ref().is_some_and(|f| f.mixes()) {
@@ -174,6 +175,22 @@ fn evaluate_with(
         values.push(out);
     }
     Ok(program.outputs.iter().map(|(_, id)| values[id.0 as usize].clone()).collect())
+}
+
+/// `out[b, h, t] = cache[pages[b, t / PS], t % PS, h]` (docs/semantics.md §8).
+/// Block tables are checked before a run (`bind::check_tables`); an entry
+/// outside the cache is clamped here, as the kernels do.
+fn paged(cache: &Tensor, pages: &Tensor, shape: Vec<usize>) -> Tensor {
+    let [blocks, ps, h, d] = cache.shape[..] else { unreachable!("a paged cache has rank 4") };
+    let slots = pages.shape[1];
+    let mut out = Tensor::zeros(shape);
+    let rows = slots * ps;
+    for (i, o) in out.data.iter_mut().enumerate() {
+        let (c, t, hh, b) = (i % d, (i / d) % rows, (i / (d * rows)) % h, i / (d * rows * h));
+        let p = (pages.data[b * slots + t / ps].max(0.0) as usize).min(blocks - 1);
+        *o = cache.data[((p * ps + t % ps) * h + hh) * d + c];
+    }
+    out
 }
 
 fn matmul(a: &Tensor, b: &Tensor, shape: Vec<usize>) -> Tensor {

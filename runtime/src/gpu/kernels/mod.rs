@@ -256,6 +256,50 @@ pub fn concat(a: &[Stored], b: &[Stored], out: &mut [Stored], i: usize, #[compti
     }
 }
 
+/// Entry `i` of a buffer: one element, or an integer stored as `digits`
+/// base-256 digits, most significant first (`plan::INTEGER_DIGITS`,
+/// `dtype::integer_digits`).
+#[cube]
+pub fn read_digits(buf: &[Stored], i: usize, #[comptime] digits: usize) -> f32 {
+    if comptime![digits == 1] {
+        f32::cast_from(buf[i])
+    } else {
+        let mut v = f32::cast_from(buf[i * digits]);
+        #[unroll]
+        for k in 1..digits {
+            v = v * f32::new(256.0) + f32::cast_from(buf[i * digits + k]);
+        }
+        v
+    }
+}
+
+/// `out[b, h, t, c] = cache[pages[b, t / page], t % page, h, c]` (`Op::Paged`),
+/// the page index clamped into the cache's `blocks` (the host refuses one
+/// outside it before any launch).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub fn paged(
+    cache: &[Stored],
+    pages: &[Stored],
+    out: &mut [Stored],
+    i: usize,
+    #[comptime] slots: usize,
+    #[comptime] blocks: usize,
+    #[comptime] page: usize,
+    #[comptime] heads: usize,
+    #[comptime] width: usize,
+    #[comptime] digits: usize,
+) {
+    let rows = comptime![slots * page];
+    let c = i % width;
+    let t = (i / width) % rows;
+    let h = (i / comptime![width * rows]) % heads;
+    let b = i / comptime![width * rows * heads];
+    let at = read_digits(pages, b * slots + t / page, digits);
+    let p = min(usize::cast_from(max(at, f32::new(0.0))), comptime![blocks - 1]);
+    out[i] = cache[((p * page + t % page) * heads + h) * width + c];
+}
+
 /// The index in the row-major operand of the first element of RoPE's pair `i`.
 #[cube]
 pub fn rope_source(i: usize, #[comptime] d: usize) -> usize {
