@@ -542,3 +542,84 @@ fn bad_block_tables_are_refused() {
     let err = attnc_compiler::grad::differentiate(&compiled.program, &[]).unwrap_err().to_string();
     assert!(err.contains("a paged key/value cache has no gradient"), "{err}");
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 64, ..Default::default() })]
+
+    /// Random serving configurations (sizes that are multiples of no tile,
+    /// lengths anywhere in 0..=N, windows, GQA, page sizes) on the
+    /// interpreter against the kvcache reference, contiguous and paged.
+    #[test]
+    fn random_serving_configurations_match_the_reference(
+        heads in proptest::sample::select(vec![(1usize, 1usize), (2, 1), (3, 3), (4, 2)]),
+        d in 1usize..20,
+        m in 1usize..9,
+        n in 1usize..90,
+        fractions in proptest::collection::vec(0.0f64..=1.0, 1..4),
+        causal in proptest::bool::ANY,
+        left in proptest::option::of(0usize..30),
+        right in proptest::option::of(0usize..30),
+        page in 1usize..40,
+        seed in 0u64..1000,
+    ) {
+        let lengths: Vec<usize> = fractions.iter().map(|f| (f * n as f64).round() as usize).collect();
+        let c = Case { h: heads.0, h_kv: heads.1, d, m, n, causal, left, right, lengths };
+        let t = inputs(&c, seed);
+        let want = reference(&c, &t);
+        let got = eval(&compile_stdlib("kvcache", &c.sets()), &t).remove("o").unwrap();
+        proptest::prop_assert!(attnc_runtime::relative_error(&got.data, &want.data) <= 1e-12 || want.data.iter().all(|x| *x == 0.0));
+        proptest::prop_assert!(got.data.iter().zip(&want.data).all(|(a, b)| (a - b).abs() <= 1e-12));
+        let paged = eval(&compile_stdlib("paged", &paged_sets(&c, page)), &paged_inputs(&c, &t, page, seed))
+            .remove("o")
+            .unwrap();
+        proptest::prop_assert!(paged.data.iter().zip(&want.data).all(|(a, b)| (a - b).abs() <= 1e-12));
+    }
+}
+
+/// `lengths` composes with an author's mask function and with head mixing
+/// inside attention: each equals the spec that writes the lengths into its
+/// mask function by hand (interpreter), and runs on the kernels (wgpu f32,
+/// against the interpreter).
+#[test]
+fn lengths_compose_with_functions_and_head_mixing() {
+    let gpu = wgpu();
+    let head = "spec c\ndim B = 3\ndim M = 5\ndim N = 300\ninput q: [B, 4, M, 16]\ninput k: [B, 2, N, 16]\n\
+        input v: [B, 2, N, 16]\ninput lengths: [B] in integers(0, N)\ninput doc: [B, N] in integers(0, 1000)\n\
+        input wl: [4, 4]\ninput wp: [4, 4]\n";
+    let cases = [
+        (
+            "lengths = lengths, mask = |b, h, i, j| doc[b, j] < 600",
+            "mask = |b, h, i, j| j < lengths[b] and doc[b, j] < 600",
+        ),
+        (
+            "lengths = lengths, mask = causal, mix_logits = wl, mix_probs = wp",
+            "mask = |b, h, i, j| j < lengths[b] and j <= i + lengths[b] - M, mix_logits = wl, mix_probs = wp",
+        ),
+    ];
+    for (seed, (arg, by_hand)) in cases.into_iter().enumerate() {
+        let compile = |a: &str| {
+            let mut text = format!("{head}output o = attention(q, k, v, {a})\n");
+            // Inputs a case does not read are not declared (E0402).
+            for (name, line) in
+                [("doc", "input doc: [B, N] in integers(0, 1000)\n"), ("wl", "input wl: [4, 4]\ninput wp: [4, 4]\n")]
+            {
+                if !a.contains(name) {
+                    text = text.replace(line, "");
+                }
+            }
+            attnc_compiler::compile(&text, &[]).unwrap_or_else(|d| panic!("{a}: {d:?}"))
+        };
+        let (c, hand) = (compile(arg), compile(by_hand));
+        let (drawn, _) = bind::generate_inputs(&c.program, 40 + seed as u64).unwrap();
+        let mut t: BTreeMap<String, Tensor> = c.program.inputs.iter().map(|i| i.name.clone()).zip(drawn).collect();
+        t.get_mut("lengths").unwrap().data = vec![300.0, 123.0, 2.0];
+        let want = eval(&hand, &t).remove("o").unwrap();
+        let got = eval(&c, &t).remove("o").unwrap();
+        assert!(want.data.iter().any(|x| *x != 0.0), "{arg}: all zero");
+        assert_close(&got, &want, 1e-12, arg);
+        let (_, dims) = bind::bind_inputs(&c.program, t.clone(), &BTreeSet::new()).unwrap();
+        let on = gpu.run(&plan::plan(&c.program, &dims), &t).unwrap().0.remove(0);
+        assert_close(&on, &want, 1e-4, &format!("{arg} on the kernels"));
+        assert_each(&on, &want, 1e-4, &format!("{arg} on the kernels"));
+    }
+}
