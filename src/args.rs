@@ -30,6 +30,8 @@ pub enum Command {
     Run {
         #[command(flatten)]
         spec: Spec,
+        #[command(flatten)]
+        units: Units,
         /// Read input tensors by name from this safetensors file (f32, f64, f16, bf16; i32 or i64 for integer inputs)
         #[arg(long, value_name = "IN.safetensors", conflicts_with = "seed", required_unless_present = "seed")]
         inputs: Option<PathBuf>,
@@ -70,6 +72,8 @@ pub enum Command {
     Compile {
         #[command(flatten)]
         spec: Spec,
+        #[command(flatten)]
+        units: Units,
         /// Source language
         #[arg(long, value_enum)]
         target: SourceArg,
@@ -100,6 +104,8 @@ pub enum Command {
     Bench {
         #[command(flatten)]
         spec: Spec,
+        #[command(flatten)]
+        units: Units,
         /// Where to run
         #[arg(long, value_enum, default_value_t = GpuArg::Wgpu)]
         backend: GpuArg,
@@ -337,4 +343,17 @@ pub struct Sizes {
     /// Bind a parameter or dim: NAME=VALUE (repeatable; kernels are specialised to the sizes)
     #[arg(long = "set", value_name = "NAME=VALUE")]
     pub set: Vec<String>,
+}
+
+/// Split-KV decoding's device size (one group, flattened into `run`,
+/// `compile` and `bench`).
+#[derive(Args, Clone, Copy)]
+pub struct Units {
+    /// Compute units (SMs) to fill: an attention launch with fewer than twice as many cubes
+    /// (a decode step's few queries against many keys) is split over its keys, with a launch
+    /// that combines the chunks (split-KV decoding); 0 never splits. Default: the device's own
+    /// count where it reports one (CUDA; lavapipe reports none), 132 (an H200) for
+    /// `compile --target cuda`
+    #[arg(long, value_name = "N")]
+    pub compute_units: Option<usize>,
 }

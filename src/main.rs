@@ -22,6 +22,7 @@ fn main() -> ExitCode {
         Command::Check { files, sizes } => check(&files, &sizes.set),
         Command::Run {
             spec: Spec { file, sizes: Sizes { set } },
+            units: Units { compute_units },
             inputs,
             seed,
             out,
@@ -36,11 +37,12 @@ fn main() -> ExitCode {
         } => {
             let opt =
                 optimize.then(|| opt::Config { target: target.target(), mode: mode.mode(), ..Default::default() });
-            let limits = Limits { memory_budget, max_flops };
+            let limits = Limits { memory_budget, max_flops, compute_units };
             run(&file, inputs.as_deref(), seed, &out, &set, dtype, opt, backend, check_inputs, limits)
         }
         Command::Compile {
             spec: Spec { file, sizes: Sizes { set } },
+            units: Units { compute_units },
             target,
             out,
             optimize,
@@ -54,10 +56,13 @@ fn main() -> ExitCode {
                 ArchArg::Sm80 => nvidia::Arch::Sm80,
                 ArchArg::Sm90 => nvidia::Arch::Sm90,
             };
-            compile(&file, &set, target, &out, optimize, dtype.dtype(), wrt, arch)
+            // Without a device: an H200's SMs for CUDA; WebGPU devices vary.
+            let units = compute_units.or(matches!(target, SourceArg::Cuda).then_some(cost::H200.compute_units));
+            compile(&file, &set, target, &out, optimize, dtype.dtype(), wrt, arch, units)
         }
         Command::Bench {
             spec: Spec { file, sizes: Sizes { set } },
+            units: Units { compute_units: units },
             backend,
             iters,
             warmup,
@@ -71,7 +76,7 @@ fn main() -> ExitCode {
             inputs,
         } => {
             let wrt = grad.then_some(wrt);
-            let opts = BenchOpts { backend, iters, warmup, target, optimize, dtype: dtype.dtype(), wrt, inputs };
+            let opts = BenchOpts { backend, iters, warmup, target, optimize, dtype: dtype.dtype(), wrt, inputs, units };
             match sweep {
                 None => bench(&file, &set, &opts).map(|(text, _)| print!("{text}")),
                 Some(sweep) => bench_sweep(&file, &set, &opts, &sweep, &plot),
@@ -220,13 +225,14 @@ fn compile(
     dtype: plan::Dtype,
     grad: Option<&[String]>,
     arch: nvidia::Arch,
+    units: Option<usize>,
 ) -> Result<(), Failed> {
     let fail = |e: PipelineError| report(e.code(), e);
     let mut p = program(file, set)?;
     if let Some(wrt) = grad {
         p = p.gradient(wrt).map_err(fail)?.program().clone();
     }
-    let mut bound = p.sized().map_err(fail)?.in_dtype(dtype);
+    let mut bound = p.sized().map_err(fail)?.in_dtype(dtype).with_compute_units(units);
     if optimize {
         bound = bound.optimize(cost::H200, Mode::Inference);
     }
@@ -281,6 +287,8 @@ struct BenchOpts {
     wrt: Option<Vec<String>>,
     /// `--inputs`: the tensors to bench on (else drawn with seed 0).
     inputs: Option<PathBuf>,
+    /// `--compute-units`: split-KV decoding's device size.
+    units: Option<usize>,
 }
 
 /// One benchmark: the rendered report, and the report.
@@ -297,7 +305,7 @@ fn bench(file: &Path, set: &[String], o: &BenchOpts) -> Result<(String, gpu::ben
         (Some(wrt), None) => program.gradient(wrt).map_err(fail)?.seeded(0, None).map_err(fail)?,
         (Some(wrt), Some(inputs)) => program.gradient(wrt).map_err(fail)?.bind(inputs, None, 0).map_err(fail)?,
     };
-    let mut bound = bound.in_dtype(o.dtype);
+    let mut bound = bound.in_dtype(o.dtype).with_compute_units(o.units);
     let target = match (o.target, o.backend) {
         (Some(t), _) => t.target(),
         (None, GpuArg::Wgpu) => cost::CPU,
@@ -312,7 +320,7 @@ fn bench(file: &Path, set: &[String], o: &BenchOpts) -> Result<(String, gpu::ben
         GpuArg::Cuda => PipelineBackend::Cuda,
     };
     let gpu = backend.device().map_err(fail)?.expect("a kernel backend has a device");
-    let result = gpu::bench::bench(&gpu, &bound.plan(), bound.inputs(), o.warmup, o.iters)
+    let result = gpu::bench::bench(&gpu, &bound.plan_on(Some(&gpu)), bound.inputs(), o.warmup, o.iters)
         .map_err(|e| report(Code::Backend, e))?;
     Ok((result.render(&target, o.iters), result))
 }
@@ -410,6 +418,8 @@ fn grad(
 struct Limits {
     memory_budget: u64,
     max_flops: f64,
+    /// `--compute-units`: split-KV decoding's device size.
+    compute_units: Option<usize>,
 }
 
 fn run(
@@ -424,7 +434,7 @@ fn run(
     check_inputs: bool,
     limits: Limits,
 ) -> Result<(), Failed> {
-    let Limits { memory_budget, max_flops } = limits;
+    let Limits { memory_budget, max_flops, compute_units } = limits;
     let spec = self::program(file, set)?;
     let program = spec.ir();
     let fail = |e: RunError| report(e.code(), e);
@@ -478,7 +488,7 @@ fn run(
         }
         bound = b;
     }
-    bound = bound.in_dtype(dtype);
+    bound = bound.in_dtype(dtype).with_compute_units(compute_units);
     let by_name = bound.run(backend).map_err(pfail)?;
     let outputs: Vec<Tensor> = program.outputs.iter().map(|(n, _)| by_name[n].clone()).collect();
     let mut named: Vec<(String, &Tensor)> = program.outputs.iter().map(|(n, _)| n.clone()).zip(&outputs).collect();

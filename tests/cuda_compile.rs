@@ -28,10 +28,12 @@ struct Case {
     spec: &'static str,
     sets: Vec<(&'static str, String)>,
     grad: bool,
+    /// Split-KV decoding for a device of this many compute units.
+    units: Option<usize>,
 }
 
 fn case(spec: &'static str, sets: &[(&'static str, &str)], grad: bool) -> Case {
-    Case { spec, sets: sets.iter().map(|(k, v)| (*k, v.to_string())).collect(), grad }
+    Case { spec, sets: sets.iter().map(|(k, v)| (*k, v.to_string())).collect(), grad, units: None }
 }
 
 /// The sizes users run (issue 25's list).
@@ -46,6 +48,11 @@ fn users_sizes() -> Vec<Case> {
         case("mha", &[("H", "32"), ("N", "1"), ("d", "128")], false),
         case("mha", &[("H", "8"), ("N", "2048"), ("d", "128")], true),
         case("iha", &[("H", "8"), ("N", "1024"), ("P", "2"), ("d", "64")], true),
+        // A decode step over a 32768-row cache split for an H200 (issue 30).
+        Case {
+            units: Some(132),
+            ..case("kvcache", &[("B", "1"), ("H", "8"), ("M", "1"), ("N", "32768"), ("d", "128")], false)
+        },
     ]
 }
 
@@ -70,7 +77,15 @@ fn plan_of(c: &Case, dtype: Dtype) -> plan::Plan {
         compiled.program
     };
     let dims = bind::default_dims(&program).expect("default dims");
-    plan::plan(&program, &dims).in_dtype(dtype)
+    let p = plan::plan(&program, &dims).in_dtype(dtype);
+    match c.units {
+        Some(units) => {
+            let p = p.split_kv(units);
+            assert!(p.launches.iter().any(|l| l.spec.kind() == "combine"), "{} is split", c.spec);
+            p
+        }
+        None => p,
+    }
 }
 
 /// Every launch of `c` in `dtype`: (file name, entry, source, threads,

@@ -417,13 +417,7 @@ fn serving_argument_errors_point_at_them() {
         ("window_right = -1", "E0201", "must be an integer of at least 0", "-1"),
     ];
     for (arg, code, message, at) in cases {
-        let text = format!("{head}output o = attention(q, k, v, {arg})\n");
-        let diags = attnc_compiler::compile(&text, &[]).expect_err(arg);
-        let d =
-            diags.iter().find(|d| d.code.as_str() == code).unwrap_or_else(|| panic!("{arg}: no {code} in {diags:?}"));
-        assert!(d.message.contains(message), "{arg}: message {:?}", d.message);
-        let span = d.primary.as_ref().expect("a located diagnostic").0;
-        assert_eq!(&text[span.start..span.end], at, "{arg}: points at the wrong text");
+        assert_points_at(&format!("{head}output o = attention(q, k, v, {arg})\n"), code, message, at);
     }
     // Unused serving arguments are allowed as `none`, even with a mask function.
     let text = format!("{head}output o = attention(q, k, v, mask = |b, h, i, j| j <= i, window_left = none)\n");
@@ -622,4 +616,81 @@ fn lengths_compose_with_functions_and_head_mixing() {
         assert_close(&on, &want, 1e-4, &format!("{arg} on the kernels"));
         assert_each(&on, &want, 1e-4, &format!("{arg} on the kernels"));
     }
+}
+
+/// Split-KV decoding (`Plan::split_kv`): chunks of keys on the grid's z,
+/// merged by a combine launch, on both kernels that run it (the CPU
+/// drivers' and, by register tiles, CUDA's) against the interpreter, f32
+/// (1e-4) and f16 (FlashAttention's rule: the partial rows keep f32's
+/// precision in two parts); with lengths, windows, GQA, unequal tiles.
+#[test]
+fn split_kv_decoding_matches_the_interpreter() {
+    use attnc_compiler::plan::{Dtype, KernelSpec};
+    let gpu = wgpu();
+    let tiled = Gpu::wgpu().unwrap().with_register_tiles();
+    let grid = grid();
+    for (n, c) in [&grid[0], &grid[1], &grid[2], &grid[6], &grid[7], &grid[9]].into_iter().enumerate() {
+        let compiled = compile_stdlib("kvcache", &c.sets());
+        let t = inputs(c, 700 + n as u64);
+        let (tensors, dims) = bind::bind_inputs(&compiled.program, t.clone(), &BTreeSet::new()).unwrap();
+        let want = interp::evaluate(&compiled.program, &tensors, &dims).remove(0);
+        let plan = plan::plan(&compiled.program, &dims).split_kv(64);
+        let splits = plan.launches.iter().find_map(|l| match &l.spec {
+            KernelSpec::Attention { kv: Some(kv), .. } => Some(kv.splits),
+            _ => None,
+        });
+        let splits = splits.unwrap_or_else(|| panic!("{c:?}: not split"));
+        assert!(splits >= 2 && plan.launches.iter().any(|l| matches!(l.spec, KernelSpec::Combine { .. })));
+        for (dev, what) in [(&gpu, "cpu tiles"), (&tiled, "register tiles")] {
+            let got = dev.run(&plan, &t).unwrap().0.remove(0);
+            let label = format!("{c:?} split {splits} ways, {what}");
+            assert_close(&got, &want, 1e-4, &label);
+            assert_each(&got, &want, 1e-4, &label);
+        }
+        if n % 2 == 0 {
+            // Queries ×6: sharper softmaxes, log-sum-exps near 40.
+            let mut t = t.clone();
+            t.get_mut("q").unwrap().data.iter_mut().for_each(|x| *x *= 6.0);
+            let (tensors, _) = bind::bind_inputs(&compiled.program, t.clone(), &BTreeSet::new()).unwrap();
+            let want = interp::evaluate(&compiled.program, &tensors, &dims).remove(0);
+            let half = plan.clone().in_dtype(Dtype::F16);
+            let same = interp::evaluate_planned(&compiled.program, &half, &tensors).remove(0);
+            let got = gpu.run(&half, &t).unwrap().0.remove(0);
+            half_rule(&got.data, &want.data, &same.data, Dtype::F16)
+                .unwrap_or_else(|e| panic!("{c:?} split in f16: {e}"));
+        }
+    }
+}
+
+/// `attnc compile` of a decode step (B = 1, H = 8, M = 1, N = 32768,
+/// d = 128, bf16, CUDA) splits its keys for an H200 by default: at least 128
+/// attention cubes and a combine launch; `--compute-units 0` does not split.
+#[test]
+fn a_cuda_decode_step_fills_an_h200() {
+    let dir = std::env::temp_dir().join(format!("attnc-decode-{}", std::process::id()));
+    let cubes = |units: &[&str]| {
+        let out = dir.join(units.join("-"));
+        let status = std::process::Command::new(env!("CARGO_BIN_EXE_attnc"))
+            .args(["compile", "stdlib/kvcache.attn", "--target", "cuda", "--dtype", "bf16", "--out"])
+            .arg(&out)
+            .args(["--set", "B=1", "--set", "H=8", "--set", "M=1", "--set", "N=32768", "--set", "d=128"])
+            .args(units)
+            .env("ATTNC_CUDA_TOOLS", "/nonexistent")
+            .current_dir(root())
+            .output()
+            .unwrap();
+        assert!(status.status.success(), "{}", String::from_utf8_lossy(&status.stderr));
+        let manifest: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap()).unwrap();
+        let launches = manifest["launches"].as_array().unwrap().clone();
+        let count =
+            |l: &serde_json::Value| l["grid"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).product::<u64>();
+        let attention: u64 =
+            launches.iter().filter(|l| l["entry"].as_str().unwrap().ends_with("attention")).map(count).sum();
+        let combine = launches.iter().any(|l| l["entry"].as_str().unwrap().ends_with("combine"));
+        (attention, combine)
+    };
+    let (split, combined) = cubes(&[]);
+    assert!(split >= 128 && combined, "{split} attention cubes, combine launch: {combined}");
+    assert_eq!(cubes(&["--compute-units", "0"]), (8, false));
 }

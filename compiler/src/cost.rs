@@ -22,17 +22,26 @@ pub struct Target {
     /// The plane width its kernels are tiled within the register file for
     /// (`KernelSpec::fit_registers`: CUDA); `None` keeps the plan's tiles.
     pub register_plane: Option<usize>,
+    /// Compute units (SMs; cores for the CPU) that split-KV decoding fills
+    /// (`Plan::split_kv`).
+    pub compute_units: usize,
 }
 
 /// NVIDIA H200: ~60 TFLOP/s f32 (790 TFLOP/s is bf16 matrix work, which f32
-/// kernels do not use), 4.3 TB/s HBM3e, ~3 µs per launch.
-pub const H200: Target =
-    Target { name: "h200", peak_flops: 60e12, bandwidth: 4.3e12, launch: 3e-6, register_plane: Some(32) };
+/// kernels do not use), 4.3 TB/s HBM3e, ~3 µs per launch, 132 SMs.
+pub const H200: Target = Target {
+    name: "h200",
+    peak_flops: 60e12,
+    bandwidth: 4.3e12,
+    launch: 3e-6,
+    register_plane: Some(32),
+    compute_units: 132,
+};
 
 /// This project's CI machine through lavapipe: 2 cores, AVX2 FMA (≈ 150 GFLOP/s
 /// f32), ≈ 20 GB/s, and ≈ 100 µs per launch through Vulkan.
 pub const CPU: Target =
-    Target { name: "cpu", peak_flops: 150e9, bandwidth: 20e9, launch: 100e-6, register_plane: None };
+    Target { name: "cpu", peak_flops: 150e9, bandwidth: 20e9, launch: 100e-6, register_plane: None, compute_units: 2 };
 
 pub const TARGETS: &[Target] = &[H200, CPU];
 

@@ -164,6 +164,7 @@ impl Program {
             dims,
             inputs: BTreeMap::new(),
             dtype: Dtype::F32,
+            compute_units: None,
         })
     }
 
@@ -217,7 +218,14 @@ impl Program {
 
     fn bound(&self, tensors: Vec<Tensor>, dims: DimValues) -> Bound {
         let inputs = self.ir().inputs.iter().map(|i| i.name.clone()).zip(tensors).collect();
-        Bound { original: self.ir().clone(), chosen: self.ir().clone(), dims, inputs, dtype: Dtype::F32 }
+        Bound {
+            original: self.ir().clone(),
+            chosen: self.ir().clone(),
+            dims,
+            inputs,
+            dtype: Dtype::F32,
+            compute_units: None,
+        }
     }
 }
 
@@ -297,9 +305,21 @@ pub struct Bound {
     dims: DimValues,
     inputs: BTreeMap<String, Tensor>,
     dtype: Dtype,
+    /// Split-KV decoding for a device of this many compute units
+    /// (`Plan::split_kv`); `None`: the device's own count, where it reports one.
+    compute_units: Option<usize>,
 }
 
 impl Bound {
+    /// Plan attention for a device of `units` compute units (SMs): launches
+    /// that give fewer than `2 · units` cubes are split over their keys
+    /// (`Plan::split_kv`); 0 never splits. Without it, a device's own count
+    /// is used where it reports one (CUDA), and nothing is split otherwise.
+    pub fn with_compute_units(mut self, units: Option<usize>) -> Bound {
+        self.compute_units = units;
+        self
+    }
+
     /// Kernels that store every tensor in `dtype` (computing in f32); the
     /// interpreter always computes in float64.
     pub fn in_dtype(mut self, dtype: Dtype) -> Bound {
@@ -339,7 +359,17 @@ impl Bound {
 
     /// The launches that compute it (plain data, no device).
     pub fn plan(&self) -> Plan {
-        plan::plan(&self.chosen, &self.dims).in_dtype(self.dtype)
+        self.plan_on(None)
+    }
+
+    /// The launches that compute it on `gpu` (split for its compute units
+    /// unless [`Bound::with_compute_units`] says otherwise).
+    pub fn plan_on(&self, gpu: Option<&Gpu>) -> Plan {
+        let plan = plan::plan(&self.chosen, &self.dims).in_dtype(self.dtype);
+        match self.compute_units.or_else(|| gpu.and_then(Gpu::compute_units)) {
+            Some(units) if units > 0 => plan.split_kv(units),
+            _ => plan,
+        }
     }
 
     /// Kernel source for every launch (file name, text) and the manifest.
@@ -393,7 +423,7 @@ impl Bound {
     pub fn run_on(&self, gpu: &Gpu) -> Result<BTreeMap<String, Tensor>, Error> {
         self.tensors()?;
         bind::check_exact_reads(&self.chosen, &self.inputs)?;
-        let (outputs, _) = gpu.run(&self.plan(), &self.inputs)?;
+        let (outputs, _) = gpu.run(&self.plan_on(Some(gpu)), &self.inputs)?;
         Ok(self.name_outputs(outputs))
     }
 

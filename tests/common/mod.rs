@@ -109,3 +109,15 @@ pub fn half_rule(
         Err(text)
     }
 }
+
+/// `text` fails to compile with a diagnostic of `code` whose message
+/// contains `message` and whose primary span is exactly the text `at`; the
+/// span's start, for further checks.
+pub fn assert_points_at(text: &str, code: &str, message: &str, at: &str) -> usize {
+    let diags = compile(text, &[]).expect_err(at);
+    let d = diags.iter().find(|d| d.code.as_str() == code).unwrap_or_else(|| panic!("{at}: no {code} in {diags:?}"));
+    assert!(d.message.contains(message), "{at}: message {:?}", d.message);
+    let span = d.primary.as_ref().expect("a located diagnostic").0;
+    assert_eq!(&text[span.start..span.end], at, "{message}: points at the wrong text");
+    span.start
+}

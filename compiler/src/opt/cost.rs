@@ -35,7 +35,8 @@ pub struct ProgramCost {
 }
 
 pub fn program_cost(p: &Program, dims: &BTreeMap<String, u64>, target: &Target, mode: Mode) -> ProgramCost {
-    let plan = crate::plan::plan(p, dims);
+    // Launches with too few cubes for the target are split over their keys.
+    let plan = crate::plan::plan(p, dims).split_kv(target.compute_units);
     let mut out =
         ProgramCost { total: OpCost::default(), seconds: 0.0, launches: vec![], prepared: vec![], tiling: vec![] };
     for l in &plan.launches {

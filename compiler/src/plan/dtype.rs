@@ -4,6 +4,7 @@
 //! upload and read-back. `tf32` is f32 storage whose GEMMs multiply on
 //! TF32 tensor cores (operands with f16's 10-bit mantissa, f32's range).
 
+use super::{frag_key_tile, AttnShape, BufferRole, KernelSpec, Plan, INTEGER_DIGITS};
 use serde::Serialize;
 use std::fmt;
 use std::str::FromStr;
@@ -67,5 +68,39 @@ impl FromStr for Dtype {
             .into_iter()
             .find(|d| d.name() == s)
             .ok_or_else(|| format!("unknown dtype `{s}`; expected one of f32, f16, bf16, tf32"))
+    }
+}
+
+impl Plan {
+    /// The same launches over buffers of `dtype`: each launch moves
+    /// `dtype.size()` bytes an element instead of 4.
+    /// Half precision tiles attention for matrix fragments where the heads
+    /// fit ([`frag_key_tile`]).
+    pub fn in_dtype(mut self, dtype: Dtype) -> Plan {
+        let ratio = dtype.size() as f64 / self.dtype.size() as f64;
+        for l in &mut self.launches {
+            l.bytes *= ratio;
+            let lanes = l.spec.line_size();
+            if let KernelSpec::Attention { shape: AttnShape { d, e, ref fns, .. }, ref mut fragments, kv, .. } = l.spec
+            {
+                // Score and mask functions and split keys run on the scalar kernels.
+                *fragments = dtype.is_half() && frag_key_tile(d, e, lanes).is_some() && fns.is_none() && kv.is_none();
+            }
+        }
+        self.dtype = dtype;
+        self
+    }
+
+    /// Bytes of buffer `id` on the device.
+    pub fn buffer_bytes(&self, id: usize) -> u64 {
+        (self.buffers[id].len * self.elements_per_value(id) * self.dtype.size()) as u64
+    }
+
+    /// Stored elements a value of buffer `id` takes (digits of integers in half precision).
+    pub fn elements_per_value(&self, id: usize) -> usize {
+        match self.buffers[id].role {
+            BufferRole::Input { integers: true, .. } if self.dtype.is_half() => INTEGER_DIGITS,
+            _ => 1,
+        }
     }
 }

@@ -6,6 +6,7 @@
 mod dtype;
 pub mod group;
 mod spec;
+mod split;
 mod tiles;
 mod view;
 mod visited;
@@ -18,6 +19,7 @@ pub use view::*;
 use crate::cost::{op_cost, weight_only};
 use crate::ir::{concrete, AttnArg, AttnFns, BinaryOp, DimValues, NodeId, Op, Program};
 use serde::Serialize;
+pub use split::{KvSplit, SPLIT_KEYS};
 use std::collections::BTreeMap;
 pub use visited::INTEGER_DIGITS;
 use visited::{attn_shape, kernel_fns};
@@ -86,42 +88,16 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// The same launches over buffers of `dtype`: each launch moves
-    /// `dtype.size()` bytes an element instead of 4.
-    /// Half precision tiles attention for matrix fragments where the heads
-    /// fit ([`frag_key_tile`]).
-    pub fn in_dtype(mut self, dtype: Dtype) -> Plan {
-        let ratio = dtype.size() as f64 / self.dtype.size() as f64;
-        for l in &mut self.launches {
-            l.bytes *= ratio;
-            let lanes = l.spec.line_size();
-            if let KernelSpec::Attention { shape: AttnShape { d, e, ref fns, .. }, ref mut fragments, .. } = l.spec {
-                // Score and mask functions run on the scalar kernels.
-                *fragments = dtype.is_half() && frag_key_tile(d, e, lanes).is_some() && fns.is_none();
-            }
-        }
-        self.dtype = dtype;
-        self
-    }
-
-    /// Bytes of buffer `id` on the device.
-    pub fn buffer_bytes(&self, id: usize) -> u64 {
-        (self.buffers[id].len * self.elements_per_value(id) * self.dtype.size()) as u64
-    }
-
-    /// Stored elements a value of buffer `id` takes (digits of integers in half precision).
-    pub fn elements_per_value(&self, id: usize) -> usize {
-        match self.buffers[id].role {
-            BufferRole::Input { integers: true, .. } if self.dtype.is_half() => INTEGER_DIGITS,
-            _ => 1,
-        }
-    }
-
     /// How many launches, at the start, prepare the weights: run them once
     /// and the rest on every call while the weights stay the same.
     pub fn prepared(&self) -> usize {
         self.launches.iter().take_while(|l| l.prepare).count()
     }
+}
+
+/// Launch `i`'s entry point: `attnc_<spec>_<index>_<kind>`.
+fn launch_name(spec: &str, i: usize, kernel: &KernelSpec) -> String {
+    format!("attnc_{spec}_{i:02}_{}", kernel.kind())
 }
 
 fn push_buffer(buffers: &mut Vec<Buffer>, shape: &[usize], role: BufferRole) -> usize {
@@ -571,7 +547,9 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
                     Some(mix) => {
                         KernelSpec::MixedAttention { shape, mix, q: vq, k: vk, v: vv, out, pass: MixPass::Forward }
                     }
-                    None => KernelSpec::Attention { shape, q: vq, k: vk, v: vv, out, fragments: false, split: 0 },
+                    None => {
+                        KernelSpec::Attention { shape, q: vq, k: vk, v: vv, out, fragments: false, split: 0, kv: None }
+                    }
                 };
                 let mut bindings = vec![bq, bk, bv];
                 bindings.extend(fns.iter().flat_map(|f| f.captures.iter()).map(|c| pl.contiguous(*c)));
@@ -780,7 +758,7 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
     // preparation), then the per-call launches, each in planning order.
     launches.sort_by_key(|l| !l.prepare);
     for (i, l) in launches.iter_mut().enumerate() {
-        l.name = format!("attnc_{}_{:02}_{}", p.name, i, l.spec.kind());
+        l.name = launch_name(&p.name, i, &l.spec);
     }
     // Liveness: a temporary dies after its last reader, unless it is an
     // output or prepared (kept for every call).

@@ -2,6 +2,7 @@
 //! reader of a launch (planner, kernels, emitter, cost model) takes from here.
 
 use super::group::{self, GroupStep};
+use super::split::KvSplit;
 use super::tiles::*;
 use super::view::{RowView, View};
 use super::visited::read_trips;
@@ -87,7 +88,15 @@ pub enum KernelSpec {
         /// (several whole rows per unit).
         #[serde(default, skip_serializing_if = "is_zero")]
         split: usize,
+        /// Split-KV decoding (`Plan::split_kv`): chunks of keys on the
+        /// grid's z axis, each writing partial rows (`out` over them) that a
+        /// [`KernelSpec::Combine`] launch merges.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        kv: Option<KvSplit>,
     },
+    /// Merges split-KV partial rows (`Plan::split_kv`) by their
+    /// log-sum-exp into attention's `[batch, h, s, e]` output at `out`.
+    Combine { batch: usize, h: usize, s: usize, e: usize, kv: KvSplit, out: RowView },
     /// The log-sum-exp of each query row's scaled visible scores (what
     /// attention's backward saves), `NO_KEYS` for a row that sees none:
     /// a unit per query row, key tiles of `tile` rows staged in shared
@@ -199,8 +208,12 @@ impl KernelSpec {
             _ => 256,
         } as u32;
         let (x, y) = self.cubes();
+        let z = match self {
+            KernelSpec::Attention { kv: Some(kv), .. } => kv.splits as u32,
+            _ => 1,
+        };
         let counts = if x <= MAX_GRID && y <= MAX_GRID {
-            (x as u32, y as u32, 1)
+            (x as u32, y as u32, z)
         } else {
             // Laid out linearly over all three axes, none past its limit.
             let total = x * y;
@@ -289,6 +302,7 @@ impl KernelSpec {
             KernelSpec::BlockDiag { h, cols, .. } => h * cols,
             KernelSpec::Concat { rows, f1, f2 } => rows * (f1 + f2),
             KernelSpec::Paged { batch, slots, page, heads, width, .. } => batch * slots * page * heads * width,
+            KernelSpec::Combine { batch, h, s, e, .. } => batch * h * s * e,
             KernelSpec::Rope { rows, d, .. } => rows * d / 2,
             KernelSpec::Attention { shape: AttnShape { batch, h, s, e, .. }, .. } => batch * h * s * e,
             KernelSpec::AttentionLse { shape: AttnShape { batch, h, s, .. }, .. } => batch * h * s,
@@ -384,70 +398,6 @@ impl KernelSpec {
                 RowFloats { held, what, widths: (d, e), widest: 16 }
             }
             _ => return None,
-        })
-    }
-
-    /// How an attention launch (forward or backward) is tiled, and why, in
-    /// words: `attnc explain` prints it, and the manifest's `tiling` is it
-    /// for launches tiled within the register file. `None` for any other.
-    pub fn tiling_note(&self) -> Option<String> {
-        if let KernelSpec::MixedAttention { mix, shape, pass, .. } = self {
-            let (own, walk) = if pass.over_keys() { ("key", "query") } else { ("query", "key") };
-            return Some(format!(
-                "head mixing: every head of {} {own} rows a cube, {MIX_UNITS} threads; {walk} tiles of {} rows walked {}, \
-                 scores and probabilities in shared memory (at most {} floats)",
-                mix.rows,
-                mix.tile,
-                if matches!(pass, MixPass::Lse | MixPass::GradK | MixPass::GradV) { "once" } else { "twice" },
-                mix.shared_floats(shape.h)
-            ));
-        }
-        let t = self.attention_tiles();
-        let other = match self {
-            KernelSpec::AttentionGrad { wrt: AttnArg::K | AttnArg::V, .. } => "query",
-            _ => "key",
-        };
-        let lanes = match *self {
-            KernelSpec::Attention { split, .. }
-            | KernelSpec::AttentionLse { split, .. }
-            | KernelSpec::AttentionGrad { split, .. } => split,
-            _ => return None,
-        };
-        if lanes >= 1 {
-            let floats = self.row_floats()?;
-            let row = if matches!(self, KernelSpec::Attention { .. }) { "query row" } else { "row" };
-            return Some(format!(
-                "registers: {lanes} lane(s) share each {row}, each holding {} of its {} {} floats \
-                 (at most {REGISTER_FLOATS} per unit, so CUDA's 255 registers hold them with the scores of a key \
-                 tile); {} rows and {} threads per cube; {other} tiles of {} rows",
-                floats.held / lanes,
-                floats.held,
-                floats.what,
-                t.cube_rows(),
-                t.units(),
-                t.key_tile
-            ));
-        }
-        Some(match self {
-            KernelSpec::Attention { fragments: true, .. } => format!(
-                "matrix fragments: one query row a unit, {} a cube (two planes); key tiles of {} rows, \
-                 scores and probabilities through shared memory",
-                t.cube_rows(),
-                t.key_tile
-            ),
-            KernelSpec::Attention { .. } | KernelSpec::AttentionGrad { .. } if self.vectorised() => format!(
-                "{} query row(s) a unit in vectors of {}, {} rows a cube; key tiles of {} rows (the CPU drivers' \
-                 tiling: rows a unit amortise each key row's loads, within an unrolling bound)",
-                t.unit_rows,
-                self.line_size(),
-                t.cube_rows(),
-                t.key_tile
-            ),
-            _ => format!(
-                "one row a unit, {} a cube; {other} tiles of {} rows in shared memory",
-                t.cube_rows(),
-                t.key_tile
-            ),
         })
     }
 
@@ -706,6 +656,7 @@ impl KernelSpec {
             KernelSpec::BlockDiag { .. } => "block_diag",
             KernelSpec::Concat { .. } => "concat",
             KernelSpec::Paged { .. } => "paged",
+            KernelSpec::Combine { .. } => "combine",
             KernelSpec::Rope { .. } => "rope",
             KernelSpec::Attention { .. } => "attention",
             KernelSpec::Reduce { .. } => "reduce",

@@ -2,7 +2,8 @@
 //! query) rows per tile, and the bounds that choose them (unrolled code,
 //! CUDA's registers, shared memory).
 
-use crate::ir::AttnFns;
+use super::KernelSpec;
+use crate::ir::{AttnArg, AttnFns};
 
 /// Units per attention cube; each owns `AttnTiles::unit_rows` query rows.
 pub const ATTN_ROWS: usize = 64;
@@ -331,5 +332,82 @@ impl MixTiles {
                 MixPass::GradLogits => s * hq * hs,
                 MixPass::GradProbs => s * hs * ho,
             }
+    }
+}
+
+impl KernelSpec {
+    /// How an attention launch (forward or backward) is tiled, and why, in
+    /// words: `attnc explain` prints it, and the manifest's `tiling` is it
+    /// for launches tiled within the register file. `None` for any other.
+    pub fn tiling_note(&self) -> Option<String> {
+        let note = self.tiles_note()?;
+        Some(match self {
+            KernelSpec::Attention { kv: Some(kv), .. } => format!(
+                "{note}; split-KV: {} chunks of {} keys on the grid's z, merged by a combine launch",
+                kv.splits, kv.keys
+            ),
+            _ => note,
+        })
+    }
+
+    fn tiles_note(&self) -> Option<String> {
+        if let KernelSpec::MixedAttention { mix, shape, pass, .. } = self {
+            let (own, walk) = if pass.over_keys() { ("key", "query") } else { ("query", "key") };
+            return Some(format!(
+                "head mixing: every head of {} {own} rows a cube, {MIX_UNITS} threads; {walk} tiles of {} rows walked {}, \
+                 scores and probabilities in shared memory (at most {} floats)",
+                mix.rows,
+                mix.tile,
+                if matches!(pass, MixPass::Lse | MixPass::GradK | MixPass::GradV) { "once" } else { "twice" },
+                mix.shared_floats(shape.h)
+            ));
+        }
+        let t = self.attention_tiles();
+        let other = match self {
+            KernelSpec::AttentionGrad { wrt: AttnArg::K | AttnArg::V, .. } => "query",
+            _ => "key",
+        };
+        let lanes = match *self {
+            KernelSpec::Attention { split, .. }
+            | KernelSpec::AttentionLse { split, .. }
+            | KernelSpec::AttentionGrad { split, .. } => split,
+            _ => return None,
+        };
+        if lanes >= 1 {
+            let floats = self.row_floats()?;
+            let row = if matches!(self, KernelSpec::Attention { .. }) { "query row" } else { "row" };
+            return Some(format!(
+                "registers: {lanes} lane(s) share each {row}, each holding {} of its {} {} floats \
+                 (at most {REGISTER_FLOATS} per unit, so CUDA's 255 registers hold them with the scores of a key \
+                 tile); {} rows and {} threads per cube; {other} tiles of {} rows",
+                floats.held / lanes,
+                floats.held,
+                floats.what,
+                t.cube_rows(),
+                t.units(),
+                t.key_tile
+            ));
+        }
+        Some(match self {
+            KernelSpec::Attention { fragments: true, .. } => format!(
+                "matrix fragments: one query row a unit, {} a cube (two planes); key tiles of {} rows, \
+                 scores and probabilities through shared memory",
+                t.cube_rows(),
+                t.key_tile
+            ),
+            KernelSpec::Attention { .. } | KernelSpec::AttentionGrad { .. } if self.vectorised() => format!(
+                "{} query row(s) a unit in vectors of {}, {} rows a cube; key tiles of {} rows (the CPU drivers' \
+                 tiling: rows a unit amortise each key row's loads, within an unrolling bound)",
+                t.unit_rows,
+                self.line_size(),
+                t.cube_rows(),
+                t.key_tile
+            ),
+            _ => format!(
+                "one row a unit, {} a cube; {other} tiles of {} rows in shared memory",
+                t.cube_rows(),
+                t.key_tile
+            ),
+        })
     }
 }

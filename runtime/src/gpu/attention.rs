@@ -128,6 +128,7 @@ pub(super) fn row_slots(
     #[comptime] r: usize,
     #[comptime] views: [RowView; 4],
     #[comptime] fold: usize,
+    #[comptime] split_stride: usize,
 ) -> Array<usize> {
     let mut a = Array::<usize>::new(3usize);
     let bh = k::cube_y(fold);
@@ -135,6 +136,10 @@ pub(super) fn row_slots(
     let row = min(i, comptime![s - 1]);
     a[ROW_Q] = view_row(bh / h, bh % h, row, comptime![views[0]]);
     a[ROW_OUT] = view_row(bh / h, bh % h, row, comptime![views[3]]);
+    // Split-KV: the cube's chunk of partial rows (grid z).
+    if comptime![split_stride > 0] {
+        a[ROW_OUT] += CUBE_POS_Z as usize * split_stride;
+    }
     a[ROW_I] = i;
     a
 }
@@ -155,6 +160,7 @@ pub(super) fn setup(
     #[comptime] block: usize,
     #[comptime] views: [RowView; 4],
     #[comptime] fold: usize,
+    #[comptime] split_tiles: usize,
 ) -> Array<usize> {
     let mut r = Array::<usize>::new(comptime![SET_LEN]);
     let bh = k::cube_y(fold);
@@ -190,9 +196,26 @@ pub(super) fn setup(
     r[SET_FULL1] = full1;
     r[SET_VIS0] = vis0;
     r[SET_VIS1] = vis1;
+    if comptime![split_tiles > 0] {
+        split_range(&mut r, split_tiles);
+    }
     r[SET_Q0] = q0;
     r[SET_Q1] = q1;
     r
+}
+
+/// Split-KV: narrows the cube's key tiles (`SET_*`) to its chunk of
+/// `tiles` key tiles (the grid's z), keeping `vis0 ≤ full0 ≤ full1 ≤ vis1`.
+#[cube]
+fn split_range(r: &mut Array<usize>, #[comptime] tiles: usize) {
+    let lo = CUBE_POS_Z as usize * tiles;
+    let vis0 = max(r[SET_VIS0], lo);
+    let vis1 = max(min(r[SET_VIS1], lo + tiles), vis0);
+    let full0 = min(max(r[SET_FULL0], vis0), vis1);
+    r[SET_FULL1] = min(max(r[SET_FULL1], full0), vis1);
+    r[SET_FULL0] = full0;
+    r[SET_VIS0] = vis0;
+    r[SET_VIS1] = vis1;
 }
 
 /// The cube's batch and head.
@@ -405,4 +428,115 @@ pub struct Shape {
     pub half: bool,
     /// Score and mask functions and the tensors they read.
     pub fns: Option<Fns>,
+    /// Split-KV decoding (`plan::KvSplit`), in the kernel's units.
+    pub kv: Option<Split>,
+}
+
+/// A split-KV launch's chunks in a kernel's units: key tiles per chunk,
+/// and, in vectors, the chunks' stride in the partial output and the
+/// offsets within a partial row of its `lo` parts and its log-sum-exp.
+#[derive(Clone, Copy)]
+pub struct Split {
+    pub tiles: usize,
+    pub stride: usize,
+    pub lo: usize,
+    pub lse: usize,
+}
+
+/// The log-sum-exp `hi` part of a split-KV chunk whose row sees no key
+/// (finite in f16 and bf16; a real one is far above [`NO_KEYS_ABOVE`]).
+const NO_KEYS_PARTIAL: f32 = -60000.0;
+const NO_KEYS_ABOVE: f32 = -59000.0;
+
+/// A split-KV partial row (`plan::KvSplit`): `x = acc / l` as `hi` (stored)
+/// and `lo = x − hi` at `lo` vectors on, and the row's log-sum-exp likewise
+/// at `rows[base] + lse` (`NO_KEYS_PARTIAL` for a row that saw no key).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn store_partial<N: Size>(
+    out: &mut [Vector<Stored, N>],
+    acc: &Array<Vector<f32, N>>,
+    state: &Array<f32>,
+    rows: &Array<usize>,
+    #[comptime] base: usize,
+    #[comptime] s: usize,
+    #[comptime] el: usize,
+    #[comptime] split: Split,
+) {
+    if rows[ROW_I] < s {
+        let inv = inverse_sum(state);
+        let at = rows[ROW_OUT];
+        #[unroll]
+        for c in 0..el {
+            let x = acc[c] * Vector::new(inv);
+            let hi = Vector::<Stored, N>::cast_from(x);
+            out[at + c] = hi;
+            out[at + comptime![split.lo] + c] = Vector::<Stored, N>::cast_from(x - Vector::<f32, N>::cast_from(hi));
+        }
+        let mut lse = f32::new(NO_KEYS_PARTIAL);
+        if state[1] > f32::new(0.0) {
+            lse = state[0] + state[1].ln();
+        }
+        let hi = Stored::cast_from(lse);
+        let row = rows[base] + comptime![split.lse];
+        out[row] = Vector::new(hi);
+        out[row + 1] = Vector::new(Stored::cast_from(lse - f32::cast_from(hi)));
+    }
+}
+
+/// The output address of element `i` of a split-KV launch's merged rows
+/// `[b, h, row, c]` (`e` floats a row) under the attention's view `out`.
+#[cube]
+pub(super) fn combined_at(
+    i: usize,
+    #[comptime] h: usize,
+    #[comptime] s: usize,
+    #[comptime] e: usize,
+    #[comptime] out: RowView,
+) -> usize {
+    let r = i / e;
+    view_row(r / comptime![h * s], (r / s) % h, r % s, out) + i % e
+}
+
+/// Merges the `splits` partial rows of element `i` (`plan::KvSplit`;
+/// `rows` rows a chunk, `row` floats a partial row, `lanes` floats a
+/// vector) by their log-sum-exp into `out[at]`; 0 where no chunk saw a key.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn combine(
+    p: &[Stored],
+    out: &mut [Stored],
+    i: usize,
+    at: usize,
+    #[comptime] splits: usize,
+    #[comptime] rows: usize,
+    #[comptime] e: usize,
+    #[comptime] row: usize,
+    #[comptime] lanes: usize,
+) {
+    let (c, r) = (i % e, i / e);
+    let mut m = f32::new(-3.0e38);
+    for z in 0..splits {
+        let at0 = (z * rows + r) * row + comptime![2 * e];
+        let hi = f32::cast_from(p[at0]);
+        if hi > f32::new(NO_KEYS_ABOVE) {
+            m = max(m, hi + f32::cast_from(p[at0 + lanes]));
+        }
+    }
+    let mut num = f32::new(0.0);
+    let mut den = f32::new(0.0);
+    for z in 0..splits {
+        let at0 = (z * rows + r) * row;
+        let hi = f32::cast_from(p[at0 + comptime![2 * e]]);
+        if hi > f32::new(NO_KEYS_ABOVE) {
+            let w = (hi + f32::cast_from(p[at0 + comptime![2 * e + lanes]]) - m).exp();
+            num += w * (f32::cast_from(p[at0 + c]) + f32::cast_from(p[at0 + e + c]));
+            den += w;
+        }
+    }
+    let mut v = f32::new(0.0);
+    if den > f32::new(0.0) {
+        v = num / den;
+    }
+    out[at] = Stored::cast_from(v);
 }

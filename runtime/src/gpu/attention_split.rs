@@ -18,8 +18,8 @@
 //! kernel's (`attention::setup`), so what a mask means is written once.
 
 use super::attention::{
-    key_row, load_query, mask_scores, query_tile, setup, softmax_state, store_row, view_row, Shape, ROW_I, ROW_OUT,
-    ROW_Q, SET_K, SET_V,
+    key_row, load_query, mask_scores, query_tile, setup, softmax_state, store_partial, store_row, view_row, Shape,
+    ROW_I, ROW_OUT, ROW_Q, SET_K, SET_V,
 };
 use super::kernels::{self as k, Stored};
 use super::tiles::{prepare_tiles, walk_tiles};
@@ -40,22 +40,34 @@ fn lane_slots(
     #[comptime] eg: usize,
     #[comptime] views: [RowView; 4],
     #[comptime] fold: usize,
+    #[comptime] split_stride: usize,
 ) -> Array<usize> {
-    let mut a = Array::<usize>::new(4usize);
+    // A fifth slot (the output row's start) where a split's log-sum-exp needs it.
+    let mut a = Array::<usize>::new(comptime![if split_stride > 0 { 5usize } else { 4usize }]);
     let bh = k::cube_y(fold);
     let unit = UNIT_POS as usize;
     let i = query_tile(s, bq, kind, fold) * bq + unit / g;
     let row = min(i, comptime![s - 1]);
     let part = unit % g;
     a[ROW_Q] = view_row(bh / h, bh % h, row, comptime![views[0]]) + part * dg;
-    a[ROW_OUT] = view_row(bh / h, bh % h, row, comptime![views[3]]) + part * eg;
+    // Split-KV: the cube's chunk of partial rows (grid z).
+    let out = view_row(bh / h, bh % h, row, comptime![views[3]]);
+    a[ROW_OUT] = out + part * eg;
     a[ROW_I] = i;
     a[PART] = part;
+    if comptime![split_stride > 0] {
+        // Split-KV: the cube's chunk of partial rows (grid z).
+        let chunk = out + CUBE_POS_Z as usize * split_stride;
+        a[ROW_OUT] = chunk + part * eg;
+        a[OUT_ROW] = chunk;
+    }
     a
 }
 
-/// The slot of [`lane_slots`] holding the unit's slice of its row.
+/// The slots of [`lane_slots`] holding the unit's slice of its row and the
+/// start of its output row.
 const PART: usize = 3;
+const OUT_ROW: usize = 4;
 
 /// `v` plus lane `lane ^ mask`'s `v`: one butterfly step of a sum over the
 /// lanes sharing a row.
@@ -114,8 +126,10 @@ pub fn build<N: Size>(
     let g = a.tiles.lanes;
     let (dg, eg) = (a.d / lanes / g, a.e / lanes / g);
     let (bk, bq) = (a.tiles.key_tile, a.tiles.cube_rows());
-    let set = setup::expand(scope, a.h, a.hk, a.s, a.sk, bq, bk, a.kind, a.window, a.block, a.views, a.fold);
-    let rows = lane_slots::expand(scope, a.h, a.s, bq, a.kind, g, dg, eg, a.views, a.fold);
+    let (split_tiles, split_stride) = a.kv.map_or((0, 0), |kv| (kv.tiles, kv.stride));
+    let set =
+        setup::expand(scope, a.h, a.hk, a.s, a.sk, bq, bk, a.kind, a.window, a.block, a.views, a.fold, split_tiles);
+    let rows = lane_slots::expand(scope, a.h, a.s, bq, a.kind, g, dg, eg, a.views, a.fold, split_stride);
     let part = k::uget::expand(scope, &rows, PART);
     let qr = load_query::expand::<N>(scope, q, k::uget::expand(scope, &rows, ROW_Q), scale, dg);
     let acc = k::vzeros::expand::<N>(scope, eg);
@@ -125,7 +139,10 @@ pub fn build<N: Size>(
     walk_tiles(scope, &set, a, bk, &prep, |scope, kt, masked, hidden| {
         body.tile(scope, k::mul_const::expand(scope, kt, bk), masked, hidden)
     });
-    store_row::expand::<N>(scope, out, &acc, &state, &rows, a.s, eg);
+    match a.kv {
+        Some(kv) => store_partial::expand::<N>(scope, out, &acc, &state, &rows, OUT_ROW, a.s, eg, kv),
+        None => store_row::expand::<N>(scope, out, &acc, &state, &rows, a.s, eg),
+    }
 }
 
 /// What every key tile of a unit reads and updates.

@@ -22,7 +22,8 @@
 //! unrolled in parts (see `plan::KernelSpec::loop_trips`).
 
 use super::attention::{
-    key_row, load_query, mask_scores, row_slots, setup, softmax_state, store_row, Shape, ROW_I, ROW_Q, SET_K, SET_V,
+    key_row, load_query, mask_scores, row_slots, setup, softmax_state, store_partial, store_row, Shape, ROW_I, ROW_OUT,
+    ROW_Q, SET_K, SET_V,
 };
 use super::attention_grad::NO_KEYS;
 use super::kernels::{self as k, Stored};
@@ -56,10 +57,12 @@ pub fn build<N: Size>(
     let el = if matches!(out, Out::Lse(_)) { 0 } else { a.e / lanes };
     let (bk, nr) = (a.tiles.key_tile, a.tiles.unit_rows);
     let bq = ATTN_ROWS * nr;
-    let set = setup::expand(scope, a.h, a.hk, a.s, a.sk, bq, bk, a.kind, a.window, a.block, a.views, a.fold);
+    let (split_tiles, split_stride) = a.kv.map_or((0, 0), |kv| (kv.tiles, kv.stride));
+    let set =
+        setup::expand(scope, a.h, a.hk, a.s, a.sk, bq, bk, a.kind, a.window, a.block, a.views, a.fold, split_tiles);
     let mut units = Vec::with_capacity(nr);
     for r in 0..nr {
-        let slots = row_slots::expand(scope, a.h, a.s, bq, a.kind, r, a.views, a.fold);
+        let slots = row_slots::expand(scope, a.h, a.s, bq, a.kind, r, a.views, a.fold, split_stride);
         let qr = load_query::expand::<N>(scope, q, k::uget::expand(scope, &slots, ROW_Q), scale, dl);
         let acc = k::vzeros::expand::<N>(scope, el);
         let state = softmax_state::expand(scope);
@@ -81,7 +84,12 @@ pub fn build<N: Size>(
     match out {
         Out::Rows(out) => {
             for u in &units {
-                store_row::expand::<N>(scope, out, &u.acc, &u.state, &u.slots, a.s, el);
+                match a.kv {
+                    Some(kv) => {
+                        store_partial::expand::<N>(scope, out, &u.acc, &u.state, &u.slots, ROW_OUT, a.s, el, kv)
+                    }
+                    None => store_row::expand::<N>(scope, out, &u.acc, &u.state, &u.slots, a.s, el),
+                }
             }
         }
         Out::Lse(out) => {

@@ -57,15 +57,15 @@ pub fn build_grad_q<N: Size>(
     let (dl, el) = (a.d / lanes, a.e / lanes);
     let (bk, nr) = (a.tiles.key_tile, a.tiles.unit_rows);
     let bq = ATTN_ROWS * nr;
-    let set = setup::expand(scope, a.h, a.hk, a.s, a.sk, bq, bk, a.kind, a.window, a.block, a.views, a.fold);
+    let set = setup::expand(scope, a.h, a.hk, a.s, a.sk, bq, bk, a.kind, a.window, a.block, a.views, a.fold, 0);
     // `row_slots` of these views give the rows of `o` (ROW_Q) and `dout` (ROW_OUT).
     let side_views = [ov, a.views[1], a.views[2], dov];
     let scaled = k::fconst::expand(scope, scale);
     let one = k::fconst::expand(scope, 1.0);
     let mut rows = Vec::with_capacity(nr);
     for r in 0..nr {
-        let slots = row_slots::expand(scope, a.h, a.s, bq, a.kind, r, a.views, a.fold);
-        let side = row_slots::expand(scope, a.h, a.s, bq, a.kind, r, side_views, a.fold);
+        let slots = row_slots::expand(scope, a.h, a.s, bq, a.kind, r, a.views, a.fold, 0);
+        let side = row_slots::expand(scope, a.h, a.s, bq, a.kind, r, side_views, a.fold, 0);
         let qr = load_query::expand::<N>(scope, b.q, k::uget::expand(scope, &slots, ROW_Q), scaled, dl);
         let dor = load_query::expand::<N>(scope, b.dout, k::uget::expand(scope, &side, ROW_OUT), one, el);
         let or = load_query::expand::<N>(scope, b.o, k::uget::expand(scope, &side, ROW_Q), one, el);

@@ -98,6 +98,7 @@ impl IrKernel {
             | KernelSpec::Concat { .. }
             | KernelSpec::Paged { .. }
             | KernelSpec::Rope { .. } => 2,
+            KernelSpec::Combine { .. } => 1,
         }
     }
 }
@@ -420,6 +421,15 @@ impl IrKernel {
             fold: self.spec.fold_x(),
             half: self.dtype.is_half(),
             fns,
+            kv: match self.spec {
+                KernelSpec::Attention { kv: Some(kv), .. } => Some(attention::Split {
+                    tiles: kv.keys / self.spec.attention_tiles().key_tile,
+                    stride: sh.batch * sh.h * sh.s * kv.row / lanes,
+                    lo: sh.e / lanes,
+                    lse: 2 * sh.e / lanes,
+                }),
+                _ => None,
+            },
         }
     }
 
@@ -551,6 +561,11 @@ impl IrKernel {
                 }
                 KernelSpec::Concat { f1, f2, .. } => {
                     k::concat::expand(scope, &bufs[0], &bufs[1], &mut out, i, *f1, *f2)
+                }
+                KernelSpec::Combine { batch, h, s, e, kv, out: o } => {
+                    let at = attention::combined_at::expand(scope, i, *h, *s, *e, *o);
+                    let rows = batch * h * s;
+                    attention::combine::expand(scope, &bufs[0], &mut out, i, at, kv.splits, rows, *e, kv.row, kv.lanes)
                 }
                 KernelSpec::Paged { slots, blocks, page, heads, width, integers, .. } => {
                     let digits = if *integers && self.dtype.is_half() { INTEGER_DIGITS } else { 1 };

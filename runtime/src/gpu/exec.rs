@@ -215,6 +215,12 @@ impl Gpu {
 
     /// Whether kernels can store `dtype` here (and for `tf32`, multiply on
     /// TF32 fragments, or emulate them in software), and if not why.
+    /// The device's compute units (streaming multiprocessors), where it
+    /// reports them (CUDA); split-KV decoding fills them (`Plan::split_kv`).
+    pub fn compute_units(&self) -> Option<usize> {
+        self.client.properties().hardware.num_streaming_multiprocessors.map(|n| n as usize)
+    }
+
     pub fn supports(&self, dtype: Dtype) -> Result<(), GpuError> {
         let props = self.client.properties();
         let multiplies = dtype != Dtype::Tf32 || self.software_fragments || super::define::matrix_units(props, dtype);

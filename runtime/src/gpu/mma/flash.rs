@@ -264,8 +264,8 @@ pub fn build_attention<N: Size>(
     let sf: NativeExpand<[f32]> = (*shared_floats::expand(scope, (bq * bk).max(bq * F))).clone_unchecked();
     let frags = Frags::new(scope, hardware, dtype);
     let warp = warp_of::expand(scope);
-    let set = att::setup::expand(scope, a.h, a.hk, a.s, a.sk, bq, bk, a.kind, a.window, a.block, a.views, a.fold);
-    let slots = att::row_slots::expand(scope, a.h, a.s, bq, a.kind, 0, a.views, a.fold);
+    let set = att::setup::expand(scope, a.h, a.hk, a.s, a.sk, bq, bk, a.kind, a.window, a.block, a.views, a.fold, 0);
+    let slots = att::row_slots::expand(scope, a.h, a.s, bq, a.kind, 0, a.views, a.fold, 0);
     let i = k::uget::expand(scope, &slots, ROW_I);
     copy_query::expand::<N>(scope, q, &mut x, k::uget::expand(scope, &slots, ROW_Q), q_off, dpl, dl);
     let held = held_columns(ep, len * lanes * dtype.storage().size() + (bq * bk).max(bq * F) * 4, shared_limit);
