@@ -288,7 +288,11 @@ fn iha_h8_p8(n: u64) -> opt::Optimized {
 fn attention_time(n: f64) -> f64 {
     let s = 8.0 * n; // virtual rows
     let pairs = 8.0 * s * (s + 1.0) / 2.0; // flat_causal, 8 heads
-    roofline(pairs * (2.0 * 64.0 + 2.0 * 64.0 + 5.0), 4.0 * 4.0 * (8.0 * s * 64.0))
+                                           // On the H200's register tiles (64 query rows a cube) it keeps
+                                           // min(1, cubes / 132 SMs) busy: 8 cubes at N = 1.
+    let occupancy = ((s / 64.0).ceil() * 8.0 / 132.0).min(1.0);
+    let launch = opt::cost::H200.launch;
+    (roofline(pairs * (2.0 * 64.0 + 2.0 * 64.0 + 5.0), 4.0 * 4.0 * (8.0 * s * 64.0)) - launch) / occupancy + launch
 }
 
 /// The cost model charges the plan's launches: IHA's projections mix heads

@@ -50,7 +50,8 @@ pub fn program_cost(p: &Program, dims: &BTreeMap<String, u64>, target: &Target, 
             out.tiling.push((l.name.clone(), note));
         }
         let c = OpCost { flops: l.flops, bytes: l.bytes, launches: 1 };
-        let t = c.time(target);
+        // The work's share slows with the SMs left idle; the launch does not.
+        let t = (c.time(target) - target.launch) / attention_occupancy(&spec, target) + target.launch;
         if mode == Mode::Inference && l.prepare {
             out.prepared.push((l.name.clone(), c, t));
             continue;
@@ -60,4 +61,17 @@ pub fn program_cost(p: &Program, dims: &BTreeMap<String, u64>, target: &Target, 
         out.launches.push((l.name.clone(), c, t));
     }
     out
+}
+
+/// The share of the target's compute units a forward attention launch
+/// keeps busy, `min(1, cubes / units)`: its roofline time (not its launch) is divided by it,
+/// so a decode step's one cube per batch and head (8 of an H200's 132 SMs)
+/// is priced slow, and split-KV decoding ([`crate::plan::Plan::split_kv`])
+/// pays. Other launches are priced by their roofline alone.
+fn attention_occupancy(spec: &crate::plan::KernelSpec, target: &Target) -> f64 {
+    if !matches!(spec, crate::plan::KernelSpec::Attention { .. }) {
+        return 1.0;
+    }
+    let (_, (x, y, z)) = spec.grid();
+    ((x as f64 * y as f64 * z as f64) / target.compute_units as f64).min(1.0)
 }
