@@ -694,3 +694,27 @@ fn a_cuda_decode_step_fills_an_h200() {
     assert!(split >= 128 && combined, "{split} attention cubes, combine launch: {combined}");
     assert_eq!(cubes(&["--compute-units", "0"]), (8, false));
 }
+
+/// `attnc run --compute-units` plans split-KV decoding on wgpu: the split
+/// run differs from the unsplit one in its rounding only (relative 1e-5).
+#[test]
+fn run_splits_with_compute_units() {
+    let dir = std::env::temp_dir().join(format!("attnc-units-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let run = |units: &str| {
+        let out = dir.join(format!("o{units}.safetensors"));
+        let status = std::process::Command::new(env!("CARGO_BIN_EXE_attnc"))
+            .args(["run", "stdlib/kvcache.attn", "--seed", "2", "--backend", "wgpu", "--compute-units", units])
+            .args(["--set", "B=2", "--set", "H=4", "--set", "d=64", "--set", "M=37", "--set", "N=3001"])
+            .args(["--set", "window_left=700", "--out"])
+            .arg(&out)
+            .current_dir(root())
+            .output()
+            .unwrap();
+        assert!(status.status.success(), "{}", String::from_utf8_lossy(&status.stderr));
+        attnc_runtime::io::read_tensors(&out).unwrap().remove("o").unwrap()
+    };
+    let (split, whole) = (run("64"), run("0"));
+    assert_ne!(split.data, whole.data, "--compute-units 64 splits (12 chunks of 256 keys), so its rounding differs");
+    assert_close(&split, &whole, 1e-5, "split against unsplit");
+}

@@ -10,9 +10,10 @@
 # Sections: core (the stdlib against the interpreter, timings against cubek
 # and PyTorch), half (bf16 and tf32), grad (gradients), functions (score and
 # mask functions against the interpreter and FlexAttention), mixing (head
-# mixing inside attention: Talking-Heads, Differential). Default: all.
+# mixing inside attention: Talking-Heads, Differential), serving (lengths,
+# paged caches and split-KV decoding). Default: all.
 set -u
-SECTIONS=${*:-core half grad functions mixing}
+SECTIONS=${*:-core half grad functions mixing serving}
 want() { [[ " $SECTIONS " == *" $1 "* ]]; }
 BIN=${BIN:-.device-bin/attnc}
 if [ ! -x "$BIN" ] && [ -f "$BIN.xz" ]; then
@@ -137,6 +138,9 @@ timeout 200 "$BIN" bench stdlib/mha.attn --set H=8 --set d=64 --set N=2048 --gra
 fi
 if want functions; then
   source bench/device/functions.sh
+fi
+if want serving; then
+  source bench/device/serving.sh
 fi
 if want mixing; then
   source bench/device/mixing.sh
