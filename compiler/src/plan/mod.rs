@@ -5,6 +5,7 @@
 
 mod dtype;
 pub mod group;
+mod paged;
 mod spec;
 mod split;
 mod tiles;
@@ -130,6 +131,8 @@ enum Val {
     /// epilogue (head mixing, a constant factor): planned, as one launch,
     /// where that reader is.
     InEpilogue,
+    /// A paged cache's rows that the attention reading them reads in place.
+    Paged,
 }
 
 struct Planner {
@@ -163,7 +166,9 @@ impl Planner {
     fn at(&self, n: NodeId) -> (usize, Layout) {
         match &self.vals[n.0 as usize] {
             Val::At { buf, layout } => (*buf, layout.clone()),
-            Val::InGroup | Val::InEpilogue => unreachable!("node {} is read only inside a fused launch", n.0),
+            Val::InGroup | Val::InEpilogue | Val::Paged => {
+                unreachable!("node {} is read only inside a fused launch", n.0)
+            }
         }
     }
 
@@ -360,6 +365,10 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
             pl.vals.push(Val::InEpilogue);
             continue;
         }
+        if matches!(node.op, Op::Paged { .. }) && paged::in_place(p, &readers, i) {
+            pl.vals.push(Val::Paged);
+            continue;
+        }
         if let Op::SplitHeads { x, .. } = node.op {
             if matches!(pl.vals[x.0 as usize], Val::InEpilogue) {
                 pl.vals.push(Val::InEpilogue);
@@ -494,16 +503,7 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
                 (KernelSpec::Concat { rows, f1, f2 }, vec![pl.contiguous(*a), pl.contiguous(*b)])
             }
             Op::Paged { cache, pages } => {
-                let (c, t, integers) = (sh(0), sh(1), integers[pages.0 as usize]);
-                let spec = KernelSpec::Paged {
-                    batch: t[0],
-                    slots: t[1],
-                    blocks: c[0],
-                    page: c[1],
-                    heads: c[2],
-                    width: c[3],
-                    integers,
-                };
+                let spec = paged::gather(&sh(0), &sh(1), integers[pages.0 as usize]);
                 (spec, vec![pl.contiguous(*cache), pl.contiguous(*pages)])
             }
             Op::Rope { x, base } => {
@@ -525,8 +525,7 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
             Op::Attention { q, k, v, mask, scale, fns } => {
                 let (sq, sk, sv) = (sh(0), sh(1), sh(2));
                 let (bq, vq) = pl.read(*q, Layout::row_view);
-                let (bk, vk) = pl.read(*k, Layout::row_view);
-                let (bv, vv) = pl.read(*v, Layout::row_view);
+                let ((bk, vk), (bv, vv), paged) = paged::keys_values(&mut pl, p, [*k, *v], &integers);
                 // One reader that merges heads or deinterleaves: write its layout.
                 if let [c] = readers[i][..] {
                     let written = match p.nodes[c].op {
@@ -548,11 +547,23 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
                         KernelSpec::MixedAttention { shape, mix, q: vq, k: vk, v: vv, out, pass: MixPass::Forward }
                     }
                     None => {
-                        KernelSpec::Attention { shape, q: vq, k: vk, v: vv, out, fragments: false, split: 0, kv: None }
+                        let paged_rows = paged.map(|(r, _)| r);
+                        KernelSpec::Attention {
+                            shape,
+                            q: vq,
+                            k: vk,
+                            v: vv,
+                            out,
+                            fragments: false,
+                            split: 0,
+                            kv: None,
+                            paged: paged_rows,
+                        }
                     }
                 };
                 let mut bindings = vec![bq, bk, bv];
                 bindings.extend(fns.iter().flat_map(|f| f.captures.iter()).map(|c| pl.contiguous(*c)));
+                bindings.extend(paged.map(|(_, t)| pl.contiguous(t)));
                 (spec, bindings)
             }
             Op::Reduce { x, kind, axes, .. } => {

@@ -10,6 +10,18 @@ pub use super::visited::KernelFns;
 use crate::ir::{AttnArg, BinaryOp, MaskKind, ReduceKind, UnaryOp};
 use serde::Serialize;
 
+/// Attention's keys and values in a paged cache (`Op::Paged` read in
+/// place): key row `j` of sequence `b` is row `j % page` of page
+/// `table[b, j / page]` (of `blocks`; `integers`: the table's digits,
+/// `INTEGER_DIGITS`, in half precision).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+pub struct PagedRows {
+    pub page: usize,
+    pub slots: usize,
+    pub blocks: usize,
+    pub integers: bool,
+}
+
 /// What one launch computes. Sizes are comptime constants of the kernel.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -93,6 +105,10 @@ pub enum KernelSpec {
         /// [`KernelSpec::Combine`] launch merges.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         kv: Option<KvSplit>,
+        /// Keys and values read from a paged cache through a block table
+        /// (bound after the captures): `k` and `v` view one page's rows.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        paged: Option<PagedRows>,
     },
     /// Merges split-KV partial rows (`Plan::split_kv`) by their
     /// log-sum-exp into attention's `[batch, h, s, e]` output at `out`.
@@ -506,9 +522,9 @@ impl KernelSpec {
     pub fn scalar_binding(&self, slot: usize) -> bool {
         match self {
             KernelSpec::MatMul { mix: Some(_), .. } => slot == 2,
-            // The tensors score and mask functions read, after q, k and v.
-            KernelSpec::Attention { shape: AttnShape { fns: Some(f), .. }, .. } => {
-                (3..3 + f.captures.len()).contains(&slot)
+            // The tensors score and mask functions read, after q, k and v, then a block table.
+            KernelSpec::Attention { shape: AttnShape { fns, .. }, paged, .. } => {
+                (3..3 + fns.as_ref().map_or(0, |f| f.captures.len()) + usize::from(paged.is_some())).contains(&slot)
             }
             // The log-sum-exp: q and k in vectors; the captures and the output.
             KernelSpec::AttentionLse { split: 0, .. } => slot >= 2,

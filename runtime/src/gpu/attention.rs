@@ -430,6 +430,67 @@ pub struct Shape {
     pub fns: Option<Fns>,
     /// Split-KV decoding (`plan::KvSplit`), in the kernel's units.
     pub kv: Option<Split>,
+    /// Keys and values in a paged cache, and its block table.
+    pub paged: Option<Paged>,
+}
+
+/// A paged cache read in place (`plan::PagedRows`): its block table (a
+/// binding after the captures) and the elements an entry takes.
+pub struct Paged {
+    pub rows: attnc_compiler::plan::PagedRows,
+    pub table: NativeExpand<[Stored]>,
+    pub digits: usize,
+}
+
+/// The address of key (or value) row `k0 + jj` under view `v` from the
+/// head's base: [`key_row`], or through the block table of a paged cache.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn key_address(
+    scope: &Scope,
+    a: &Shape,
+    k0: NativeExpand<usize>,
+    base: NativeExpand<usize>,
+    jj: usize,
+    clamp: bool,
+    v: RowView,
+) -> NativeExpand<usize> {
+    match &a.paged {
+        None => key_row::expand(scope, k0, base, jj, a.sk, clamp, v),
+        Some(p) => {
+            let (b, _) = cube_head(scope, a);
+            let r = p.rows;
+            paged_key_row::expand(
+                scope, &p.table, b, k0, base, jj, a.sk, clamp, v.outer, r.page, r.slots, r.blocks, p.digits,
+            )
+        }
+    }
+}
+
+/// [`key_row`] in a paged cache: row `j % page` of page `table[b, j / page]`
+/// (clamped into the cache's `blocks`; the host refuses a table outside it).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn paged_key_row(
+    table: &[Stored],
+    b: usize,
+    k0: usize,
+    base: usize,
+    #[comptime] jj: usize,
+    #[comptime] sk: usize,
+    #[comptime] clamp: bool,
+    #[comptime] outer: usize,
+    #[comptime] page: usize,
+    #[comptime] slots: usize,
+    #[comptime] blocks: usize,
+    #[comptime] digits: usize,
+) -> usize {
+    let mut j = k0 + jj;
+    if comptime![clamp] {
+        j = min(j, comptime![sk - 1]);
+    }
+    let at = k::read_digits(table, b * slots + j / page, digits);
+    let p = min(usize::cast_from(max(at, f32::new(0.0))), comptime![blocks - 1]);
+    base + (p * page + j % page) * outer
 }
 
 /// A split-KV launch's chunks in a kernel's units: key tiles per chunk,

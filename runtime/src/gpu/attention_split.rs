@@ -18,7 +18,7 @@
 //! kernel's (`attention::setup`), so what a mask means is written once.
 
 use super::attention::{
-    key_row, load_query, mask_scores, query_tile, setup, softmax_state, store_partial, store_row, view_row, Shape,
+    key_address, load_query, mask_scores, query_tile, setup, softmax_state, store_partial, store_row, view_row, Shape,
     ROW_I, ROW_OUT, ROW_Q, SET_K, SET_V,
 };
 use super::kernels::{self as k, Stored};
@@ -180,7 +180,7 @@ impl<N: Size> Body<'_, N> {
         let v_part = k::mul_const::expand(scope, self.part, self.eg);
         let mut scores = Vec::with_capacity(self.bk);
         for jj in 0..self.bk {
-            let row = key_row::expand(scope, k0, k_base, jj, a.sk, masked.is_some(), a.views[1]);
+            let row = key_address(scope, a, k0, k_base, jj, masked.is_some(), a.views[1]);
             let at = k::add_index::expand(scope, row, k_part);
             let dot = dot_slice::expand::<N>(scope, self.qr, self.kb, at, self.dg);
             // The row's lanes (consecutive, `g` a power of two) sum their parts.
@@ -196,7 +196,7 @@ impl<N: Size> Body<'_, N> {
         for (jj, score) in scores.into_iter().enumerate() {
             let p = k::exp_diff::expand(scope, score, m_new);
             l = k::fadd::expand(scope, l, p);
-            let row = key_row::expand(scope, k0, v_base, jj, a.sk, masked.is_some(), a.views[2]);
+            let row = key_address(scope, a, k0, v_base, jj, masked.is_some(), a.views[2]);
             let at = k::add_index::expand(scope, row, v_part);
             axpy_slice::expand::<N>(scope, &mut acc, self.v, at, p, self.eg);
         }

@@ -22,8 +22,8 @@
 //! unrolled in parts (see `plan::KernelSpec::loop_trips`).
 
 use super::attention::{
-    key_row, load_query, mask_scores, row_slots, setup, softmax_state, store_partial, store_row, Shape, ROW_I, ROW_OUT,
-    ROW_Q, SET_K, SET_V,
+    key_address, load_query, mask_scores, row_slots, setup, softmax_state, store_partial, store_row, Shape, ROW_I,
+    ROW_OUT, ROW_Q, SET_K, SET_V,
 };
 use super::attention_grad::NO_KEYS;
 use super::kernels::{self as k, Stored};
@@ -158,8 +158,8 @@ impl<N: Size> KeyTile<'_, N> {
         let mut value_rows = Vec::with_capacity(self.bk);
         for jj in 0..self.bk {
             let clamp = self.masked.is_some();
-            let row = key_row::expand(scope, self.k0, k_base, jj, a.sk, clamp, a.views[1]);
-            value_rows.push(key_row::expand(scope, self.k0, v_base, jj, a.sk, clamp, a.views[2]));
+            let row = key_address(scope, a, self.k0, k_base, jj, clamp, a.views[1]);
+            value_rows.push(key_address(scope, a, self.k0, v_base, jj, clamp, a.views[2]));
             let keys = self.row(scope, self.kb, row, self.dl);
             for ((_, qr), sc) in rows.iter().zip(&mut scores) {
                 let mut dot = k::fconst::expand(scope, 0.0);

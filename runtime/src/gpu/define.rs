@@ -79,7 +79,7 @@ impl IrKernel {
         match self.spec {
             KernelSpec::Gather { .. } | KernelSpec::Unary { .. } | KernelSpec::Thresholds { .. } => 1,
             KernelSpec::Reduce { .. } | KernelSpec::LooMean { .. } | KernelSpec::BlockDiag { .. } => 1,
-            KernelSpec::Attention { ref shape, .. } => 3 + captures(shape),
+            KernelSpec::Attention { ref shape, paged, .. } => 3 + captures(shape) + usize::from(paged.is_some()),
             KernelSpec::Where { .. } => 3,
             KernelSpec::MatMul { mix: Some(_), .. } => 3,
             KernelSpec::Group { inputs, .. } => inputs,
@@ -369,8 +369,13 @@ impl IrKernel {
                     )
                 }
                 KernelSpec::Attention { shape: ref sh, q, k: kv, v, out: o, .. } => {
-                    let fns = sh.fns.as_ref().map(|f| fns_of(f, &scalars, self.dtype.is_half()));
-                    let shape = self.attention_shape(sh, [q, kv, v, o], lanes, fns);
+                    let caps = captures(sh);
+                    let fns = sh.fns.as_ref().map(|f| fns_of(f, &scalars[..caps], self.dtype.is_half()));
+                    let mut shape = self.attention_shape(sh, [q, kv, v, o], lanes, fns);
+                    if let KernelSpec::Attention { paged: Some(rows), .. } = self.spec {
+                        let digits = if rows.integers && self.dtype.is_half() { INTEGER_DIGITS } else { 1 };
+                        shape.paged = Some(attention::Paged { rows, table: scalars[caps].clone_unchecked(), digits });
+                    }
                     let scale = scale.expect("attention takes a scale");
                     if self.mma != Mma::Off {
                         let (q, kb, v, hardware) = (&bufs[0], &bufs[1], &bufs[2], self.mma == Mma::Hardware);
@@ -430,6 +435,7 @@ impl IrKernel {
                 }),
                 _ => None,
             },
+            paged: None,
         }
     }
 
