@@ -109,8 +109,7 @@ pub fn check_tables(program: &Program, inputs: &[Tensor], dims: &DimValues) -> R
             let Some(index) = input_of(pages) else { continue };
             let (name, t, blocks) = (&program.inputs[index].name, &inputs[index], shape(cache)[0]);
             let slots = t.shape.get(1).copied().unwrap_or(1).max(1);
-            let bad = |v: f64| !(v.fract() == 0.0 && v >= 0.0 && v < blocks as f64);
-            if let Some((at, v)) = t.data.iter().enumerate().find(|(_, v)| bad(**v)) {
+            if let Some((at, v)) = first_outside(t, blocks.saturating_sub(1)) {
                 let (b, slot) = (at / slots, at % slots);
                 return Err(RunError::BadInputValue(format!(
                     "`{name}`[{b}, {slot}] (sequence {b}'s page {slot}) is {v}, but the cache has {blocks} pages: \
@@ -124,15 +123,18 @@ pub fn check_tables(program: &Program, inputs: &[Tensor], dims: &DimValues) -> R
         let Some(index) = input_of(fns.captures[c]) else { continue };
         let keys = shape(node.op.operands()[1]).iter().rev().nth(1).copied().unwrap_or(0);
         let (name, t) = (&program.inputs[index].name, &inputs[index]);
-        if let Some((b, v)) =
-            t.data.iter().enumerate().find(|(_, v)| !(v.fract() == 0.0 && **v >= 0.0 && **v <= keys as f64))
-        {
+        if let Some((b, v)) = first_outside(t, keys) {
             return Err(RunError::BadInputValue(format!(
                 "`{name}`[{b}] (sequence {b}'s key count) is {v}, but must be an integer in 0..={keys}, the attention's key rows"
             )));
         }
     }
     Ok(())
+}
+
+/// The first entry of `t` (flat index, value) that is not an integer in `0..=hi`.
+fn first_outside(t: &Tensor, hi: usize) -> Option<(usize, f64)> {
+    t.data.iter().copied().enumerate().find(|(_, v)| !(v.fract() == 0.0 && *v >= 0.0 && *v <= hi as f64))
 }
 
 /// The integers attention's functions read (`lengths`, document ids) are

@@ -4,7 +4,7 @@
 //! upload and read-back. `tf32` is f32 storage whose GEMMs multiply on
 //! TF32 tensor cores (operands with f16's 10-bit mantissa, f32's range).
 
-use super::{frag_key_tile, AttnShape, BufferRole, KernelSpec, Plan, INTEGER_DIGITS};
+use super::{frag_key_tile, value_elements, AttnShape, BufferRole, KernelSpec, Plan};
 use serde::Serialize;
 use std::fmt;
 use std::str::FromStr;
@@ -101,9 +101,6 @@ impl Plan {
 
     /// Stored elements a value of buffer `id` takes (digits of integers in half precision).
     pub fn elements_per_value(&self, id: usize) -> usize {
-        match self.buffers[id].role {
-            BufferRole::Input { integers: true, .. } if self.dtype.is_half() => INTEGER_DIGITS,
-            _ => 1,
-        }
+        value_elements(matches!(self.buffers[id].role, BufferRole::Input { integers: true, .. }), self.dtype)
     }
 }

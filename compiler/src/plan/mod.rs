@@ -22,8 +22,8 @@ use crate::ir::{concrete, AttnArg, AttnFns, BinaryOp, DimValues, NodeId, Op, Pro
 use serde::Serialize;
 pub use split::{KvSplit, SPLIT_KEYS};
 use std::collections::BTreeMap;
-pub use visited::INTEGER_DIGITS;
 use visited::{attn_shape, kernel_fns};
+pub use visited::{value_elements, INTEGER_DIGITS};
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(tag = "role", rename_all = "snake_case")]

@@ -43,6 +43,16 @@ fn no_integers(v: &[bool]) -> bool {
 /// in f16 and bf16, so every integer of magnitude below 2^24 is exact.
 pub const INTEGER_DIGITS: usize = 3;
 
+/// Elements a value of a buffer takes in a plan of `dtype`:
+/// [`INTEGER_DIGITS`] for `integers` in 16-bit storage, else 1.
+pub fn value_elements(integers: bool, dtype: super::Dtype) -> usize {
+    if integers && dtype.is_half() {
+        INTEGER_DIGITS
+    } else {
+        1
+    }
+}
+
 /// Per node: an input of integers (`integers(lo, hi)`) that only
 /// attention's functions (not as a mixing matrix) and block tables read,
 /// and no output is, so its buffer may store digits ([`INTEGER_DIGITS`]).

@@ -466,8 +466,7 @@ pub(super) fn key_address(
     }
 }
 
-/// [`key_row`] in a paged cache: row `j % page` of page `table[b, j / page]`
-/// (clamped into the cache's `blocks`; the host refuses a table outside it).
+/// [`key_row`] in a paged cache ([`k::page_row`]).
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn paged_key_row(
@@ -488,9 +487,7 @@ fn paged_key_row(
     if comptime![clamp] {
         j = min(j, comptime![sk - 1]);
     }
-    let at = k::read_digits(table, b * slots + j / page, digits);
-    let p = min(usize::cast_from(max(at, f32::new(0.0))), comptime![blocks - 1]);
-    base + (p * page + j % page) * outer
+    base + k::page_row(table, b, j, slots, page, blocks, digits) * outer
 }
 
 /// A split-KV launch's chunks in a kernel's units: key tiles per chunk,

@@ -11,8 +11,8 @@ use super::{
 use attnc_compiler::ir::{AttnArg, MaskKind, ReduceKind};
 use attnc_compiler::plan::group::{GroupStep, MapOp};
 use attnc_compiler::plan::{
-    AttnShape, Dtype, KernelFns, KernelSpec, RowView, GEMM_COLS, GEMM_ROWS, GEMM_STAGE_K, GEMM_UNITS, GROUP_UNITS,
-    INTEGER_DIGITS,
+    value_elements, AttnShape, Dtype, KernelFns, KernelSpec, RowView, GEMM_COLS, GEMM_ROWS, GEMM_STAGE_K, GEMM_UNITS,
+    GROUP_UNITS,
 };
 use cubecl::prelude::*;
 use std::sync::Arc;
@@ -123,13 +123,13 @@ fn captures(shape: &AttnShape) -> usize {
 }
 
 /// Attention's functions over the capture buffers `caps` (bound after the launch's operands).
-fn hook(shape: &AttnShape, caps: &[NativeExpand<[Stored]>], half: bool) -> Hook {
-    Hook(shape.fns.as_ref().map(|f| std::rc::Rc::new(fns_of(f, caps, half))))
+fn hook(shape: &AttnShape, caps: &[NativeExpand<[Stored]>], dtype: Dtype) -> Hook {
+    Hook(shape.fns.as_ref().map(|f| std::rc::Rc::new(fns_of(f, caps, dtype))))
 }
 
-/// `half`: the plan stores half precision, so integer captures are digits.
-fn fns_of(f: &KernelFns, caps: &[NativeExpand<[Stored]>], half: bool) -> Fns {
-    let digits = |i: usize| if half && f.integers.get(i) == Some(&true) { INTEGER_DIGITS } else { 1 };
+/// `dtype`: the plan's storage, in which integer captures may be digits.
+fn fns_of(f: &KernelFns, caps: &[NativeExpand<[Stored]>], dtype: Dtype) -> Fns {
+    let digits = |i: usize| value_elements(f.integers.get(i) == Some(&true), dtype);
     Fns {
         score: f.score.clone(),
         mask: f.mask.clone(),
@@ -314,7 +314,7 @@ impl IrKernel {
                 KernelSpec::AttentionGrad { shape: ref sh, wrt, q, k: kv, v, o, dout, .. } => {
                     // On the forward's tiling: the log-sum-exp and the captures are the scalar bindings;
                     // dV binds q, k, dout (its `v` and `o` are not read).
-                    let fns = sh.fns.as_ref().map(|f| fns_of(f, &scalars[1..], self.dtype.is_half()));
+                    let fns = sh.fns.as_ref().map(|f| fns_of(f, &scalars[1..], self.dtype));
                     let (rows, heads, width) = match wrt {
                         AttnArg::Q => (sh.s, sh.h, sh.d),
                         AttnArg::K => (sh.sk, sh.hk, sh.d),
@@ -359,7 +359,7 @@ impl IrKernel {
                 KernelSpec::AttentionLse { shape: ref sh, q, k: kv, .. } => {
                     // The log-sum-exp on the forward's kernel, no value read: the captures
                     // and the output are the scalar bindings.
-                    let fns = sh.fns.as_ref().map(|f| fns_of(f, &scalars[..scalars.len() - 1], self.dtype.is_half()));
+                    let fns = sh.fns.as_ref().map(|f| fns_of(f, &scalars[..scalars.len() - 1], self.dtype));
                     let shape = self.attention_shape(sh, [q, kv, kv, q], lanes, fns);
                     let mut lse = scalars.last().expect("the log-sum-exp binding").clone_unchecked();
                     let scale = k::fconst::expand(scope, sh.scale());
@@ -370,10 +370,10 @@ impl IrKernel {
                 }
                 KernelSpec::Attention { shape: ref sh, q, k: kv, v, out: o, .. } => {
                     let caps = captures(sh);
-                    let fns = sh.fns.as_ref().map(|f| fns_of(f, &scalars[..caps], self.dtype.is_half()));
+                    let fns = sh.fns.as_ref().map(|f| fns_of(f, &scalars[..caps], self.dtype));
                     let mut shape = self.attention_shape(sh, [q, kv, v, o], lanes, fns);
                     if let KernelSpec::Attention { paged: Some(rows), .. } = self.spec {
-                        let digits = if rows.integers && self.dtype.is_half() { INTEGER_DIGITS } else { 1 };
+                        let digits = value_elements(rows.integers, self.dtype);
                         shape.paged = Some(attention::Paged { rows, table: scalars[caps].clone_unchecked(), digits });
                     }
                     let scale = scale.expect("attention takes a scale");
@@ -448,11 +448,11 @@ impl IrKernel {
             k::contract::expand(scope, &bufs[0], &bufs[1], &mut out, rows, o1, o2, inner, fold);
         } else if let KernelSpec::AttentionLse { ref shape, q, k: kv, tile, .. } = *spec {
             let g = grad_dims(spec, shape, tile, fold);
-            let hook = hook(shape, &bufs[2..], self.dtype.is_half());
+            let hook = hook(shape, &bufs[2..], self.dtype);
             attention_grad::lse::expand(scope, &bufs[0], &bufs[1], &mut out, g, q, kv, shape.scale(), hook);
         } else if let KernelSpec::MixedAttention { ref shape, mix, q, k: kv, v, out: o, pass } = *spec {
             let (plane, cpu) = (self.plane, !self.staged && self.plane > 1 && mix.on_cpu(shape.h, shape.d, shape.e));
-            let hooks = mixed_hooks(shape, &bufs[pass.operands()..], self.dtype.is_half());
+            let hooks = mixed_hooks(shape, &bufs[pass.operands()..], self.dtype);
             let kind = mask_code(shape.mask);
             mixed_launch::body(scope, bufs, out, shape, mix, [q, kv, v, o], pass, fold, plane, cpu, hooks, kind);
         } else if let KernelSpec::AttentionGrad { ref shape, wrt, q, k: kv, v, o, dout, tile, .. } = *spec {
@@ -472,7 +472,7 @@ impl IrKernel {
                     g,
                     views,
                     scale,
-                    hook(shape, &b[6..], self.dtype.is_half()),
+                    hook(shape, &b[6..], self.dtype),
                 ),
                 AttnArg::K => attention_grad::grad_kv::expand(
                     scope,
@@ -487,7 +487,7 @@ impl IrKernel {
                     views,
                     scale,
                     true,
-                    hook(shape, &b[6..], self.dtype.is_half()),
+                    hook(shape, &b[6..], self.dtype),
                 ),
                 // dV binds q, k, dout and the log-sum-exp; `v` and `o` are not read.
                 AttnArg::V => attention_grad::grad_kv::expand(
@@ -503,7 +503,7 @@ impl IrKernel {
                     views,
                     scale,
                     false,
-                    hook(shape, &b[4..], self.dtype.is_half()),
+                    hook(shape, &b[4..], self.dtype),
                 ),
                 AttnArg::Read(_) => unreachable!("refused before building (`KernelSpec::kernel_gap`)"),
             }
@@ -574,11 +574,9 @@ impl IrKernel {
                     attention::combine::expand(scope, &bufs[0], &mut out, i, at, kv.splits, rows, *e, kv.row, kv.lanes)
                 }
                 KernelSpec::Paged { slots, blocks, page, heads, width, integers, .. } => {
-                    let digits = if *integers && self.dtype.is_half() { INTEGER_DIGITS } else { 1 };
-                    let (bufs, sizes) = (&bufs, (*slots, *blocks, *page, *heads, *width));
-                    k::paged::expand(
-                        scope, &bufs[0], &bufs[1], &mut out, i, sizes.0, sizes.1, sizes.2, sizes.3, sizes.4, digits,
-                    )
+                    let digits = value_elements(*integers, self.dtype);
+                    let sizes = (*slots, *blocks, *page, *heads, *width);
+                    k::paged::expand(scope, &bufs[0], &bufs[1], &mut out, i, sizes, digits)
                 }
                 KernelSpec::Rope { rows, s, d, x, .. } => {
                     let first = k::rope_source::expand(scope, i, *d);
@@ -618,14 +616,14 @@ impl IrKernel {
 /// Head mixing's functions over the capture buffers `caps` as two hooks:
 /// the score function alone (of a query head) and the mask function alone
 /// (of a softmax head); empty where the spec has none.
-fn mixed_hooks(shape: &AttnShape, caps: &[NativeExpand<[Stored]>], half: bool) -> [Hook; 2] {
+fn mixed_hooks(shape: &AttnShape, caps: &[NativeExpand<[Stored]>], dtype: Dtype) -> [Hook; 2] {
     let f = shape.fns.as_ref().expect("head mixing is in the functions");
-    let fns = fns_of(f, caps, half);
+    let fns = fns_of(f, caps, dtype);
     [true, false].map(|score| {
         let keep = if score { f.score.is_some() } else { f.mask.is_some() };
         Hook(keep.then(|| {
             let (score, mask) = if score { (fns.score.clone(), None) } else { (None, fns.mask.clone()) };
-            std::rc::Rc::new(Fns { score, mask, tiles: None, ..fns_of(f, caps, half) })
+            std::rc::Rc::new(Fns { score, mask, tiles: None, ..fns_of(f, caps, dtype) })
         }))
     })
 }

@@ -273,31 +273,42 @@ pub fn read_digits(buf: &[Stored], i: usize, #[comptime] digits: usize) -> f32 {
     }
 }
 
-/// `out[b, h, t, c] = cache[pages[b, t / page], t % page, h, c]` (`Op::Paged`),
-/// the page index clamped into the cache's `blocks` (the host refuses one
-/// outside it before any launch).
+/// Row `t` of sequence `b` in a paged cache, counted in rows of the cache:
+/// row `t % page` of page `table[b, t / page]` (of `slots` a sequence; an
+/// entry stored as `digits`), the page clamped into the cache's `blocks`
+/// (the host refuses a table outside it before any launch).
 #[cube]
-#[allow(clippy::too_many_arguments)]
+pub fn page_row(
+    table: &[Stored],
+    b: usize,
+    t: usize,
+    #[comptime] slots: usize,
+    #[comptime] page: usize,
+    #[comptime] blocks: usize,
+    #[comptime] digits: usize,
+) -> usize {
+    let at = read_digits(table, b * slots + t / page, digits);
+    min(usize::cast_from(max(at, f32::new(0.0))), comptime![blocks - 1]) * page + t % page
+}
+
+/// `out[b, h, t, c] = cache[pages[b, t / page], t % page, h, c]` (`Op::Paged`);
+/// `sizes`: slots, blocks, page, heads, width.
+#[cube]
 pub fn paged(
     cache: &[Stored],
     pages: &[Stored],
     out: &mut [Stored],
     i: usize,
-    #[comptime] slots: usize,
-    #[comptime] blocks: usize,
-    #[comptime] page: usize,
-    #[comptime] heads: usize,
-    #[comptime] width: usize,
+    #[comptime] sizes: (usize, usize, usize, usize, usize),
     #[comptime] digits: usize,
 ) {
+    let (slots, blocks, page, heads, width) = comptime![sizes];
     let rows = comptime![slots * page];
     let c = i % width;
     let t = (i / width) % rows;
     let h = (i / comptime![width * rows]) % heads;
     let b = i / comptime![width * rows * heads];
-    let at = read_digits(pages, b * slots + t / page, digits);
-    let p = min(usize::cast_from(max(at, f32::new(0.0))), comptime![blocks - 1]);
-    out[i] = cache[((p * page + t % page) * heads + h) * width + c];
+    out[i] = cache[(page_row(pages, b, t, slots, page, blocks, digits) * heads + h) * width + c];
 }
 
 /// The index in the row-major operand of the first element of RoPE's pair `i`.
