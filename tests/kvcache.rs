@@ -727,3 +727,25 @@ fn run_splits_with_compute_units() {
     assert_ne!(split.data, whole.data, "--compute-units 64 splits (12 chunks of 256 keys), so its rounding differs");
     assert_close(&split, &whole, 1e-5, "split against unsplit");
 }
+
+/// With head mixing inside attention, whose kernels take keys in sequence
+/// order, a paged cache is gathered by its own launch (`KernelSpec::Paged`):
+/// that path on wgpu against the interpreter.
+#[test]
+fn paged_caches_under_head_mixing_are_gathered() {
+    let text = "spec g\ndim B = 2\ndim NB = 9\ndim PS = 16\ndim MP = 4\ninput q: [B, 4, 3, 16]\n\
+        input k_cache: [NB, PS, 2, 16]\ninput v_cache: [NB, PS, 2, 16]\ninput pages: [B, MP] in integers(0, NB - 1)\n\
+        input lengths: [B] in integers(0, MP * PS)\ninput wl: [4, 4]\n\
+        output o = attention(q, k_cache, v_cache, pages = pages, lengths = lengths, mask = causal, mix_logits = wl)\n";
+    let c = attnc_compiler::compile(text, &[]).unwrap_or_else(|d| panic!("{d:?}"));
+    let (drawn, dims) = bind::generate_inputs(&c.program, 5).unwrap();
+    let t: BTreeMap<String, Tensor> = c.program.inputs.iter().map(|i| i.name.clone()).zip(drawn).collect();
+    let want = eval(&c, &t).remove("o").unwrap();
+    let plan = plan::plan(&c.program, &dims);
+    let kinds: Vec<&str> = plan.launches.iter().map(|l| l.spec.kind()).collect();
+    assert_eq!(kinds.iter().filter(|k| **k == "paged").count(), 2, "{kinds:?}");
+    let got = wgpu().run(&plan, &t).unwrap().0.remove(0);
+    assert!(want.data.iter().any(|x| *x != 0.0));
+    assert_close(&got, &want, 1e-4, "paged under head mixing");
+    assert_each(&got, &want, 1e-4, "paged under head mixing");
+}
