@@ -567,3 +567,40 @@ fn bench_reads_its_inputs_from_a_file() {
     assert!(stderr(&o).contains("error[E0601]") && stderr(&o).contains("tensor `q`"), "{}", stderr(&o));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Sizes with sums and differences: a dim solved from an axis `2·N − 1`, and
+/// a size negative at the bound dims refused, naming the tensor, with
+/// nothing written.
+#[test]
+fn sizes_with_differences_solve_dims_and_refuse_negative_sizes() {
+    let dir = scratch("differences");
+    let spec = dir.join("rel.attn");
+    std::fs::write(
+        &spec,
+        "spec rel\ndim N = 6\ndim K = 3\ninput bias: [2 * N - 1]\ninput extra: [N - K]\n\
+         output o = bias * 2.0\noutput e = extra + 1.0\n",
+    )
+    .unwrap();
+    let inputs = dir.join("in.safetensors");
+    let tensors = vec![
+        ("bias".to_string(), Tensor::new(vec![9], (0..9).map(|i| i as f64).collect())),
+        ("extra".to_string(), Tensor::new(vec![2], vec![1.0, -1.0])),
+    ];
+    std::fs::write(&inputs, file(&tensors)).unwrap();
+    let out = dir.join("out.safetensors");
+    let o = attnc(&["run", s(&spec), "--inputs", s(&inputs), "--out", s(&out), "--set", "K=3"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    // N = 5 solved from bias's 9 rows, so extra has 5 - 3 = 2.
+    assert!(String::from_utf8_lossy(&o.stdout).contains("N=5") || stderr(&o).contains("N=5"), "{}", stderr(&o));
+
+    let out2 = dir.join("out2.safetensors");
+    let o = attnc(&["run", s(&spec), "--seed", "1", "--set", "N=2", "--out", s(&out2)]);
+    assert!(!o.status.success(), "a negative size ran");
+    let err = stderr(&o);
+    assert!(
+        err.contains("E0305") && err.contains("`extra`") && err.contains("N - K") && err.contains("negative"),
+        "{err}"
+    );
+    assert!(!out2.exists(), "a refused run wrote its output");
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -12,7 +12,7 @@ use common::*;
 
 fn small(spec: &str) -> Vec<(&'static str, String)> {
     let s: &[(&'static str, &str)] = match spec {
-        "iha" => &[("H", "2"), ("P", "2"), ("d", "4"), ("N", "5"), ("rope", "10000.0")],
+        "iha" | "iha_decode" => &[("H", "2"), ("P", "2"), ("d", "4"), ("N", "5"), ("rope", "10000.0")],
         "mha" | "gqa" => &[("H", "2"), ("H_kv", "1"), ("d", "4"), ("N", "5")],
         "mqa" => &[("H", "2"), ("d", "4"), ("N", "5")],
         "gdpo" => &[("B", "2"), ("G", "3"), ("C", "2")],

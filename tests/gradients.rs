@@ -103,6 +103,9 @@ fn attention_specs_gradients_match_finite_differences() {
         ("iha", sets(&[("H", "2"), ("P", "3"), ("d", "2"), ("N", "21"), ("mask", "token_causal"), ("window", "4")])),
         ("iha", sets(&[("H", "3"), ("P", "2"), ("d", "2"), ("N", "5"), ("mask", "none"), ("collapse", "per_head")])),
         ("iha", sets(&[("H", "2"), ("P", "5"), ("d", "2"), ("N", "4"), ("rope", "100.0")])),
+        // A decode step: concatenation with the cache and RoPE at an offset.
+        ("iha_decode", sets(&[("H", "2"), ("P", "2"), ("d", "4"), ("N", "5"), ("rope", "100.0")])),
+        ("iha_decode", sets(&[("H", "2"), ("P", "3"), ("d", "2"), ("N", "3"), ("mask", "token_causal")])),
         (
             "iha",
             sets(&[

@@ -127,6 +127,7 @@ pub fn op_cost(op: &Op, out: &[usize], operands: &[Vec<usize>]) -> OpCost {
         | Op::UnflattenHeads { .. }
         | Op::FlattenHeads { .. }
         | Op::SliceCols { .. }
+        | Op::Slice { .. }
         | Op::Transpose { .. }
         | Op::Unsqueeze { .. } => OpCost::default(),
         Op::MatMul { .. } => kernel(2.0 * numel(out) * operands[0].last().copied().unwrap_or(1) as f64),
@@ -184,7 +185,8 @@ pub fn op_cost(op: &Op, out: &[usize], operands: &[Vec<usize>]) -> OpCost {
         | Op::Where { .. }
         | Op::Thresholds { .. }
         | Op::BlockDiag { .. }
-        | Op::ConcatCols { .. } => kernel(numel(out)),
+        | Op::ConcatCols { .. }
+        | Op::Concat { .. } => kernel(numel(out)),
     }
 }
 

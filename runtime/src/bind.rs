@@ -41,23 +41,18 @@ pub fn bind_inputs(
         inputs.push(t);
     }
     let mut dims = DimValues::new();
-    // Solve dims of the form c·X from axes, until nothing changes.
+    // Solve dims from axes of the form a·X + c (the other dims known), until nothing changes.
     loop {
         let mut progress = false;
         for (i, t) in inputs.iter().enumerate() {
             for (axis, d) in program.input_shape(i).0.iter().enumerate() {
-                let unknown: Vec<&str> = d.symbols().map(|(s, _)| s).filter(|s| !dims.contains_key(*s)).collect();
-                if let [sym] = unknown.as_slice() {
-                    if d.symbols().find(|(s, _)| s == sym).map(|(_, e)| e) == Some(1) {
-                        let rest =
-                            d.symbols().filter(|(s, _)| s != sym).fold(d.coeff(), |acc, (s, e)| acc * dims[s].pow(e));
-                        let actual = t.shape[axis] as u64;
-                        if rest == 0 || actual % rest != 0 || actual == 0 {
-                            return Err(shape_error(program, i, t));
-                        }
-                        dims.insert(sym.to_string(), actual / rest);
-                        progress = true;
+                if let Some((sym, a, c)) = d.linear_in(&|s| dims.get(s).copied()) {
+                    let rest = t.shape[axis] as i64 - c;
+                    if rest % a != 0 || rest / a < 1 {
+                        return Err(shape_error(program, i, t));
                     }
+                    dims.insert(sym, (rest / a) as u64);
+                    progress = true;
                 }
             }
         }
@@ -84,6 +79,7 @@ pub fn bind_inputs(
             )));
         }
     }
+    check_sizes(program, &dims)?;
     for (i, t) in inputs.iter().enumerate() {
         if concrete(program.input_shape(i), &dims) != t.shape {
             return Err(shape_error(program, i, t));
@@ -93,7 +89,6 @@ pub fn bind_inputs(
     for (i, t) in inputs.iter().enumerate() {
         check_domain(&program.inputs[i].name, &program.inputs[i].domain, t, &dims)?;
     }
-    check_sizes(program, &dims)?;
     Ok((inputs, dims))
 }
 
@@ -209,6 +204,20 @@ pub const DEFAULT_MEMORY_BUDGET: u64 = 8 << 30;
 pub fn interpreter_bytes(program: &Program, dims: &DimValues) -> Result<u64, RunError> {
     let mut total: u64 = 0;
     for (i, node) in program.nodes.iter().enumerate() {
+        let what = || match &node.op {
+            Op::Input { index } => format!("input `{}`", program.inputs[*index].name),
+            _ => format!("intermediate %{i}"),
+        };
+        // A size with a difference (`N - 1`, `2 * N - 5`) can be negative at small dims.
+        if let Some(d) = node.shape.0.iter().find(|d| d.eval(&|s| dims.get(s).copied()).is_none()) {
+            let at: Vec<String> = d.symbols().map(|s| format!("{s} = {}", dims.get(s).copied().unwrap_or(0))).collect();
+            return Err(RunError::BadSize(format!(
+                "{} has shape {}, whose size {d} is negative at {}; choose larger dims",
+                what(),
+                node.shape,
+                at.join(", ")
+            )));
+        }
         let n = node
             .shape
             .0
@@ -216,10 +225,7 @@ pub fn interpreter_bytes(program: &Program, dims: &DimValues) -> Result<u64, Run
             .try_fold(1u64, |acc, d| acc.checked_mul(d.eval(&|s| dims.get(s).copied())?))
             .filter(|n| *n <= MAX_ELEMENTS)
             .ok_or_else(|| {
-                let what = match &node.op {
-                    Op::Input { index } => format!("input `{}`", program.inputs[*index].name),
-                    _ => format!("intermediate %{i}"),
-                };
+                let what = what();
                 let bound: Vec<String> = dims.iter().map(|(k, v)| format!("{k}={v}")).collect();
                 RunError::BadSize(format!(
                     "{what} of shape {} would have more than {MAX_ELEMENTS} elements at {}; kernels index with 32-bit integers",

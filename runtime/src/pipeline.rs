@@ -408,7 +408,6 @@ impl Bound {
 
     /// Run on `backend`; the outputs by name.
     pub fn run(&self, backend: Backend) -> Result<BTreeMap<String, Tensor>, Error> {
-        if backend != Backend::Interp {}
         match backend.device()? {
             None if self.dtype != Dtype::F32 => Err(Error::Setting(format!(
                 "--dtype {} applies to the kernel backends (wgpu, cuda); the interpreter computes in float64",

@@ -287,14 +287,14 @@ impl Builder {
                     (r, self.push(Op::CollapseGrad { x, dy: g })?),
                 ]
             }
-            Op::Rope { x, base } => {
+            Op::Rope { x, base, ref offset } => {
                 // A rotation's transpose rotates back: R(−θ) = N·R(θ)·N with N
                 // negating the second half of each row.
                 let d = self.known(x, self.shape(x).rank() - 1, "head width")? as usize;
                 let values = (0..d).map(|i| if i < d / 2 { 1.0 } else { -1.0 }).collect();
                 let n = self.push(Op::Constant { values, shape: vec![d as u64] })?;
                 let flipped = self.binary(B::Mul, g, n)?;
-                let rotated = self.push(Op::Rope { x: flipped, base })?;
+                let rotated = self.push(Op::Rope { x: flipped, base, offset: offset.clone() })?;
                 vec![(x, self.binary(B::Mul, rotated, n)?)]
             }
             Op::Attention { q, k, v, mask, scale, ref fns } => {
@@ -478,6 +478,26 @@ impl Builder {
                     (a, self.push(Op::SliceCols { x: g, start: 0, len: f1 })?),
                     (b, self.push(Op::SliceCols { x: g, start: f1, len: f2 })?),
                 ]
+            }
+            Op::Concat { a, b, axis } => {
+                let (la, lb) = (self.shape(a).0[axis].clone(), self.shape(b).0[axis].clone());
+                vec![
+                    (a, self.push(Op::Slice { x: g, axis, len: la, at_end: false })?),
+                    (b, self.push(Op::Slice { x: g, axis, len: lb, at_end: true })?),
+                ]
+            }
+            Op::Slice { x, axis, ref len, at_end } => {
+                // The cotangent, with zeros for the entries left out.
+                let rest = self.shape(x).0[axis].sub(len);
+                if rest.as_known() == Some(0) {
+                    vec![(x, g)]
+                } else {
+                    let like = self.push(Op::Slice { x, axis, len: rest, at_end: !at_end })?;
+                    let zero = self.scalar(0.0)?;
+                    let zeros = self.push(Op::Where { cond: zero, a: like, b: zero })?;
+                    let (a, b) = if at_end { (zeros, g) } else { (g, zeros) };
+                    vec![(x, self.push(Op::Concat { a, b, axis })?)]
+                }
             }
             Op::SliceCols { x, start, len } => {
                 // Zeros around the slice's cotangent, as wide as the columns left out.

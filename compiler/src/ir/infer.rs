@@ -460,6 +460,28 @@ impl Op {
                     _ => return err(Mismatch, format!("cannot concatenate the columns of {sa} and {sb}")),
                 }
             }
+            Op::Concat { a, b, axis } => {
+                let (sa, sb) = (shape(a), shape(b));
+                let others_equal = sa.rank() == sb.rank() && (0..sa.rank()).all(|k| k == axis || sa.0[k] == sb.0[k]);
+                if axis >= sa.rank() || !others_equal {
+                    return err(
+                        Mismatch,
+                        format!("cannot concatenate {sa} and {sb} along axis {axis}: every other axis must be equal"),
+                    );
+                }
+                let mut out = sa.0.clone();
+                out[axis] = sa.0[axis].add(&sb.0[axis]);
+                Shape(out)
+            }
+            Op::Slice { x, axis, ref len, .. } => {
+                let s = shape(x);
+                if axis >= s.rank() {
+                    return err(Rank, format!("axis {axis} is out of range for {s}"));
+                }
+                let mut out = s.0.clone();
+                out[axis] = len.clone();
+                Shape(out)
+            }
             Op::SliceCols { x, start, len } => {
                 let s = shape(x);
                 want_min_rank("a sliced tensor", &s, 1)?;

@@ -245,12 +245,22 @@ pub enum Op {
     /// ## Shape rules
     /// `x: [B, H', P, S, d]`, `r: [H, H'·P]` → `[B, H, S, d]`.
     Collapse { x: NodeId, r: NodeId },
-    /// Rotary position embedding by row index `p` along the sequence axis (rotate-half
-    /// pairing): for `i < d/2`, angle `p · base^(−2i/d)`,
-    /// `out[.., p, i] = x[i]·cos − x[i + d/2]·sin`, `out[.., p, i + d/2] = x[i]·sin + x[i + d/2]·cos`.
+    /// Rotary position embedding at position `p = offset + s` for row `s` of the
+    /// sequence axis (rotate-half pairing; a decode step's rows continue a
+    /// cache's positions): for `i < d/2`, angle `p · base^(−2i/d)`,
+    /// `out[.., s, i] = x[i]·cos − x[i + d/2]·sin`, `out[.., s, i + d/2] = x[i]·sin + x[i + d/2]·cos`.
     /// ## Shape rules
     /// `x: [..., S, d]` with `d` even → same shape.
-    Rope { x: NodeId, base: f64 },
+    Rope { x: NodeId, base: f64, offset: Dim },
+    /// `a` and `b` joined along `axis` (a key/value cache and a decode step's new rows).
+    /// ## Shape rules
+    /// `a: [.., A, ..]`, `b: [.., C, ..]`, equal but for `axis` → `[.., A + C, ..]`.
+    Concat { a: NodeId, b: NodeId, axis: usize },
+    /// `len` entries along `axis`, from its start or (`at_end`) up to its end
+    /// (the parts of a concatenation's gradient).
+    /// ## Shape rules
+    /// `x: [.., A, ..]` → `[.., len, ..]`, `len ≤ A`.
+    Slice { x: NodeId, axis: usize, len: Dim, at_end: bool },
     /// The rows of a paged key/value cache in sequence order (FlashAttention's
     /// `block_table`): `out[b, h, t] = cache[pages[b, t / PS], t % PS, h]`.
     /// ## Shape rules
@@ -466,8 +476,10 @@ impl Op {
             Op::MixCols { y, alpha } => vec![y, alpha],
             Op::CollapseCols { y, r } => vec![y, r],
             Op::CollapseRows { w, r } => vec![w, r],
-            Op::UnflattenHeads { x, .. } | Op::FlattenHeads { x } | Op::SliceCols { x, .. } => vec![x],
-            Op::ConcatCols { a, b } => vec![a, b],
+            Op::UnflattenHeads { x, .. } | Op::FlattenHeads { x } | Op::SliceCols { x, .. } | Op::Slice { x, .. } => {
+                vec![x]
+            }
+            Op::ConcatCols { a, b } | Op::Concat { a, b, .. } => vec![a, b],
             Op::MatMul { a, b } | Op::Binary { a, b, .. } => vec![a, b],
             Op::SplitHeads { x, .. }
             | Op::MergeHeads { x }
@@ -502,7 +514,7 @@ impl Op {
     pub fn map_operands(&mut self, mut f: impl FnMut(NodeId) -> NodeId) {
         match self {
             Op::Input { .. } | Op::Scalar { .. } | Op::Constant { .. } => {}
-            Op::MatMul { a, b } | Op::Binary { a, b, .. } | Op::ConcatCols { a, b } => {
+            Op::MatMul { a, b } | Op::Binary { a, b, .. } | Op::ConcatCols { a, b } | Op::Concat { a, b, .. } => {
                 *a = f(*a);
                 *b = f(*b);
             }
@@ -510,7 +522,9 @@ impl Op {
                 *x = f(*x);
                 *y = f(*y);
             }
-            Op::UnflattenHeads { x, .. } | Op::FlattenHeads { x } | Op::SliceCols { x, .. } => *x = f(*x),
+            Op::UnflattenHeads { x, .. } | Op::FlattenHeads { x } | Op::SliceCols { x, .. } | Op::Slice { x, .. } => {
+                *x = f(*x)
+            }
             Op::SplitHeads { x, .. }
             | Op::MergeHeads { x }
             | Op::Interleave { x }

@@ -57,7 +57,7 @@ impl Limit {
     pub fn least(&self) -> i64 {
         match self {
             Limit::Int(v) => *v,
-            Limit::Size { size, plus } => (size.coeff() as i64).saturating_add(*plus),
+            Limit::Size { size, plus } => size.at_ones().saturating_add(*plus),
         }
     }
 }
@@ -209,7 +209,11 @@ impl Program {
                 Op::Deinterleave { x, pseudo } => format!("deinterleave {x}, pseudo={pseudo}"),
                 Op::BlockDiag { r, block } => format!("block_diag {r}, block={block}"),
                 Op::Collapse { x, r } => format!("collapse {x}, {r}"),
-                Op::Rope { x, base } => format!("rope {x}, base={base:?}"),
+                Op::Rope { x, base, offset } if offset.as_known() == Some(0) => format!("rope {x}, base={base:?}"),
+                Op::Rope { x, base, offset } => format!("rope {x}, base={base:?}, offset={offset}"),
+                Op::Concat { a, b, axis } => format!("concat {a}, {b}, axis={axis}"),
+                Op::Slice { x, axis, len, at_end: false } => format!("slice {x}, axis={axis}, first={len}"),
+                Op::Slice { x, axis, len, at_end: true } => format!("slice {x}, axis={axis}, last={len}"),
                 Op::Paged { cache, pages } => format!("paged {cache}, pages={pages}"),
                 Op::Attention { q, k, v, mask, scale, fns } => {
                     format!("attention {q}, {k}, {v}, {}, scale={scale:?}{}", mask_text(mask), fns_text(fns))

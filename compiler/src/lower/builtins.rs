@@ -48,7 +48,8 @@ pub const BUILTINS: &[Signature] = &[
     Signature { name: "interleave",   params: &["x"], required: 1, summary: "[B, H, P, S, d] -> [B, H, S*P, d], row s*P + j" },
     Signature { name: "deinterleave", params: &["x", "pseudo"], required: 2, summary: "[B, H, S*P, d] -> [B, H, P, S, d]" },
     Signature { name: "collapse",     params: &["x", "r", "mode"], required: 2, summary: "x [B, H', P, S, d], r [H, H'*P] -> [B, H, S, d]; mode global | per_head" },
-    Signature { name: "rope",         params: &["x", "base"], required: 1, summary: "rotary embedding by row index; base none = identity" },
+    Signature { name: "rope",         params: &["x", "base", "offset"], required: 1, summary: "rotary embedding at position offset + row index; base none = identity; offset a size of dims (default 0)" },
+    Signature { name: "concat",       params: &["a", "b", "axis"], required: 3, summary: "a and b joined along axis (negative counts from the end); their other axes equal" },
     Signature { name: "attention",    params: &["q", "k", "v", "mask", "window", "block", "scale", "score", "mix_logits", "mix_probs", "lengths", "window_left", "window_right", "pages"], required: 3, summary: "softmax(score(q kᵀ · scale) + mask) v; mask a name or a function of (b, h, i, j) to bool, score a function of (s, b, h, i, j); mix_logits [H_q, H_s] mixes heads' logits before the softmax, mix_probs [H_s, H_o] its probabilities after (Talking-Heads); lengths [B] each sequence's key count (its queries the last rows); window_left, window_right: keys p - left ..= p + right of query position p; pages [B, MP] a block table into k, v caches [NB, PS, H_kv, d]" },
     Signature { name: "sqrt",         params: &["x"], required: 1, summary: "elementwise square root" },
     Signature { name: "abs",          params: &["x"], required: 1, summary: "elementwise absolute value" },
@@ -90,7 +91,12 @@ struct Args<'e> {
     values: Vec<Option<(Operand, &'e Expr)>>,
     /// Arguments given as functions (`|a, b| …`), where `FUNCTION_PARAMS` allows.
     functions: Vec<Option<&'e Expr>>,
+    /// Arguments that are sizes of dims (`(N - 1) * P`), where `SIZE_PARAMS` allows.
+    sizes: Vec<Option<&'e Expr>>,
 }
+
+/// The (builtin, parameter) pairs that take a size of dims, kept symbolic.
+const SIZE_PARAMS: [(&str, &str); 1] = [("rope", "offset")];
 
 /// The (builtin, parameter) pairs that take a function.
 const FUNCTION_PARAMS: [(&str, &str); 2] = [("attention", "mask"), ("attention", "score")];
@@ -163,6 +169,19 @@ pub(crate) fn lower_call(l: &mut Lowerer, call: &Expr, func: &Ident, args: &[Arg
             let (x, alpha) = (args.tensor(l, 0), args.tensor(l, 1));
             l.add(Op::MixHeads { x: x?, alpha: alpha? }, call.span, &args.spans(&[0, 1]))
         }
+        "concat" => {
+            let (a, b) = (args.tensor(l, 0), args.tensor(l, 1));
+            let (a, b) = (a?, b?);
+            let rank = l.nodes[a.0 as usize].shape.rank();
+            let axis = args.axes(l, 2, rank)?;
+            match axis[..] {
+                [axis] => l.add(Op::Concat { a, b, axis }, call.span, &args.spans(&[0, 1])),
+                _ => {
+                    args.wrong(l, 2, "a single axis");
+                    None
+                }
+            }
+        }
         "interleave" => {
             let x = args.tensor(l, 0)?;
             l.add(Op::Interleave { x }, call.span, &args.spans(&[0]))
@@ -184,10 +203,11 @@ pub(crate) fn lower_call(l: &mut Lowerer, call: &Expr, func: &Ident, args: &[Arg
             l.add(Op::Collapse { x, r }, call.span, &args.spans(&[0, 1]))
         }
         "rope" => {
-            let x = args.tensor(l, 0)?;
+            let (x, offset) = (args.tensor(l, 0), args.dim(l, 2));
+            let (x, offset) = (x?, offset?);
             match args.opt_float(l, 1)? {
                 None => Some(x),
-                Some(base) if base > 0.0 => l.add(Op::Rope { x, base }, call.span, &args.spans(&[0])),
+                Some(base) if base > 0.0 => l.add(Op::Rope { x, base, offset }, call.span, &args.spans(&[0])),
                 Some(base) => {
                     let span = args.values[1].as_ref().unwrap().1.span;
                     l.diags.push(
@@ -433,6 +453,7 @@ fn match_args<'e>(
 ) -> Option<Args<'e>> {
     let mut values: Vec<Option<(Operand, &Expr)>> = vec![None; sig.params.len()];
     let mut functions: Vec<Option<&Expr>> = vec![None; sig.params.len()];
+    let mut sizes: Vec<Option<&Expr>> = vec![None; sig.params.len()];
     let mut given = vec![false; sig.params.len()];
     let mut ok = true;
     let mut positional = 0;
@@ -497,6 +518,10 @@ fn match_args<'e>(
         // accessors report it as an unknown name where a value was needed.
         let value = match &a.value.kind {
             ExprKind::Name(n) if !l.scope.contains_key(n) => Some(Operand::Const(Value::Enum(n.clone()))),
+            _ if SIZE_PARAMS.contains(&(sig.name, sig.params[slot])) => {
+                sizes[slot] = Some(&a.value);
+                continue;
+            }
             ExprKind::Lambda { .. } if FUNCTION_PARAMS.contains(&(sig.name, sig.params[slot])) => {
                 functions[slot] = Some(&a.value);
                 continue;
@@ -530,7 +555,7 @@ fn match_args<'e>(
             ok = false;
         }
     }
-    ok.then_some(Args { func: sig, values, functions })
+    ok.then_some(Args { func: sig, values, functions, sizes })
 }
 
 impl Args<'_> {
@@ -576,6 +601,14 @@ impl Args<'_> {
                 None
             }
             _ => Some(None),
+        }
+    }
+
+    /// An optional size of dims (absent: 0); `None` when it has errors (reported).
+    fn dim(&self, l: &mut Lowerer, i: usize) -> Option<Dim> {
+        match self.sizes[i] {
+            None => Some(Dim::known(0)),
+            Some(e) => l.dim_expr(e),
         }
     }
 

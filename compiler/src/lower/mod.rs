@@ -326,13 +326,14 @@ impl Lowerer {
         }
     }
 
-    /// A size expression of an input shape: a product of dims and integer constants.
+    /// A size expression of an input shape: sums and differences of products
+    /// of dims and integer constants (`N * P`, `(N - 1) * P`, `2 * N - 1`).
     fn dim_expr(&mut self, e: &Expr) -> Option<Dim> {
         let bad = |l: &mut Lowerer, msg: String| {
             l.diags.push(
                 Diagnostic::error(Code::BadShapeExpr, msg)
                     .at(e.span, "in this size")
-                    .hint("sizes are products of dims and integer parameters, e.g. `N * P`"),
+                    .hint("sizes are sums and products of dims and integer parameters, e.g. `N * P` or `2 * N - 1`"),
             );
             None
         };
@@ -349,6 +350,10 @@ impl Lowerer {
                     None => bad(self, "size overflows 64 bits".into()),
                 }
             }
+            ExprKind::Binary(op @ (BinOp::Add | BinOp::Sub), a, b) => {
+                let (a, b) = (self.dim_expr(a)?, self.dim_expr(b)?);
+                Some(if *op == BinOp::Add { a.add(&b) } else { a.sub(&b) })
+            }
             ExprKind::Binary(BinOp::Div, a, b) => {
                 let a = self.dim_expr(a)?;
                 let n = self.const_size(b)?;
@@ -358,7 +363,7 @@ impl Lowerer {
                 }
             }
             _ if self.mentions_dim(e) => {
-                bad(self, format!("`{}` is not a product of dims", attnc_grammar::print_expr(e)))
+                bad(self, format!("`{}` is not a sum of products of dims", attnc_grammar::print_expr(e)))
             }
             _ => self.const_size(e).map(Dim::known),
         }

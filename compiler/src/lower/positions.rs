@@ -71,14 +71,16 @@ pub(super) fn mask_function(mask: Mask, pos: &Positions, rows: &Dim, keys: &Dim,
     Func { kind: FuncKind::Mask, params, body }
 }
 
-/// A size as an int expression: its coefficient times its dims.
+/// A size as an int expression: the sum of its terms, each a coefficient times its dims.
 fn size(d: &Dim) -> FExpr {
-    let mut factors: Vec<FExpr> = vec![];
-    if d.coeff() != 1 || d.as_known().is_some() {
-        factors.push(FExpr::Int(d.coeff() as i64));
-    }
-    for (sym, e) in d.symbols() {
-        factors.extend((0..e).map(|_| FExpr::Dim(sym.to_string())));
-    }
-    factors.into_iter().reduce(|a, b| FExpr::Bin(FBin::Mul, Box::new(a), Box::new(b))).unwrap()
+    let bin = |op, a, b| FExpr::Bin(op, Box::new(a), Box::new(b));
+    d.terms()
+        .map(|(c, syms)| {
+            let dims = syms.iter().flat_map(|(s, e)| (0..*e).map(|_| FExpr::Dim(s.clone())));
+            let factors: Vec<FExpr> =
+                (c != 1 || syms.is_empty()).then_some(FExpr::Int(c)).into_iter().chain(dims).collect();
+            factors.into_iter().reduce(|a, b| bin(FBin::Mul, a, b)).unwrap()
+        })
+        .reduce(|a, b| bin(FBin::Add, a, b))
+        .unwrap_or(FExpr::Int(0))
 }

@@ -4,6 +4,7 @@
 //! Every size is concrete: a plan is specialised to the bound dims.
 
 mod dtype;
+mod gemm;
 pub mod group;
 mod paged;
 mod spec;
@@ -18,7 +19,8 @@ pub use tiles::*;
 pub use view::*;
 
 use crate::cost::{op_cost, weight_only};
-use crate::ir::{concrete, AttnArg, AttnFns, BinaryOp, DimValues, NodeId, Op, Program};
+use crate::ir::{concrete, AttnArg, AttnFns, DimValues, NodeId, Op, Program};
+use gemm::{gemm_a, plan_gemm, scale_of};
 use serde::Serialize;
 pub use split::{KvSplit, SPLIT_KEYS};
 use std::collections::BTreeMap;
@@ -215,6 +217,26 @@ impl Planner {
         out
     }
 
+    /// Node `n`'s row-major buffer, as an output: a buffer of its own shape (a
+    /// layout view over a computed buffer of another shape names it anew; an
+    /// input's buffer is copied).
+    fn output(&mut self, n: NodeId) -> usize {
+        let buf = self.contiguous(n);
+        let shape = &self.shapes[n.0 as usize];
+        if self.buffers[buf].shape == *shape {
+            return buf;
+        }
+        if self.buffers[buf].role == BufferRole::Temp {
+            self.buffers[buf].shape = shape.clone();
+            return buf;
+        }
+        let (shape, len) = (shape.clone(), shape.iter().product());
+        let out = self.buffer(&shape, BufferRole::Temp);
+        let spec = KernelSpec::Gather { len, x: Layout::contiguous(&shape).view() };
+        self.launch_for(n.0 as usize, spec, vec![buf, out], 0.0, 8.0 * len as f64);
+        out
+    }
+
     /// The value of a layout operation on `n`: `n`'s buffer under `f` of its
     /// layout, or `f` of a row-major copy where `f` cannot express it.
     fn relayout(&mut self, n: NodeId, f: impl Fn(Layout) -> Option<Layout>) -> Val {
@@ -236,66 +258,6 @@ impl Planner {
         }
         let buf = self.contiguous(n);
         (buf, accept(&Layout::contiguous(&self.shapes[n.0 as usize])).expect("every reader takes a row-major layout"))
-    }
-}
-
-/// A GEMM's `a` operand: the view of each row's start and of each column
-/// within a row.
-fn gemm_a(l: &Layout) -> (View, View) {
-    let r = l.axes.len();
-    let (sizes, strides): (Vec<usize>, Vec<usize>) = l.axes[..r - 1].iter().flatten().copied().unzip();
-    let (cs, cst): (Vec<usize>, Vec<usize>) = l.axes[r - 1].iter().copied().unzip();
-    (View::new(&sizes, &strides, l.offset), View::new(&cs, &cst, 0))
-}
-
-/// A GEMM's `b` operand `[k, f]`: its row stride and offset, when its
-/// columns are contiguous.
-fn gemm_b(l: &Layout) -> Option<(usize, usize)> {
-    let row = l.stride(0)?;
-    match l.stride(1)? {
-        1 => Some((row, l.offset)),
-        _ if l.shape()[1] == 1 => Some((row, l.offset)),
-        _ => None,
-    }
-}
-
-/// The GEMM of node `mm` (its operands read through their layouts) with an
-/// epilogue, its bindings and the product's own work.
-fn plan_gemm(
-    pl: &mut Planner,
-    p: &Program,
-    mm: usize,
-    mix: Option<MixEpilogue>,
-    scale: Option<u64>,
-) -> (KernelSpec, Vec<usize>, crate::cost::OpCost) {
-    let Op::MatMul { a, b } = p.nodes[mm].op else { unreachable!("node {mm} is a GEMM") };
-    let (sa, sb) = (pl.shapes[a.0 as usize].clone(), pl.shapes[b.0 as usize].clone());
-    let k = *sa.last().unwrap();
-    let (ba, (a_rows, a_cols)) = pl.read(a, |l| Some(gemm_a(l)));
-    let (bb, (b_row, b_offset)) = pl.read(b, gemm_b);
-    let rows = sa.iter().product::<usize>() / k;
-    let spec = KernelSpec::MatMul { rows, k, f: sb[1], a_rows, a_cols, b_row, b_offset, mix, scale };
-    let work = op_cost(&p.nodes[mm].op, &pl.shapes[mm], &[sa, sb]);
-    (spec, vec![ba, bb], work)
-}
-
-/// For `(x @ w) * c`, `c * (x @ w)` or `(x @ w) / c` at node `n` with a
-/// constant `c`: the product's node and the factor.
-fn scale_of(p: &Program, n: usize) -> Option<(usize, f64)> {
-    let Op::Binary { op, a, b } = p.nodes[n].op else { return None };
-    let constant = |x: NodeId| match p.nodes[x.0 as usize].op {
-        Op::Scalar { value } => Some(value),
-        _ => None,
-    };
-    let product = |x: NodeId| matches!(p.nodes[x.0 as usize].op, Op::MatMul { .. }).then_some(x.0 as usize);
-    match op {
-        BinaryOp::Mul => match (product(a), product(b)) {
-            (Some(x), _) => Some((x, constant(b)?)),
-            (None, Some(x)) => Some((x, constant(a)?)),
-            _ => None,
-        },
-        BinaryOp::Div => Some((product(a)?, 1.0 / constant(b)?)),
-        _ => None,
     }
 }
 
@@ -397,6 +359,11 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
             Op::UnflattenHeads { x, pseudo } => Some(pl.relayout(*x, |l| l.unflatten_heads(*pseudo as usize))),
             Op::FlattenHeads { x } => Some(pl.relayout(*x, |l| Some(l.flatten_heads()))),
             Op::SliceCols { x, start, len } => Some(pl.relayout(*x, |l| l.slice_cols(*start as usize, *len as usize))),
+            Op::Slice { x, axis, at_end, .. } => {
+                let (len, whole) = (shape[*axis], shapes[x.0 as usize][*axis]);
+                let start = if *at_end { whole - len } else { 0 };
+                Some(pl.relayout(*x, |l| l.slice(*axis, start, len)))
+            }
             Op::Transpose { x } => Some(pl.relayout(*x, |l| Some(l.transpose()))),
             Op::Unsqueeze { x, axes } => Some(pl.relayout(*x, |l| Some(l.unsqueeze(axes)))),
             _ => None,
@@ -496,23 +463,30 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
                 let sr = sh(0);
                 (KernelSpec::BlockDiag { h: sr[0], cols: sr[1], block: *block as usize }, vec![pl.contiguous(*r)])
             }
-            Op::ConcatCols { a, b } => {
+            Op::ConcatCols { .. } | Op::Concat { .. } => {
+                // Along axis k: rows of everything from k on, one after the other.
                 let (sa, sb) = (sh(0), sh(1));
-                let (f1, f2) = (*sa.last().unwrap(), *sb.last().unwrap());
-                let rows = sa[..sa.len() - 1].iter().product();
-                (KernelSpec::Concat { rows, f1, f2 }, vec![pl.contiguous(*a), pl.contiguous(*b)])
+                let axis = match node.op {
+                    Op::Concat { axis, .. } => axis,
+                    _ => sa.len() - 1,
+                };
+                let rows = sa[..axis].iter().product();
+                let (f1, f2) = (sa[axis..].iter().product(), sb[axis..].iter().product());
+                let (a, b) = (operands[0], operands[1]);
+                (KernelSpec::Concat { rows, f1, f2 }, vec![pl.contiguous(a), pl.contiguous(b)])
             }
             Op::Paged { cache, pages } => {
                 let spec = paged::gather(&sh(0), &sh(1), integers[pages.0 as usize]);
                 (spec, vec![pl.contiguous(*cache), pl.contiguous(*pages)])
             }
-            Op::Rope { x, base } => {
+            Op::Rope { x, base, offset } => {
                 let sx = sh(0);
                 let r = sx.len();
                 let (s, d) = (sx[r - 2], sx[r - 1]);
-                // cos and sin per (position, pair), in float64 on the host.
+                let offset = offset.eval(&|n| dims.get(n).copied()).expect("sizes are checked when dims are bound");
+                // cos and sin per (row, pair) at position offset + row, in float64 on the host.
                 let mut table = Vec::with_capacity(s * d);
-                for pos in 0..s {
+                for pos in offset..offset + s as u64 {
                     for k in 0..d / 2 {
                         let angle = pos as f64 * base.powf(-2.0 * k as f64 / d as f64);
                         table.extend([angle.cos(), angle.sin()]);
@@ -590,6 +564,7 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
             | Op::UnflattenHeads { .. }
             | Op::FlattenHeads { .. }
             | Op::SliceCols { .. }
+            | Op::Slice { .. }
             | Op::Transpose { .. }
             | Op::Unsqueeze { .. } => unreachable!("leaves and layout operations launch nothing"),
             // Gradient operations. Transposes of mixing and collapse are
@@ -760,7 +735,7 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
         pl.launch(spec, bindings, flops, bytes);
         pl.vals.push(Val::At { buf: out, layout: out_layout });
     }
-    let outputs: Vec<(String, usize)> = p.outputs.iter().map(|(n, id)| (n.clone(), pl.contiguous(*id))).collect();
+    let outputs: Vec<(String, usize)> = p.outputs.iter().map(|(n, id)| (n.clone(), pl.output(*id))).collect();
     let Planner { buffers, mut launches, vals, .. } = pl;
     let bound =
         |buf: usize| launches.iter().any(|l| l.bindings.contains(&buf)) || outputs.iter().any(|(_, o)| *o == buf);

@@ -278,12 +278,18 @@ impl Layout {
     }
 
     /// `slice_cols(x, start, len)`: columns `start..start + len` of the last axis.
-    pub fn slice_cols(mut self, start: usize, len: usize) -> Option<Layout> {
-        let last = self.axes.last_mut()?;
-        match last[..] {
+    pub fn slice_cols(self, start: usize, len: usize) -> Option<Layout> {
+        let last = self.axes.len().checked_sub(1)?;
+        self.slice(last, start, len)
+    }
+
+    /// Entries `start .. start + len` of `axis`, when that axis is one run of a stride.
+    pub fn slice(mut self, axis: usize, start: usize, len: usize) -> Option<Layout> {
+        let parts = self.axes.get_mut(axis)?;
+        match parts[..] {
             [(_, stride)] => {
                 self.offset += start * stride;
-                *last = vec![(len, stride)];
+                *parts = vec![(len, stride)];
                 Some(self.simplified())
             }
             _ => None,

@@ -111,7 +111,10 @@ fn evaluate_with(
             Op::Deinterleave { x, pseudo } => deinterleave(v(*x), *pseudo as usize, shape),
             Op::BlockDiag { r, block } => block_diag(v(*r), *block as usize),
             Op::Collapse { x, r } => collapse(v(*x), v(*r), shape),
-            Op::Rope { x, base } => rope(v(*x), *base, round),
+            Op::Rope { x, base, offset } => {
+                let offset = offset.eval(&|n| dims.get(n).copied()).expect("sizes are checked when dims are bound");
+                rope(v(*x), *base, offset as usize, round)
+            }
             Op::Paged { cache, pages } => paged(v(*cache), v(*pages), shape),
             Op::Attention { q, k, v: vv, mask, scale, fns } => {
                 let sc = scores(q, k, mask, *scale, fns);
@@ -132,8 +135,15 @@ fn evaluate_with(
             Op::CollapseRows { w, r } => collapse_rows(v(*w), v(*r), shape),
             // Row-major data is unchanged by these: only the shape differs.
             Op::UnflattenHeads { x, .. } | Op::FlattenHeads { x } => Tensor::new(shape, v(*x).data.clone()),
-            Op::ConcatCols { a, b } => concat_cols(v(*a), v(*b), shape),
-            Op::SliceCols { x, start, len } => slice_cols(v(*x), *start as usize, *len as usize, shape),
+            Op::ConcatCols { a, b } => concat(v(*a), v(*b), v(*a).shape.len() - 1, shape),
+            Op::Concat { a, b, axis } => concat(v(*a), v(*b), *axis, shape),
+            Op::SliceCols { x, start, len } => {
+                slice(v(*x), v(*x).shape.len() - 1, *start as usize, *len as usize, shape)
+            }
+            Op::Slice { x, axis, at_end, .. } => {
+                let (whole, len) = (v(*x).shape[*axis], shape[*axis]);
+                slice(v(*x), *axis, if *at_end { whole - len } else { 0 }, len, shape)
+            }
             Op::Transpose { x } => backward::transpose(v(*x), shape),
             Op::MatMulAt { a, b } => backward::matmul_at(&operand(v(*a), rounding), &operand(v(*b), rounding), shape),
             Op::Unsqueeze { x, .. } => Tensor::new(shape, v(*x).data.clone()),
@@ -333,13 +343,13 @@ fn collapse(x: &Tensor, r: &Tensor, shape: Vec<usize>) -> Tensor {
 
 /// `round` applies to the cosines and sines, which a same-dtype computation
 /// keeps in its storage type (as the kernels' table does).
-fn rope(x: &Tensor, base: f64, round: &dyn Fn(f64) -> f64) -> Tensor {
+fn rope(x: &Tensor, base: f64, offset: usize, round: &dyn Fn(f64) -> f64) -> Tensor {
     let r = x.shape.len();
     let (s, d) = (x.shape[r - 2], x.shape[r - 1]);
     let half = d / 2;
     let mut out = x.clone();
     for row in 0..x.len() / d {
-        let pos = (row % s) as f64;
+        let pos = (offset + row % s) as f64;
         for i in 0..half {
             let angle = pos * base.powf(-2.0 * i as f64 / d as f64);
             let (sin, cos) = angle.sin_cos();
@@ -552,16 +562,23 @@ fn collapse_rows(w: &Tensor, r: &Tensor, shape: Vec<usize>) -> Tensor {
     out
 }
 
-fn concat_cols(a: &Tensor, b: &Tensor, shape: Vec<usize>) -> Tensor {
-    let (fa, fb) = (*a.shape.last().unwrap(), *b.shape.last().unwrap());
-    let data = (0..a.len().checked_div(fa).unwrap_or(0))
+/// `a` and `b` joined along `axis`: per index of the axes before it, `a`'s
+/// entries from `axis` on, then `b`'s.
+fn concat(a: &Tensor, b: &Tensor, axis: usize, shape: Vec<usize>) -> Tensor {
+    let rows: usize = a.shape[..axis].iter().product();
+    let (fa, fb): (usize, usize) = (a.shape[axis..].iter().product(), b.shape[axis..].iter().product());
+    let data = (0..rows)
         .flat_map(|r| a.data[r * fa..(r + 1) * fa].iter().chain(&b.data[r * fb..(r + 1) * fb]).copied())
         .collect();
     Tensor::new(shape, data)
 }
 
-fn slice_cols(x: &Tensor, start: usize, len: usize, shape: Vec<usize>) -> Tensor {
-    let f = *x.shape.last().unwrap();
-    let data = (0..x.len() / f).flat_map(|r| x.data[r * f + start..r * f + start + len].iter().copied()).collect();
+/// Entries `start .. start + len` of `axis`.
+fn slice(x: &Tensor, axis: usize, start: usize, len: usize, shape: Vec<usize>) -> Tensor {
+    let rows: usize = x.shape[..axis].iter().product();
+    let inner: usize = x.shape[axis + 1..].iter().product();
+    let f = x.shape[axis] * inner;
+    let data =
+        (0..rows).flat_map(|r| x.data[r * f + start * inner..r * f + (start + len) * inner].iter().copied()).collect();
     Tensor::new(shape, data)
 }

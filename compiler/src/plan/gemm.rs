@@ -1,0 +1,66 @@
+//! Planning GEMMs: how a matrix product reads its operands through their
+//! layouts, and the constant factor a product's epilogue can absorb.
+
+use super::{KernelSpec, Layout, MixEpilogue, Planner, View};
+use crate::cost::op_cost;
+use crate::ir::{BinaryOp, NodeId, Op, Program};
+
+/// A GEMM's `a` operand: the view of each row's start and of each column
+/// within a row.
+pub(super) fn gemm_a(l: &Layout) -> (View, View) {
+    let r = l.axes.len();
+    let (sizes, strides): (Vec<usize>, Vec<usize>) = l.axes[..r - 1].iter().flatten().copied().unzip();
+    let (cs, cst): (Vec<usize>, Vec<usize>) = l.axes[r - 1].iter().copied().unzip();
+    (View::new(&sizes, &strides, l.offset), View::new(&cs, &cst, 0))
+}
+
+/// A GEMM's `b` operand `[k, f]`: its row stride and offset, when its
+/// columns are contiguous.
+fn gemm_b(l: &Layout) -> Option<(usize, usize)> {
+    let row = l.stride(0)?;
+    match l.stride(1)? {
+        1 => Some((row, l.offset)),
+        _ if l.shape()[1] == 1 => Some((row, l.offset)),
+        _ => None,
+    }
+}
+
+/// The GEMM of node `mm` (its operands read through their layouts) with an
+/// epilogue, its bindings and the product's own work.
+pub(super) fn plan_gemm(
+    pl: &mut Planner,
+    p: &Program,
+    mm: usize,
+    mix: Option<MixEpilogue>,
+    scale: Option<u64>,
+) -> (KernelSpec, Vec<usize>, crate::cost::OpCost) {
+    let Op::MatMul { a, b } = p.nodes[mm].op else { unreachable!("node {mm} is a GEMM") };
+    let (sa, sb) = (pl.shapes[a.0 as usize].clone(), pl.shapes[b.0 as usize].clone());
+    let k = *sa.last().unwrap();
+    let (ba, (a_rows, a_cols)) = pl.read(a, |l| Some(gemm_a(l)));
+    let (bb, (b_row, b_offset)) = pl.read(b, gemm_b);
+    let rows = sa.iter().product::<usize>() / k;
+    let spec = KernelSpec::MatMul { rows, k, f: sb[1], a_rows, a_cols, b_row, b_offset, mix, scale };
+    let work = op_cost(&p.nodes[mm].op, &pl.shapes[mm], &[sa, sb]);
+    (spec, vec![ba, bb], work)
+}
+
+/// For `(x @ w) * c`, `c * (x @ w)` or `(x @ w) / c` at node `n` with a
+/// constant `c`: the product's node and the factor.
+pub(super) fn scale_of(p: &Program, n: usize) -> Option<(usize, f64)> {
+    let Op::Binary { op, a, b } = p.nodes[n].op else { return None };
+    let constant = |x: NodeId| match p.nodes[x.0 as usize].op {
+        Op::Scalar { value } => Some(value),
+        _ => None,
+    };
+    let product = |x: NodeId| matches!(p.nodes[x.0 as usize].op, Op::MatMul { .. }).then_some(x.0 as usize);
+    match op {
+        BinaryOp::Mul => match (product(a), product(b)) {
+            (Some(x), _) => Some((x, constant(b)?)),
+            (None, Some(x)) => Some((x, constant(a)?)),
+            _ => None,
+        },
+        BinaryOp::Div => Some((product(a)?, 1.0 / constant(b)?)),
+        _ => None,
+    }
+}
