@@ -739,7 +739,20 @@ pub fn line_size(ns: &[usize]) -> usize {
 
 /// Column vectors per GEMM cube for `f` output columns in vectors of `lanes`.
 pub fn gemm_cols(f: usize, lanes: usize) -> usize {
-    (GEMM_COLS / lanes).min(f / lanes).max(1)
+    gemm_col_cap(lanes).min(f / lanes).max(1)
+}
+
+/// The most column vectors a GEMM cube takes in vectors of `lanes`:
+/// [`GEMM_COLS`] floats, half as many below vectors of 4, whose scalar loads
+/// and addresses NVIDIA's compiler cannot fit in 255 registers at 32
+/// columns (a GEMM contracting fewer than 4 rows, a weight gradient of one
+/// token, spilled).
+pub fn gemm_col_cap(lanes: usize) -> usize {
+    if lanes >= 4 {
+        GEMM_COLS / lanes
+    } else {
+        GEMM_COLS / 2 / lanes
+    }
 }
 
 /// The floats a launch holds in registers per row ([`KernelSpec::row_floats`]).

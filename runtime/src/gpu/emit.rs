@@ -342,7 +342,7 @@ pub fn emit(plan: &Plan, target: Target) -> Result<(Vec<(String, String)>, Manif
             KernelSpec::MatMul { .. } => format!(
                 "[ceil(f / line_size / cols), ceil(rows / {}), 1] with cols = max(1, min({}, f / line_size))",
                 GEMM_UNITS * GEMM_ROWS,
-                attnc_compiler::plan::GEMM_COLS / l.spec.line_size(),
+                attnc_compiler::plan::gemm_col_cap(l.spec.line_size()),
             ),
             KernelSpec::Attention { .. } => {
                 format!("[ceil(s / {}), batch * h, 1]", l.spec.attention_tiles().cube_rows())
