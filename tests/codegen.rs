@@ -73,7 +73,7 @@ fn emitted_source_for_gradient_programs() {
         for (name, source) in files.iter().filter(|(n, _)| backward(n)) {
             text.push_str(&format!("\n\n==== {name} ====\n{source}"));
         }
-        assert!(text.contains("attention_grad_k") && text.contains("contract"), "{text}");
+        assert!(text.contains("attention_grad_kv") && text.contains("contract"), "{text}");
         insta::assert_snapshot!("iha_grad_backward_wgsl", text);
     }
 }

@@ -415,6 +415,9 @@ fn explain_reports_for_every_stdlib_spec() {
             [("decode", with("1")), ("prefill", with("512"))]
         } else if attention {
             [("prefill", vec![("N", "8192".into())]), ("decode", vec![("N", "1".into())])]
+        } else if spec == "iha_decode" {
+            // One IHA decode step over 63 and 4095 earlier tokens.
+            [("small", vec![]), ("long", vec![("N", "4096".into())])]
         } else if core && queries {
             [
                 ("prefill", vec![("N", "8192".into()), ("M", "8192".into())]),

@@ -3,8 +3,10 @@
 //! launch runs with which comptime parameters, and which buffers it binds.
 //! Every size is concrete: a plan is specialised to the bound dims.
 
+mod backward;
 mod dtype;
 mod gemm;
+mod gemm_tiles;
 pub mod group;
 mod paged;
 mod spec;
@@ -14,6 +16,7 @@ mod view;
 mod visited;
 
 pub use dtype::Dtype;
+pub use gemm_tiles::*;
 pub use spec::*;
 pub use tiles::*;
 pub use view::*;
@@ -88,6 +91,13 @@ pub struct Plan {
     /// (`interp::evaluate_planned`).
     #[serde(skip)]
     pub stored: Vec<bool>,
+}
+
+impl Launch {
+    /// The buffers the launch writes: its last [`KernelSpec::outputs`] bindings.
+    pub fn outputs(&self) -> &[usize] {
+        &self.bindings[self.bindings.len() - self.spec.outputs()..]
+    }
 }
 
 impl Plan {
@@ -337,8 +347,11 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
                 continue;
             }
         }
-        // Leaves, and layout operations: views of their operand's buffer.
+        // Leaves, layout operations (views of their operand's buffer), and
+        // what a training step's forward or dK launch writes beside its output.
         let val = match &node.op {
+            Op::AttentionLse { .. } => pl.forward_lse(p, i),
+            Op::AttentionGrad { wrt: AttnArg::V, .. } => pl.grad_v_with_k(p, i),
             Op::Input { index } => {
                 let input = &p.inputs[*index];
                 let role = BufferRole::Input { name: input.name.clone(), weight: input.weight, integers: integers[i] };
@@ -532,6 +545,7 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
                             split: 0,
                             kv: None,
                             paged: paged_rows,
+                            lse: false,
                         }
                     }
                 };
@@ -717,6 +731,7 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
                     dout: views[4],
                     tile: grad_key_tile(sq[3], sv[3]),
                     split: 0,
+                    with_v: false,
                 };
                 (spec, bindings)
             }
@@ -748,7 +763,7 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
     }
     // Liveness: a temporary dies after its last reader, unless it is an
     // output or prepared (kept for every call).
-    let prepared: Vec<usize> = launches.iter().filter(|l| l.prepare).map(|l| *l.bindings.last().unwrap()).collect();
+    let prepared: Vec<usize> = launches.iter().filter(|l| l.prepare).flat_map(|l| l.outputs().to_vec()).collect();
     for b in &buffers {
         if b.role != BufferRole::Temp || outputs.iter().any(|(_, o)| *o == b.id) {
             continue;

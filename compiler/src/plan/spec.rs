@@ -1,6 +1,7 @@
 //! What one launch computes ([`KernelSpec`]) and the tile shapes every
 //! reader of a launch (planner, kernels, emitter, cost model) takes from here.
 
+use super::gemm_tiles::*;
 use super::group::{self, GroupStep};
 use super::split::KvSplit;
 use super::tiles::*;
@@ -109,6 +110,11 @@ pub enum KernelSpec {
         /// (bound after the captures): `k` and `v` view one page's rows.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         paged: Option<PagedRows>,
+        /// Also writes each query row's log-sum-exp (what the backward reads,
+        /// as [`KernelSpec::AttentionLse`] computes it), row-major
+        /// `[batch, h, s]`, to a binding just before `out`.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        lse: bool,
     },
     /// Merges split-KV partial rows (`Plan::split_kv`) by their
     /// log-sum-exp into attention's `[batch, h, s, e]` output at `out`.
@@ -149,6 +155,10 @@ pub enum KernelSpec {
         /// Units sharing each row ([`KernelSpec::fit_registers`]; 0: one).
         #[serde(default, skip_serializing_if = "is_zero")]
         split: usize,
+        /// `dK` (`wrt` is `K`) and `dV` in one walk over the query tiles,
+        /// sharing each probability: `dV` goes to a binding just before `dK`'s.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        with_v: bool,
     },
     /// Attention that mixes heads inside the softmax
     /// (`gpu::attention_mixed`; docs/semantics.md §7), forward or a pass of
@@ -405,9 +415,10 @@ impl KernelSpec {
             }
             // dQ: q, dO and the accumulator (and o's slice for D_i); dK: k,
             // v and the accumulator; dV: k and the accumulator.
-            KernelSpec::AttentionGrad { shape: AttnShape { d, e, .. }, wrt, .. } => {
+            KernelSpec::AttentionGrad { shape: AttnShape { d, e, .. }, wrt, with_v, .. } => {
                 let (held, what) = match wrt {
                     AttnArg::Q | AttnArg::Read(_) => (2 * d + 2 * e, "query, output, output-gradient and dQ"),
+                    AttnArg::K if with_v => (2 * d + 2 * e, "key, value, dK and dV"),
                     AttnArg::K => (2 * d + e, "key, value and dK"),
                     AttnArg::V => (d + e, "key and dV"),
                 };
@@ -442,6 +453,7 @@ impl KernelSpec {
             KernelSpec::AttentionGrad {
                 shape: AttnShape { s, sk, d, e, mask, window, block, ref fns, .. },
                 wrt,
+                with_v,
                 ..
             } if self.tiled_grad() => {
                 let l = self.line_size();
@@ -450,6 +462,7 @@ impl KernelSpec {
                 let w = window.unwrap_or(0) * block;
                 match wrt {
                     AttnArg::V => AttnTiles::new(d / l, e / l, sk, s, masked, w),
+                    AttnArg::K if with_v => AttnTiles::new(2 * d / l, 2 * e / l, sk, s, masked, w),
                     AttnArg::K => AttnTiles::new(2 * d / l, e / l, sk, s, masked, w),
                     _ => AttnTiles::new(2 * d / l, e / l, s, sk, masked, w),
                 }
@@ -518,13 +531,24 @@ impl KernelSpec {
         }
     }
 
+    /// How many bindings the launch writes, the last ones: its output and,
+    /// before it, a second one (attention's log-sum-exp, `dV` beside `dK`).
+    pub fn outputs(&self) -> usize {
+        match self {
+            KernelSpec::Attention { lse: true, .. } | KernelSpec::AttentionGrad { with_v: true, .. } => 2,
+            _ => 1,
+        }
+    }
+
     /// Whether a vectorised kernel reads binding `slot` as single floats.
     pub fn scalar_binding(&self, slot: usize) -> bool {
         match self {
             KernelSpec::MatMul { mix: Some(_), .. } => slot == 2,
-            // The tensors score and mask functions read, after q, k and v, then a block table.
-            KernelSpec::Attention { shape: AttnShape { fns, .. }, paged, .. } => {
-                (3..3 + fns.as_ref().map_or(0, |f| f.captures.len()) + usize::from(paged.is_some())).contains(&slot)
+            // The tensors score and mask functions read, after q, k and v,
+            // then a block table, then the log-sum-exp written.
+            KernelSpec::Attention { shape: AttnShape { fns, .. }, paged, lse, .. } => {
+                let scalars = fns.as_ref().map_or(0, |f| f.captures.len()) + usize::from(paged.is_some());
+                (3..3 + scalars + usize::from(*lse)).contains(&slot)
             }
             // The log-sum-exp: q and k in vectors; the captures and the output.
             KernelSpec::AttentionLse { split: 0, .. } => slot >= 2,
@@ -578,10 +602,15 @@ impl KernelSpec {
             KernelSpec::Contract { rows, inner, .. } => {
                 (rows * inner).div_ceil(GROUP_UNITS) + GROUP_UNITS.ilog2() as usize
             }
-            KernelSpec::AttentionGrad { shape: AttnShape { h, hk, s, sk, d, e, ref fns, .. }, wrt, .. }
+            KernelSpec::AttentionGrad { shape: AttnShape { h, hk, s, sk, d, e, ref fns, .. }, wrt, with_v, .. }
                 if self.tiled_grad() =>
             {
-                let parts = self.part_trips(if wrt == AttnArg::V { d + e } else { 2 * d + e }, half);
+                let width = match wrt {
+                    AttnArg::V => d + e,
+                    AttnArg::K if with_v => 2 * d + 2 * e,
+                    _ => 2 * d + e,
+                };
+                let parts = self.part_trips(width, half);
                 if wrt != AttnArg::Q {
                     // Query heads, then the query tiles of each.
                     let tiles = s.div_ceil(self.attention_tiles().key_tile);
@@ -606,6 +635,7 @@ impl KernelSpec {
                 tile,
                 wrt,
                 split,
+                with_v,
                 ..
             } => {
                 let (d, e) = (d / split.max(1), e / split.max(1));
@@ -620,6 +650,8 @@ impl KernelSpec {
                     }
                     AttnArg::K | AttnArg::V => {
                         let reads = read_trips(fns, rows, tile, s.div_ceil(tile), false);
+                        // dV beside dK: one more channel loop a pair.
+                        let per_row = per_row + usize::from(with_v) * grad_steps(e);
                         (h / hk) * (1 + s.div_ceil(tile) * (1 + tile * per_row + grad_steps(e)) + reads) + once
                     }
                 }
@@ -682,6 +714,7 @@ impl KernelSpec {
             KernelSpec::AttentionLse { .. } => "attention_lse",
             KernelSpec::MixedAttention { pass, .. } => pass.name(),
             KernelSpec::AttentionGrad { wrt: AttnArg::Q, .. } => "attention_grad_q",
+            KernelSpec::AttentionGrad { wrt: AttnArg::K, with_v: true, .. } => "attention_grad_kv",
             KernelSpec::AttentionGrad { wrt: AttnArg::K, .. } => "attention_grad_k",
             KernelSpec::AttentionGrad { wrt: AttnArg::V, .. } => "attention_grad_v",
             KernelSpec::AttentionGrad { wrt: AttnArg::Read(_), .. } => "attention_grad_read",
@@ -689,43 +722,10 @@ impl KernelSpec {
     }
 }
 
-/// A GEMM epilogue that mixes heads: the product's `f = m·d` columns are
-/// `m` heads of `d` and its rows `b·s + t`; instead of the product it writes
-/// `out[b, h, j, t, e] = Σ_m alpha[m, h, j] · y[b·s + t, m·d + e]`, row-major
-/// `[rows / s, h, p, s, d]` — `mix_heads(split_heads(x @ w, m), alpha)` in one
-/// launch. A cube's columns are `channels` vectors of each of the `m` heads,
-/// so every unit holds all heads of the channels it mixes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
-pub struct MixEpilogue {
-    pub m: usize,
-    pub h: usize,
-    pub p: usize,
-    pub s: usize,
-    pub d: usize,
-}
-
-impl MixEpilogue {
-    /// Heads a GEMM tile can hold for the epilogue (one vector of each).
-    pub const MAX_HEADS: usize = GEMM_COLS / 4;
-
-    /// Channel vectors (of `lanes` floats) of each head per cube.
-    pub fn channels(&self, lanes: usize) -> usize {
-        (GEMM_COLS / lanes / self.m).clamp(1, self.d / lanes)
-    }
-}
-
 /// The most cubes along any grid axis that every backend launches (CUDA's y
 /// and z limit, WebGPU's limit on all three).
 pub const MAX_GRID: usize = 65_535;
 
-/// Units per GEMM cube; each owns [`GEMM_ROWS`] rows of the output.
-pub const GEMM_UNITS: usize = 64;
-pub const GEMM_ROWS: usize = 4;
-/// Output columns (floats) per GEMM cube, at most.
-pub const GEMM_COLS: usize = 32;
-/// Floats of `k` per shared-memory stage of the staged GEMM (two stages in
-/// flight: `2 · (GEMM_UNITS · GEMM_ROWS + cols) · GEMM_STAGE_K` floats).
-pub const GEMM_STAGE_K: usize = 8;
 /// Loop iterations one unit may run on Mesa's CPU drivers (llvmpipe,
 /// lavapipe): they count every loop back-edge of an invocation against one
 /// limit of 65 535 and, past it, leave every loop silently. Kernels unroll
@@ -735,24 +735,6 @@ pub const LOOP_TRIPS_CPU: usize = 65_000;
 /// The widest vector (4, 2 or 1 floats) dividing every length in `ns`.
 pub fn line_size(ns: &[usize]) -> usize {
     [4, 2, 1].into_iter().find(|l| ns.iter().all(|n| n % l == 0)).unwrap_or(1)
-}
-
-/// Column vectors per GEMM cube for `f` output columns in vectors of `lanes`.
-pub fn gemm_cols(f: usize, lanes: usize) -> usize {
-    gemm_col_cap(lanes).min(f / lanes).max(1)
-}
-
-/// The most column vectors a GEMM cube takes in vectors of `lanes`:
-/// [`GEMM_COLS`] floats, half as many below vectors of 4, whose scalar loads
-/// and addresses NVIDIA's compiler cannot fit in 255 registers at 32
-/// columns (a GEMM contracting fewer than 4 rows, a weight gradient of one
-/// token, spilled).
-pub fn gemm_col_cap(lanes: usize) -> usize {
-    if lanes >= 4 {
-        GEMM_COLS / lanes
-    } else {
-        GEMM_COLS / 2 / lanes
-    }
 }
 
 /// The floats a launch holds in registers per row ([`KernelSpec::row_floats`]).

@@ -99,7 +99,9 @@ impl Plan {
 /// The split of an attention launch that gives fewer than `2 · units`
 /// cubes, if it has the keys to share.
 fn choose(spec: &KernelSpec, units: usize) -> Option<KvSplit> {
-    let KernelSpec::Attention { shape, kv: None, .. } = spec else { return None };
+    // A forward that also writes the backward's log-sum-exp is a training
+    // step's, with queries enough: it is not split.
+    let KernelSpec::Attention { shape, kv: None, lse: false, .. } = spec else { return None };
     if spec.fold_x() != 0 {
         return None;
     }

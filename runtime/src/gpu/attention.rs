@@ -408,6 +408,32 @@ pub(super) fn store_row<N: Size>(
     }
 }
 
+/// The log-sum-exp a row that sees no key stores (WGSL has no infinite
+/// literals; in f16 it rounds to −∞). Any value below
+/// `attention_grad::NO_KEYS_BELOW` marks such a row, whose gradients are 0
+/// (its output is the constant 0).
+pub const NO_KEYS: f32 = MASKED;
+
+/// The row's log-sum-exp `max + ln(sum)` at `[b·H + h, i]`, `NO_KEYS` for a
+/// row that saw no key (`sum = 0`), for rows inside the `s` queries.
+#[cube]
+pub(super) fn store_lse(
+    out: &mut [Stored],
+    state: &Array<f32>,
+    rows: &Array<usize>,
+    #[comptime] s: usize,
+    #[comptime] fold: usize,
+) {
+    let i = rows[ROW_I];
+    if i < s {
+        let mut v = f32::new(NO_KEYS);
+        if state[1] > f32::new(0.0) {
+            v = state[0] + state[1].ln();
+        }
+        out[k::cube_y(fold) * comptime![s] + i] = Stored::cast_from(v);
+    }
+}
+
 /// The attention launch's shape, as the plan gives it.
 pub struct Shape {
     pub h: usize,
@@ -432,6 +458,9 @@ pub struct Shape {
     pub kv: Option<Split>,
     /// Keys and values in a paged cache, and its block table.
     pub paged: Option<Paged>,
+    /// Where to write each query row's log-sum-exp beside its output
+    /// (`plan::KernelSpec::Attention::lse`, for the backward), row-major `[B, H, S]`.
+    pub lse: Option<NativeExpand<[Stored]>>,
 }
 
 /// A paged cache read in place (`plan::PagedRows`): its block table (a

@@ -28,17 +28,14 @@
 //! Mesa's compiler take minutes at d = 256), so every row of the other
 //! side counts against Mesa's loop bound (`KernelSpec::loop_trips`).
 
-use super::attention::{key_hi, key_lo, key_row_of, view_row, MASKED, M_INIT};
+use super::attention::{key_hi, key_lo, key_row_of, view_row, M_INIT};
 use super::attention_split::xor_add;
 use super::func::{prep_hook, score_hook, slope_hook, tile_hook, Hook};
 use super::kernels::{self as k, shifted, visible, Stored, MASK_CAUSAL, MASK_TOKEN_CAUSAL};
 use attnc_compiler::plan::{grad_chunk, RowView};
 use cubecl::prelude::*;
 
-/// The log-sum-exp a row that sees no key stores (WGSL has no infinite
-/// literals; in f16 it rounds to −∞). Any value below [`NO_KEYS_BELOW`]
-/// marks such a row, whose gradients are 0 (its output is the constant 0).
-pub const NO_KEYS: f32 = MASKED;
+pub use super::attention::NO_KEYS;
 pub(super) const NO_KEYS_BELOW: f32 = -1.0e38;
 
 /// The comptime sizes of an attention backward launch.
@@ -508,7 +505,8 @@ pub fn grad_q(
 
 /// `dK` (`wrt_k`) or `dV`, row-major `[B, H_kv, S_k, d or e]`: a unit (or
 /// `lanes` units) per key row walks the query tiles of every query head
-/// that reads its key/value head. `v` and `o` are read for `dK` only.
+/// that reads its key/value head. `v` and `o` are read for `dK` only. With
+/// `with_v` (and `wrt_k`), `dV` too, into `out_v`, from the same probabilities.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub fn grad_kv(
@@ -519,10 +517,12 @@ pub fn grad_kv(
     dout: &[Stored],
     lse: &[Stored],
     out: &mut [Stored],
+    out_v: &mut [Stored],
     #[comptime] g: Dims,
     #[comptime] views: [RowView; 5],
     #[comptime] scale: f32,
     #[comptime] wrt_k: bool,
+    #[comptime] with_v: bool,
     #[comptime] hook: Hook,
 ) {
     let lanes = comptime![g.lanes];
@@ -535,6 +535,7 @@ pub fn grad_kv(
     let kr = load_row(kb, b, kh, j, comptime![views[1]], comptime![g.d], lanes);
     let width = comptime![if wrt_k { g.d } else { g.e }];
     let mut acc = k::zeros(comptime![width / g.lanes]);
+    let mut acc_v = k::zeros(comptime![if with_v { g.e / g.lanes } else { 1 }]);
     let vr = if comptime![wrt_k] {
         load_row(v, b, kh, j, comptime![views[2]], comptime![g.e], lanes)
     } else {
@@ -585,6 +586,9 @@ pub fn grad_kv(
                             let ds = slope_hook(p * (dp - st[comptime![g.tile] + ii]), sc, b, hi, i, j, hook.clone())
                                 * f32::new(scale);
                             axpy_tile(&mut acc, ds, &qt, ii * comptime![g.d], comptime![g.d], lanes);
+                            if comptime![with_v] {
+                                axpy_tile(&mut acc_v, p, &dt, ii * comptime![g.e], comptime![g.e], lanes);
+                            }
                         } else {
                             axpy_tile(&mut acc, p, &dt, ii * comptime![g.e], comptime![g.e], lanes);
                         }
@@ -596,5 +600,8 @@ pub fn grad_kv(
     }
     if real {
         store_row(out, &acc, (bh * comptime![g.sk] + j) * width, width, lanes);
+        if comptime![with_v] {
+            store_row(out_v, &acc_v, (bh * comptime![g.sk] + j) * comptime![g.e], comptime![g.e], lanes);
+        }
     }
 }

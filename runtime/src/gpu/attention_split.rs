@@ -18,8 +18,8 @@
 //! kernel's (`attention::setup`), so what a mask means is written once.
 
 use super::attention::{
-    key_address, load_query, mask_scores, query_tile, setup, softmax_state, store_partial, store_row, view_row, Shape,
-    ROW_I, ROW_OUT, ROW_Q, SET_K, SET_V,
+    key_address, load_query, mask_scores, query_tile, setup, softmax_state, store_lse, store_partial, store_row,
+    view_row, Shape, ROW_I, ROW_OUT, ROW_Q, SET_K, SET_V,
 };
 use super::kernels::{self as k, Stored};
 use super::tiles::{prepare_tiles, walk_tiles};
@@ -142,6 +142,10 @@ pub fn build<N: Size>(
     match a.kv {
         Some(kv) => store_partial::expand::<N>(scope, out, &acc, &state, &rows, OUT_ROW, a.s, eg, kv),
         None => store_row::expand::<N>(scope, out, &acc, &state, &rows, a.s, eg),
+    }
+    if let Some(lse) = &a.lse {
+        // Every lane of a row holds its whole state: they write the same value.
+        store_lse::expand(scope, &mut lse.clone_unchecked(), &state, &rows, a.s, a.fold);
     }
 }
 

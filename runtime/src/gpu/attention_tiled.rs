@@ -22,10 +22,9 @@
 //! unrolled in parts (see `plan::KernelSpec::loop_trips`).
 
 use super::attention::{
-    key_address, load_query, mask_scores, row_slots, setup, softmax_state, store_partial, store_row, Shape, ROW_I,
-    ROW_OUT, ROW_Q, SET_K, SET_V,
+    key_address, load_query, mask_scores, row_slots, setup, softmax_state, store_lse, store_partial, store_row, Shape,
+    ROW_I, ROW_OUT, ROW_Q, SET_K, SET_V,
 };
-use super::attention_grad::NO_KEYS;
 use super::kernels::{self as k, Stored};
 use super::tiles::{in_parts, prepare_tiles, walk_tiles};
 use attnc_compiler::plan::ATTN_ROWS;
@@ -89,6 +88,9 @@ pub fn build<N: Size>(
                         store_partial::expand::<N>(scope, out, &u.acc, &u.state, &u.slots, ROW_OUT, a.s, el, kv)
                     }
                     None => store_row::expand::<N>(scope, out, &u.acc, &u.state, &u.slots, a.s, el),
+                }
+                if let Some(lse) = &a.lse {
+                    store_lse::expand(scope, &mut lse.clone_unchecked(), &u.state, &u.slots, a.s, a.fold);
                 }
             }
         }
@@ -228,24 +230,4 @@ pub(super) fn shared_row<N: Size>(
     let per = n.div_ceil(plane as usize);
     let held: Vec<_> = (0..per).map(|r| k::vload_share::expand::<N>(scope, x, row, lane, per, r, n)).collect();
     (0..n).map(|c| k::from_lane::expand::<N>(scope, held[c % per], (c / per) as u32)).collect()
-}
-
-/// The row's log-sum-exp `max + ln(sum)` at `[b·H + h, i]`, `NO_KEYS` for a
-/// row that saw no key (`sum = 0`), for rows inside the `s` queries.
-#[cube]
-fn store_lse(
-    out: &mut [Stored],
-    state: &Array<f32>,
-    rows: &Array<usize>,
-    #[comptime] s: usize,
-    #[comptime] fold: usize,
-) {
-    let i = rows[ROW_I];
-    if i < s {
-        let mut v = f32::new(NO_KEYS);
-        if state[1] > f32::new(0.0) {
-            v = state[0] + state[1].ln();
-        }
-        out[k::cube_y(fold) * comptime![s] + i] = Stored::cast_from(v);
-    }
 }

@@ -228,6 +228,7 @@ fn store_scaled<N: Size>(
 }
 
 /// `dK` (`wrt_k`) or `dV`, row-major `[B, H_kv, S_k, d or e]` (`a.views[3]`),
+/// or both (`dv`: `dV`'s buffer beside `dK`'s, sharing every probability),
 /// on the same tiling turned around: a cube owns key rows of one (batch,
 /// key/value head), `R` a unit, their keys (scaled), values (for `dK`) and
 /// accumulators in registers, and walks the query tiles that some of its
@@ -248,8 +249,10 @@ pub fn build_grad_kv<N: Size>(
     lanes: usize,
     plane: u32,
     wrt_k: bool,
+    mut dv: Option<&mut NativeExpand<[Vector<Stored, N>]>>,
 ) {
     let (dl, el) = (a.d / lanes, a.e / lanes);
+    let with_v = dv.is_some();
     let (bq, nr) = (a.tiles.key_tile, a.tiles.unit_rows);
     let cube_rows = ATTN_ROWS * nr;
     let bh = k::cube_y::expand(scope, a.fold);
@@ -264,7 +267,8 @@ pub fn build_grad_kv<N: Size>(
         let vr = wrt_k
             .then(|| load_query::expand::<N>(scope, b.v, view_row::expand(scope, bb, kh, jc, a.views[2]), one, el));
         let acc = k::vzeros::expand::<N>(scope, if wrt_k { dl } else { el });
-        rows.push(KeyRow { j, jc, kr, vr, acc });
+        let acc_v = with_v.then(|| k::vzeros::expand::<N>(scope, el));
+        rows.push(KeyRow { j, jc, kr, vr, acc, acc_v });
     }
     let keys = cube_keys::expand(scope, cube_rows, a.sk, a.fold);
     let dims = Dims {
@@ -285,7 +289,14 @@ pub fn build_grad_kv<N: Size>(
     let (j0, j1) = (k::uget::expand(scope, &keys, 0), k::uget::expand(scope, &keys, 1));
     let band = query_tiles::expand(scope, j0, j1, dims);
     let lane = k::plane_lane::expand(scope, plane.max(1));
-    let part = a.tiles.unrolled_rows(if wrt_k { 2 * dl + el } else { dl + el }, a.half);
+    let part = a.tiles.unrolled_rows(
+        match (wrt_k, with_v) {
+            (true, true) => 2 * dl + 2 * el,
+            (true, false) => 2 * dl + el,
+            _ => dl + el,
+        },
+        a.half,
+    );
     let heads = RangeExpand::new(NativeExpand::from_lit(scope, 0usize), NativeExpand::from_lit(scope, a.h / a.hk));
     for_expand(scope, heads, false, |scope, hq| {
         let hi = k::add_index::expand(scope, k::mul_const::expand(scope, kh, a.h / a.hk), hq);
@@ -317,6 +328,10 @@ pub fn build_grad_kv<N: Size>(
     let factor = if wrt_k { scale } else { 1.0 };
     for u in &rows {
         store_key_row::expand::<N>(scope, out, &u.acc, bb, kh, u.j, factor, a.sk, width, a.views[3]);
+        if let (Some(dv), Some(acc_v)) = (dv.as_deref_mut(), &u.acc_v) {
+            let view = RowView { offset: 0, batch: a.hk * a.sk * el, head: a.sk * el, block: 1, outer: el, inner: el };
+            store_key_row::expand::<N>(scope, dv, acc_v, bb, kh, u.j, 1.0, a.sk, el, view);
+        }
     }
 }
 
@@ -328,6 +343,8 @@ struct KeyRow<N: Size> {
     kr: NativeExpand<Array<Vector<f32, N>>>,
     vr: Option<NativeExpand<Array<Vector<f32, N>>>>,
     acc: NativeExpand<Array<Vector<f32, N>>>,
+    /// `dV`'s accumulator, when the launch also writes it.
+    acc_v: Option<NativeExpand<Array<Vector<f32, N>>>>,
 }
 
 /// Query rows `i0 .. i0 + bq` of head `hi` against a cube's key rows.
@@ -357,6 +374,9 @@ impl<N: Size> KeyTileGrad<'_, N> {
                 (0..n).map(|c| k::vget::expand::<N>(scope, &u.acc, c)).collect()
             })
             .collect();
+        let mut accs_v: Vec<Option<Vec<_>>> = (self.rows.iter())
+            .map(|u| u.acc_v.as_ref().map(|acc| (0..self.el).map(|c| k::vget::expand::<N>(scope, acc, c)).collect()))
+            .collect();
         for ii in 0..self.bq {
             let i = k::add_index::expand(scope, self.i0, k::const_index::expand(scope, ii));
             let ic = last_row::expand(scope, i, a.s);
@@ -375,7 +395,7 @@ impl<N: Size> KeyTileGrad<'_, N> {
                 }
                 delta
             });
-            for (u, acc) in self.rows.iter().zip(&mut accs) {
+            for ((u, acc), acc_v) in self.rows.iter().zip(&mut accs).zip(&mut accs_v) {
                 let mut logit = k::fconst::expand(scope, 0.0);
                 for (c, qc) in q.iter().enumerate() {
                     logit = k::dot_add::expand::<N>(scope, logit, *qc, k::vget::expand::<N>(scope, &u.kr, c));
@@ -388,6 +408,11 @@ impl<N: Size> KeyTileGrad<'_, N> {
                     score = seen_or_masked::expand(scope, seen, score);
                 }
                 let p = k::exp_diff::expand(scope, score, lse);
+                if let Some(acc_v) = acc_v {
+                    for (o, dc) in acc_v.iter_mut().zip(&dout) {
+                        *o = k::axpy::expand::<N>(scope, *o, p, *dc);
+                    }
+                }
                 match (&u.vr, delta) {
                     (Some(vr), Some(delta)) => {
                         let mut dp = k::fconst::expand(scope, 0.0);
@@ -410,10 +435,15 @@ impl<N: Size> KeyTileGrad<'_, N> {
                 }
             }
         }
-        for (u, acc) in self.rows.iter().zip(accs) {
+        for ((u, acc), acc_v) in self.rows.iter().zip(accs).zip(accs_v) {
             let mut dst = u.acc;
             for (c, o) in acc.into_iter().enumerate() {
                 k::vset::expand::<N>(scope, &mut dst, c, o);
+            }
+            if let (Some(mut dst), Some(acc_v)) = (u.acc_v, acc_v) {
+                for (c, o) in acc_v.into_iter().enumerate() {
+                    k::vset::expand::<N>(scope, &mut dst, c, o);
+                }
             }
         }
     }

@@ -4,7 +4,7 @@
 //! `BlackboxAccelerated` one in half precision), each GEMM against
 //! cubek-matmul 0.3.1 (`Strategy::Auto`).
 
-use super::define::elem_type;
+use super::device::elem_type;
 use super::exec::{Gpu, GpuError};
 use crate::rng::Rng;
 use attnc_compiler::plan::Dtype;

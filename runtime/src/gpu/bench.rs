@@ -56,7 +56,10 @@ pub struct BenchReport {
 
 /// Kernels of attention's backward (`attention_lse` recomputes what the
 /// backward needs of the forward; it runs only in gradient programs).
-const BACKWARD_ATTENTION: [&str; 4] = ["attention_lse", "attention_grad_q", "attention_grad_k", "attention_grad_v"];
+/// The backward's attention kernels: a log-sum-exp launch where the forward
+/// does not write it, `dQ`, and `dK` and `dV` apart or in one launch.
+const BACKWARD_ATTENTION: [&str; 5] =
+    ["attention_lse", "attention_grad_q", "attention_grad_k", "attention_grad_v", "attention_grad_kv"];
 
 impl BenchReport {
     /// The backward attention kernels' time (the log-sum-exp and the three
@@ -235,7 +238,7 @@ impl BenchReport {
         if let Some((r, backward, forward)) = self.backward_ratio() {
             let _ = writeln!(
                 out,
-                "backward/forward attention time ratio {r:.2} ({} in attention_lse and attention_grad_q/k/v, {} in attention)",
+                "backward/forward attention time ratio {r:.2} ({} in the backward's attention kernels, {} in attention)",
                 format_seconds(backward),
                 format_seconds(forward)
             );

@@ -3,6 +3,7 @@
 //! `expand` functions. Entry points carry the plan's names, so emitted source
 //! is the same in debug and release builds.
 
+use super::device::{elem_type, fragment_type, matrix_units, plane_width, stages_gemm, Mma};
 use super::func::{Capture, Fns, Hook};
 use super::kernels::{self as k, Stored};
 use super::{
@@ -10,10 +11,7 @@ use super::{
 };
 use attnc_compiler::ir::{AttnArg, MaskKind, ReduceKind};
 use attnc_compiler::plan::group::{GroupStep, MapOp};
-use attnc_compiler::plan::{
-    value_elements, AttnShape, Dtype, KernelFns, KernelSpec, RowView, GEMM_COLS, GEMM_ROWS, GEMM_STAGE_K, GEMM_UNITS,
-    GROUP_UNITS,
-};
+use attnc_compiler::plan::{value_elements, AttnShape, Dtype, KernelFns, KernelSpec, RowView, GROUP_UNITS};
 use cubecl::prelude::*;
 use std::sync::Arc;
 
@@ -79,12 +77,14 @@ impl IrKernel {
         match self.spec {
             KernelSpec::Gather { .. } | KernelSpec::Unary { .. } | KernelSpec::Thresholds { .. } => 1,
             KernelSpec::Reduce { .. } | KernelSpec::LooMean { .. } | KernelSpec::BlockDiag { .. } => 1,
-            KernelSpec::Attention { ref shape, paged, .. } => 3 + captures(shape) + usize::from(paged.is_some()),
+            KernelSpec::Attention { ref shape, paged, lse, .. } => {
+                3 + captures(shape) + usize::from(paged.is_some()) + usize::from(lse)
+            }
             KernelSpec::Where { .. } => 3,
             KernelSpec::MatMul { mix: Some(_), .. } => 3,
             KernelSpec::Group { inputs, .. } => inputs,
             KernelSpec::AttentionGrad { wrt: AttnArg::V, ref shape, .. } => 4 + captures(shape),
-            KernelSpec::AttentionGrad { ref shape, .. } => 6 + captures(shape),
+            KernelSpec::AttentionGrad { ref shape, with_v, .. } => 6 + captures(shape) + usize::from(with_v),
             KernelSpec::AttentionLse { ref shape, .. } => 2 + captures(shape),
             KernelSpec::MixedAttention { ref shape, pass, .. } => pass.operands() + captures(shape),
             KernelSpec::Binary { .. }
@@ -153,85 +153,11 @@ fn reduce_code(op: ReduceKind) -> u32 {
     }
 }
 
-/// How the GEMM and attention multiply.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mma {
-    /// The scalar kernels (`gemm.rs`, `attention.rs`).
-    Off,
-    /// Fragment kernels (`mma.rs`) with the fragments computed in plain code.
-    Software,
-    /// Fragment kernels on the device's matrix units (`cmma`).
-    Hardware,
-}
-
-/// The fragment shape the kernels use, for `dtype` operands and f32
-/// accumulators: 16×16×16, or 16×16×8 for TF32.
-pub fn fragment_config(dtype: Dtype) -> cubecl::ir::features::MmaConfig {
-    let f = mma::F as u32;
-    let (operand, cd_type) = (fragment_type(dtype), elem_type(Dtype::F32));
-    let k = mma::fragment_depth(dtype) as u32;
-    cubecl::ir::features::MmaConfig { a_type: operand, b_type: operand, cd_type, m: f, n: f, k }
-}
-
-/// Whether the device multiplies fragments of `dtype` into f32 (CUDA tensor
-/// cores for f16, bf16 and tf32); f32 kernels stay scalar.
-pub fn matrix_units(props: &DeviceProperties, dtype: Dtype) -> bool {
-    dtype != Dtype::F32 && props.features.matmul.cmma.contains(&fragment_config(dtype))
-}
-
-/// The cubecl element type of `dtype`'s buffers.
-pub fn elem_type(dtype: Dtype) -> ElemType {
-    use cubecl::ir::FloatKind;
-    ElemType::Float(match dtype.storage() {
-        Dtype::F32 | Dtype::Tf32 => FloatKind::F32,
-        Dtype::F16 => FloatKind::F16,
-        Dtype::Bf16 => FloatKind::BF16,
-    })
-}
-
-/// The cubecl element type of `dtype`'s fragment operands (`tf32` for TF32).
-pub fn fragment_type(dtype: Dtype) -> ElemType {
-    match dtype {
-        Dtype::Tf32 => ElemType::Float(cubecl::ir::FloatKind::TF32),
-        d => elem_type(d),
-    }
-}
-
 pub fn mask_code(mask: MaskKind) -> u32 {
     match mask {
         MaskKind::None => k::MASK_NONE,
         MaskKind::Causal => k::MASK_CAUSAL,
         MaskKind::TokenCausal => k::MASK_TOKEN_CAUSAL,
-    }
-}
-
-/// Whether an adapter is one of Mesa's CPU drivers (llvmpipe, lavapipe):
-/// 8-wide planes that wgpu does not advertise, and a bound on loop iterations.
-pub fn mesa_cpu(adapter: &str) -> bool {
-    adapter.starts_with("llvmpipe")
-}
-
-/// Whether GEMMs stage their `a` and `b` tiles in shared memory, double
-/// buffered: on GPUs (devices with plane operations that are not Mesa's CPU
-/// drivers, where shared memory is no faster than the cache) with room for
-/// the stages. Offline WGSL has no plane operations, so it keeps to WebGPU's
-/// guaranteed 16 KiB of shared memory.
-pub fn stages_gemm(props: &DeviceProperties) -> bool {
-    let need = 2 * (GEMM_UNITS * GEMM_ROWS + GEMM_COLS) * GEMM_STAGE_K * 4;
-    props.features.plane.contains(cubecl::ir::features::Plane::Ops)
-        && !mesa_cpu(&props.identity.name)
-        && props.hardware.max_shared_memory_size >= need
-}
-
-/// The plane width kernels may rely on: the device's smallest plane when it
-/// has plane operations (Mesa's CPU drivers have them), else 1.
-pub fn plane_width(props: &DeviceProperties) -> u32 {
-    let ops = props.features.plane.contains(cubecl::ir::features::Plane::Ops) || mesa_cpu(&props.identity.name);
-    let w = props.hardware.plane_size_min.min(32);
-    if ops && w > 1 {
-        1 << w.ilog2()
-    } else {
-        1
     }
 }
 
@@ -343,6 +269,9 @@ impl IrKernel {
                     if wrt == AttnArg::Q {
                         attention_tiled_grad::build_grad_q::<N>(scope, &b, &mut out, scale, &shape, views, lanes, plane)
                     } else {
+                        // dK and dV in one launch: dV's buffer is the last vector binding before dK's.
+                        let mut dv = matches!(self.spec, KernelSpec::AttentionGrad { with_v: true, .. })
+                            .then(|| bufs.last().expect("dV's binding").clone_unchecked());
                         attention_tiled_grad::build_grad_kv::<N>(
                             scope,
                             &b,
@@ -353,6 +282,7 @@ impl IrKernel {
                             lanes,
                             plane,
                             wrt == AttnArg::K,
+                            dv.as_mut(),
                         )
                     }
                 }
@@ -375,6 +305,9 @@ impl IrKernel {
                     if let KernelSpec::Attention { paged: Some(rows), .. } = self.spec {
                         let digits = value_elements(rows.integers, self.dtype);
                         shape.paged = Some(attention::Paged { rows, table: scalars[caps].clone_unchecked(), digits });
+                    }
+                    if let KernelSpec::Attention { lse: true, .. } = self.spec {
+                        shape.lse = Some(scalars.last().expect("the log-sum-exp binding").clone_unchecked());
                     }
                     let scale = scale.expect("attention takes a scale");
                     if self.mma != Mma::Off {
@@ -436,6 +369,7 @@ impl IrKernel {
                 _ => None,
             },
             paged: None,
+            lse: None,
         }
     }
 
@@ -474,37 +408,50 @@ impl IrKernel {
                     scale,
                     hook(shape, &b[6..], self.dtype),
                 ),
-                AttnArg::K => attention_grad::grad_kv::expand(
-                    scope,
-                    &b[0],
-                    &b[1],
-                    &b[2],
-                    &b[3],
-                    &b[4],
-                    &b[5],
-                    &mut out,
-                    g,
-                    views,
-                    scale,
-                    true,
-                    hook(shape, &b[6..], self.dtype),
-                ),
+                AttnArg::K => {
+                    // dV beside dK: its buffer after the captures.
+                    let with_v = matches!(spec, KernelSpec::AttentionGrad { with_v: true, .. });
+                    let caps = captures(shape);
+                    let mut dv = if with_v { b[6 + caps].clone_unchecked() } else { out.clone_unchecked() };
+                    attention_grad::grad_kv::expand(
+                        scope,
+                        &b[0],
+                        &b[1],
+                        &b[2],
+                        &b[3],
+                        &b[4],
+                        &b[5],
+                        &mut out,
+                        &mut dv,
+                        g,
+                        views,
+                        scale,
+                        true,
+                        with_v,
+                        hook(shape, &b[6..6 + caps], self.dtype),
+                    )
+                }
                 // dV binds q, k, dout and the log-sum-exp; `v` and `o` are not read.
-                AttnArg::V => attention_grad::grad_kv::expand(
-                    scope,
-                    &b[0],
-                    &b[1],
-                    &b[0],
-                    &b[0],
-                    &b[2],
-                    &b[3],
-                    &mut out,
-                    g,
-                    views,
-                    scale,
-                    false,
-                    hook(shape, &b[4..], self.dtype),
-                ),
+                AttnArg::V => {
+                    let mut unused = out.clone_unchecked();
+                    attention_grad::grad_kv::expand(
+                        scope,
+                        &b[0],
+                        &b[1],
+                        &b[0],
+                        &b[0],
+                        &b[2],
+                        &b[3],
+                        &mut out,
+                        &mut unused,
+                        g,
+                        views,
+                        scale,
+                        false,
+                        false,
+                        hook(shape, &b[4..], self.dtype),
+                    )
+                }
                 AttnArg::Read(_) => unreachable!("refused before building (`KernelSpec::kernel_gap`)"),
             }
         } else {

@@ -38,7 +38,7 @@ pub fn offline_properties(target: Target) -> Arc<DeviceProperties> {
         features.plane.insert(cubecl::ir::features::Plane::Ops);
         // Tensor cores as from sm_80: 16×16×16 f16 and bf16, 16×16×8 tf32 fragments into f32.
         for dtype in [Dtype::F16, Dtype::Bf16, Dtype::Tf32] {
-            features.matmul.cmma.insert(super::define::fragment_config(dtype));
+            features.matmul.cmma.insert(super::device::fragment_config(dtype));
         }
     }
     Arc::new(DeviceProperties::new(
@@ -323,7 +323,7 @@ pub fn emit(plan: &Plan, target: Target) -> Result<(Vec<(String, String)>, Manif
                 tensor: buffer_name(plan, *id),
                 shape: plan.buffers[*id].shape.clone(),
                 dtype: plan.dtype.storage().name(),
-                access: if slot + 1 == l.bindings.len() { "read_write" } else { "read" },
+                access: if slot + l.spec.outputs() >= l.bindings.len() { "read_write" } else { "read" },
                 line_size: l.spec.binding_line_size(slot),
             })
             .collect();

@@ -41,7 +41,7 @@ pub struct Gpu {
     pub adapter: String,
     /// WGSL text by entry point, launched instead of the in-process definitions.
     precompiled: Option<BTreeMap<String, String>>,
-    /// Plane width the kernels rely on, instead of the device's (see `define::plane_width`).
+    /// Plane width the kernels rely on, instead of the device's (see `device::plane_width`).
     plane: Option<u32>,
     /// Whether GEMMs stage tiles in shared memory, instead of the device's choice.
     staged: Option<bool>,
@@ -176,7 +176,7 @@ impl Gpu {
     }
 
     /// GEMMs staged in shared memory (`true`) or reading device memory
-    /// directly, rather than the device's choice (`define::stages_gemm`);
+    /// directly, rather than the device's choice (`device::stages_gemm`);
     /// head-mixing attention's forward follows: staged (or without plane
     /// operations), its GPU kernel (`attention_mixed`), else its CPU one
     /// (`attention_mixed_tiled`).
@@ -203,14 +203,14 @@ impl Gpu {
     /// `spec` as this device runs it.
     pub fn tiled(&self, spec: &KernelSpec) -> KernelSpec {
         match self.register_tiles {
-            true => spec.fit_registers(super::define::plane_width(self.client.properties()) as usize),
+            true => spec.fit_registers(super::device::plane_width(self.client.properties()) as usize),
             false => spec.clone(),
         }
     }
 
     /// Whether this is one of Mesa's CPU drivers, which bound loop iterations.
     pub fn bounds_loops(&self) -> bool {
-        super::define::mesa_cpu(&self.adapter)
+        super::device::mesa_cpu(&self.adapter)
     }
 
     /// Whether kernels can store `dtype` here (and for `tf32`, multiply on
@@ -223,8 +223,8 @@ impl Gpu {
 
     pub fn supports(&self, dtype: Dtype) -> Result<(), GpuError> {
         let props = self.client.properties();
-        let multiplies = dtype != Dtype::Tf32 || self.software_fragments || super::define::matrix_units(props, dtype);
-        if props.supports_type(super::define::elem_type(dtype)) && multiplies {
+        let multiplies = dtype != Dtype::Tf32 || self.software_fragments || super::device::matrix_units(props, dtype);
+        if props.supports_type(super::device::elem_type(dtype)) && multiplies {
             return Ok(());
         }
         let (why, hint) = match (self.backend, dtype) {
@@ -353,10 +353,11 @@ impl Gpu {
         mut times: Option<&mut Vec<f64>>,
     ) -> Result<(), GpuError> {
         for launch in &plan.launches[range] {
-            let out = *launch.bindings.last().unwrap();
-            let out_bytes = plan.buffer_bytes(out);
-            state.handles[out] = Some(self.client.empty(out_bytes as usize));
-            state.live += out_bytes;
+            for &out in launch.outputs() {
+                let out_bytes = plan.buffer_bytes(out);
+                state.handles[out] = Some(self.client.empty(out_bytes as usize));
+                state.live += out_bytes;
+            }
             state.stats.peak_bytes = state.stats.peak_bytes.max(state.live);
             if let Some(times) = times.as_deref_mut() {
                 self.sync()?;
@@ -423,7 +424,7 @@ impl Gpu {
         let mut launcher = KernelLauncher::new(settings);
         launcher.with_scope(|scope| {
             scope.device_properties(self.client.properties());
-            scope.register_type::<Stored>(super::define::elem_type(plan.dtype));
+            scope.register_type::<Stored>(super::device::elem_type(plan.dtype));
         });
         for (slot, id) in bindings.iter().enumerate() {
             let io = if slot + 1 == bindings.len() { BufferIOAttr::ReadWrite } else { BufferIOAttr::ReadOnly };

@@ -10,7 +10,8 @@
 //!   heads inside the softmax, forward and backward; `attention_mixed_tiled.rs`
 //!   its forward for Mesa's CPU drivers; `mixed_launch.rs` picks one;
 //! - `func.rs` — score and mask functions compiled into attention kernels;
-//! - `define.rs` — a plan launch → a cubecl kernel definition.
+//! - `define.rs` — a plan launch → a cubecl kernel definition;
+//! - `device.rs` — what a device offers (matrix units, plane width, staging).
 
 pub mod attention;
 pub mod attention_grad;
@@ -23,6 +24,7 @@ pub mod attention_tiled_grad;
 pub mod baseline;
 pub mod bench;
 pub mod define;
+pub mod device;
 pub mod emit;
 pub mod exec;
 pub mod func;

@@ -351,6 +351,9 @@ pub fn build_attention<N: Size>(
     };
     tiles::key_tiles(scope, &set, a, bk, tile);
     store_row::expand::<N>(scope, out, &o, &o_rest, &state, &slots, a.s, el, held);
+    if let Some(lse) = &a.lse {
+        att::store_lse::expand(scope, &mut lse.clone_unchecked(), &state, &slots, a.s, a.fold);
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,55 @@
+//! GEMM tiling: units, rows and columns a cube, shared-memory stages, and
+//! the head-mixing epilogue's shape.
+
+use serde::Serialize;
+
+/// A GEMM epilogue that mixes heads: the product's `f = m·d` columns are
+/// `m` heads of `d` and its rows `b·s + t`; instead of the product it writes
+/// `out[b, h, j, t, e] = Σ_m alpha[m, h, j] · y[b·s + t, m·d + e]`, row-major
+/// `[rows / s, h, p, s, d]` — `mix_heads(split_heads(x @ w, m), alpha)` in one
+/// launch. A cube's columns are `channels` vectors of each of the `m` heads,
+/// so every unit holds all heads of the channels it mixes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+pub struct MixEpilogue {
+    pub m: usize,
+    pub h: usize,
+    pub p: usize,
+    pub s: usize,
+    pub d: usize,
+}
+
+impl MixEpilogue {
+    /// Heads a GEMM tile can hold for the epilogue (one vector of each).
+    pub const MAX_HEADS: usize = GEMM_COLS / 4;
+
+    /// Channel vectors (of `lanes` floats) of each head per cube.
+    pub fn channels(&self, lanes: usize) -> usize {
+        (GEMM_COLS / lanes / self.m).clamp(1, self.d / lanes)
+    }
+}
+
+/// Units per GEMM cube; each owns [`GEMM_ROWS`] rows of the output.
+pub const GEMM_UNITS: usize = 64;
+pub const GEMM_ROWS: usize = 4;
+/// Output columns (floats) per GEMM cube, at most.
+pub const GEMM_COLS: usize = 32;
+/// Floats of `k` per shared-memory stage of the staged GEMM (two stages in
+/// flight: `2 · (GEMM_UNITS · GEMM_ROWS + cols) · GEMM_STAGE_K` floats).
+pub const GEMM_STAGE_K: usize = 8;
+/// Column vectors per GEMM cube for `f` output columns in vectors of `lanes`.
+pub fn gemm_cols(f: usize, lanes: usize) -> usize {
+    gemm_col_cap(lanes).min(f / lanes).max(1)
+}
+
+/// The most column vectors a GEMM cube takes in vectors of `lanes`:
+/// [`GEMM_COLS`] floats, half as many below vectors of 4, whose scalar loads
+/// and addresses NVIDIA's compiler cannot fit in 255 registers at 32
+/// columns (a GEMM contracting fewer than 4 rows, a weight gradient of one
+/// token, spilled).
+pub fn gemm_col_cap(lanes: usize) -> usize {
+    if lanes >= 4 {
+        GEMM_COLS / lanes
+    } else {
+        GEMM_COLS / 2 / lanes
+    }
+}
