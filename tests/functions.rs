@@ -173,6 +173,49 @@ fn stdlib_variants_on_the_kernels_match_the_interpreter() {
     }
 }
 
+/// In half precision, attention with score and mask functions runs on
+/// matrix fragments (the tensor-core kernel, `mma::flash`; fragments
+/// computed in software on lavapipe): every stdlib variant, and the padded
+/// decode step with `lengths` (a mask function the compiler writes), in f16
+/// (wgpu has no bf16; CUDA's bf16 kernels are compiled by
+/// `tests/cuda_compile.rs`), several key tiles and unequal lengths, held to
+/// the half-precision rule against the same-dtype reference (`common::half_rule`).
+#[test]
+fn half_precision_functions_run_on_fragments() {
+    use attnc_compiler::plan::{Dtype, KernelSpec};
+    let gpu = Gpu::wgpu().unwrap_or_else(|e| panic!("this test needs a device: {e}")).with_software_fragments();
+    let cases: Vec<(&str, Vec<(&'static str, String)>)> = vec![
+        ("alibi", sets(&[("H", "2"), ("H_kv", "1"), ("d", "64"), ("M", "70"), ("N", "300")])),
+        ("softcap", sets(&[("H", "2"), ("d", "32"), ("M", "130"), ("N", "130"), ("cap", "2.0")])),
+        ("document", sets(&[("H", "2"), ("H_kv", "1"), ("d", "32"), ("N", "333")])),
+        ("prefix_lm", sets(&[("H", "2"), ("d", "32"), ("N", "200"), ("prefix", "40")])),
+        ("sinks", sets(&[("H", "2"), ("d", "16"), ("N", "400"), ("window", "64"), ("sinks", "3")])),
+        ("relative_bias", sets(&[("H", "2"), ("d", "64"), ("M", "100"), ("N", "250"), ("R", "40")])),
+        ("kvcache", sets(&[("H", "2"), ("H_kv", "1"), ("d", "64"), ("B", "3"), ("M", "5"), ("N", "300")])),
+    ];
+    for dtype in [Dtype::F16] {
+        gpu.supports(dtype).unwrap_or_else(|e| panic!("this test needs {dtype} kernels: {e}"));
+        for (seed, (name, s)) in cases.iter().enumerate() {
+            let c = compile_stdlib(name, s);
+            let mut inputs = inputs_of(&c, 400 + seed as u64);
+            if let Some(lengths) = inputs.get_mut("lengths") {
+                lengths.data = vec![300.0, 171.0, 40.0];
+            }
+            let (tensors, dims) = bind::bind_inputs(&c.program, inputs.clone(), &Default::default()).unwrap();
+            let want = interp::evaluate(&c.program, &tensors, &dims).remove(0);
+            let plan = plan::plan(&c.program, &dims).in_dtype(dtype);
+            let on_fragments =
+                plan.launches.iter().any(|l| matches!(l.spec, KernelSpec::Attention { fragments: true, .. }));
+            assert!(on_fragments, "{name} in {dtype}: attention is not on fragments");
+            let same = interp::evaluate_planned(&c.program, &plan, &tensors).remove(0);
+            let got = gpu.run(&plan, &inputs).unwrap_or_else(|e| panic!("{name}: {e}")).0.remove(0);
+            assert!(want.data.iter().any(|v| *v != 0.0), "{name}: the reference is all zero");
+            half_rule(&got.data, &want.data, &same.data, dtype)
+                .unwrap_or_else(|e| panic!("{name} in {dtype} on fragments: {e}"));
+        }
+    }
+}
+
 /// A read outside a captured tensor is an error naming the function, the
 /// tensor, the index, its shape and the call.
 #[test]

@@ -526,6 +526,25 @@ fn paged_caches_match_the_reference() {
     let got = gpu.run(&plan, &p).unwrap().0.remove(0);
     half_rule(&got.data, &want.data, &same.data, attnc_compiler::plan::Dtype::F16)
         .unwrap_or_else(|e| panic!("f16 paged: {e}"));
+    // In half precision paged attention runs on matrix fragments (the
+    // tensor-core kernel, fragments in software here), reading the pages in
+    // place: one-row pages as above, and pages of 16 at d = 64.
+    let fragments = Gpu::wgpu().unwrap().with_software_fragments();
+    for (c, page) in [(c, 1), (case((2, 1), 64, (3, 700), false, &[700, 333, 17]), 16)] {
+        let t = inputs(&c, 10);
+        let compiled = compile_stdlib("paged", &paged_sets(&c, page));
+        let p = paged_inputs(&c, &t, page, 10);
+        let (tensors, dims) = bind::bind_inputs(&compiled.program, p.clone(), &BTreeSet::new()).unwrap();
+        let want = interp::evaluate(&compiled.program, &tensors, &dims).remove(0);
+        let plan = plan::plan(&compiled.program, &dims).in_dtype(attnc_compiler::plan::Dtype::F16);
+        let kinds: Vec<&str> = plan.launches.iter().map(|l| l.spec.kind()).collect();
+        assert_eq!(kinds, ["attention"], "read in place, one launch");
+        assert!(plan.launches[0].spec.fragments(), "paged attention in f16 is on fragments");
+        let same = interp::evaluate_planned(&compiled.program, &plan, &tensors).remove(0);
+        let got = fragments.run(&plan, &p).unwrap().0.remove(0);
+        half_rule(&got.data, &want.data, &same.data, attnc_compiler::plan::Dtype::F16)
+            .unwrap_or_else(|e| panic!("f16 paged on fragments, pages of {page}: {e}"));
+    }
 }
 
 /// A page index outside the cache, or a fractional one, is refused before

@@ -81,12 +81,10 @@ impl Plan {
         for l in &mut self.launches {
             l.bytes *= ratio;
             let lanes = l.spec.line_size();
-            if let KernelSpec::Attention {
-                shape: AttnShape { d, e, ref fns, .. }, ref mut fragments, kv, paged, ..
-            } = l.spec
-            {
-                // Score and mask functions, split keys and paged caches run on the scalar kernels.
-                let scalar = fns.is_some() || kv.is_some() || paged.is_some();
+            if let KernelSpec::Attention { shape: AttnShape { d, e, .. }, ref mut fragments, kv, .. } = l.spec {
+                // Split keys run on the scalar kernels; score and mask functions
+                // (lengths among them) and paged caches on fragments too.
+                let scalar = kv.is_some();
                 *fragments = dtype.is_half() && frag_key_tile(d, e, lanes).is_some() && !scalar;
             }
         }

@@ -105,10 +105,7 @@ pub(super) fn walk_tiles(
         return key_tiles(scope, set, a, bk, |scope, kt, masked| tile(scope, kt, masked, None));
     }
     if tiles > LISTED_TILES {
-        return key_tiles(scope, set, a, bk, |scope, kt, masked| {
-            let k0 = k::mul_const::expand(scope, kt, bk);
-            visit_tile(scope, set, k0, bk, a, prep, |scope, hidden| tile(scope, kt, masked, hidden));
-        });
+        return visit_tiles(scope, set, a, bk, prep, tile);
     }
     // Unit 0 lists the tiles (a flag bit marks the mask hiding part of one), the cube waits, all walk.
     let list = tile_list::expand(scope, tiles + 1);
@@ -193,6 +190,26 @@ fn entry_hidden(e: u32) -> bool {
 
 /// Runs `tile(scope, hidden)` for key tile `k0 ..`, skipped where the mask
 /// function sees none of it ([`tile_state`]).
+/// [`walk_tiles`] without the shared list: each key tile's state is
+/// evaluated where the tile is visited (for kernels whose shared memory is
+/// spoken for, and lists too long to hold).
+pub(super) fn visit_tiles(
+    scope: &Scope,
+    set: &NativeExpand<Array<usize>>,
+    a: &Shape,
+    bk: usize,
+    prep: &[NativeExpand<f32>],
+    mut tile: impl FnMut(&Scope, NativeExpand<usize>, Option<NativeExpand<bool>>, Option<NativeExpand<bool>>),
+) {
+    if !a.fns.as_ref().is_some_and(|f| f.tiles.is_some()) {
+        return key_tiles(scope, set, a, bk, |scope, kt, masked| tile(scope, kt, masked, None));
+    }
+    key_tiles(scope, set, a, bk, |scope, kt, masked| {
+        let k0 = k::mul_const::expand(scope, kt, bk);
+        visit_tile(scope, set, k0, bk, a, prep, |scope, hidden| tile(scope, kt, masked, hidden));
+    });
+}
+
 pub(super) fn visit_tile(
     scope: &Scope,
     set: &NativeExpand<Array<usize>>,

@@ -41,6 +41,42 @@ fn copy_rows<N: Size>(
     }
 }
 
+/// [`copy_rows`] from a paged cache: row `j` of the sequence is
+/// `base + page_row(k0 + j) · outer` (`k::page_row` through the block table).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn copy_paged_rows<N: Size>(
+    x: &[Vector<Stored, N>],
+    sh: &mut [Vector<Stored, N>],
+    table: &[Stored],
+    b: usize,
+    k0: usize,
+    base: usize,
+    #[comptime] dst: usize,
+    #[comptime] rows: usize,
+    #[comptime] width: usize,
+    #[comptime] used: usize,
+    #[comptime] sk: usize,
+    #[comptime] outer: usize,
+    #[comptime] pages: (usize, usize, usize, usize),
+) {
+    let (page, slots, blocks, digits) = comptime![pages];
+    #[unroll]
+    for i in 0..comptime![(rows * width).div_ceil(ATTN_ROWS)] {
+        let idx = UNIT_POS as usize + comptime![i * ATTN_ROWS];
+        if idx < comptime![rows * width] {
+            let j = idx / width;
+            let c = idx % width;
+            let mut val = Vector::<Stored, N>::cast_from(f32::new(0.0));
+            if c < used {
+                let t = min(k0 + j, comptime![sk - 1]);
+                val = x[base + k::page_row(table, b, t, slots, page, blocks, digits) * comptime![outer] + c];
+            }
+            sh[comptime![dst] + idx] = val;
+        }
+    }
+}
+
 /// This unit's query row (`width` vectors, `used` real) into the shared array at `dst + UNIT_POS · width`.
 #[cube]
 fn copy_query<N: Size>(
@@ -192,6 +228,12 @@ fn add_fragment_row(
     }
 }
 
+/// Where this unit's row of a tile's `bk` shared scores starts.
+#[cube]
+fn unit_scores(#[comptime] bk: usize) -> usize {
+    UNIT_POS as usize * bk
+}
+
 /// Where this unit's row sits in its plane's 32×16 scratch tile: `warp · 512 + lane · 16`.
 #[cube]
 fn scratch_row() -> usize {
@@ -281,11 +323,85 @@ pub fn build_attention<N: Size>(
     };
     let state = att::softmax_state::expand(scope);
     let (k_base, v_base) = (k::uget::expand(scope, &set, SET_K), k::uget::expand(scope, &set, SET_V));
-    let tile = |scope: &Scope, kt: NativeExpand<usize>, masked: Option<NativeExpand<bool>>| {
+    // Score and mask functions: each unit applies them to its own row of the
+    // shared scores (scaled first), before the online softmax.
+    let prep = tiles::prepare_tiles(scope, &set, a);
+    let tile = |scope: &Scope,
+                kt: NativeExpand<usize>,
+                masked: Option<NativeExpand<bool>>,
+                hidden: Option<NativeExpand<bool>>| {
         let k0 = k::mul_const::expand(scope, kt, bk);
         let mut xs = x.clone_unchecked();
-        copy_rows::expand::<N>(scope, kb, &mut xs, k0.clone(), k_base.clone(), k_off, bk, dpl, dl, a.sk, a.views[1]);
-        copy_rows::expand::<N>(scope, v, &mut xs, k0.clone(), v_base.clone(), v_off, bk, epl, el, a.sk, a.views[2]);
+        match &a.paged {
+            // Key and value rows looked up in the block table.
+            Some(p) => {
+                let (b, _) = att::cube_head(scope, a);
+                let r = p.rows;
+                let pages = (r.page, r.slots, r.blocks, p.digits);
+                let (kv, vv) = (a.views[1].outer, a.views[2].outer);
+                let (kb0, vb0) = (k_base.clone(), v_base.clone());
+                copy_paged_rows::expand::<N>(
+                    scope,
+                    kb,
+                    &mut xs,
+                    &p.table,
+                    b,
+                    k0.clone(),
+                    kb0,
+                    k_off,
+                    bk,
+                    dpl,
+                    dl,
+                    a.sk,
+                    kv,
+                    pages,
+                );
+                copy_paged_rows::expand::<N>(
+                    scope,
+                    v,
+                    &mut xs,
+                    &p.table,
+                    b,
+                    k0.clone(),
+                    vb0,
+                    v_off,
+                    bk,
+                    epl,
+                    el,
+                    a.sk,
+                    vv,
+                    pages,
+                );
+            }
+            None => {
+                copy_rows::expand::<N>(
+                    scope,
+                    kb,
+                    &mut xs,
+                    k0.clone(),
+                    k_base.clone(),
+                    k_off,
+                    bk,
+                    dpl,
+                    dl,
+                    a.sk,
+                    a.views[1],
+                );
+                copy_rows::expand::<N>(
+                    scope,
+                    v,
+                    &mut xs,
+                    k0.clone(),
+                    v_base.clone(),
+                    v_off,
+                    bk,
+                    epl,
+                    el,
+                    a.sk,
+                    a.views[2],
+                );
+            }
+        }
         k::barrier::expand(scope);
         // Scores: plane `warp`'s 32 rows (2 fragments) by the tile's keys.
         let mut sc = sf.clone_unchecked();
@@ -302,6 +418,21 @@ pub fn build_attention<N: Size>(
             }
         }
         k::barrier::expand(scope);
+        let with_fns = a.fns.is_some();
+        if with_fns {
+            let row = unit_scores::expand(scope, bk);
+            let scores: Vec<_> = (0..bk)
+                .map(|jj| {
+                    let at = k::add_index::expand(scope, row.clone(), k::const_index::expand(scope, jj));
+                    k::fmul::expand(scope, k::read::expand::<f32>(scope, &sf, at), scale.clone())
+                })
+                .collect();
+            let scores = att::mask_scores(scope, scores, &masked, hidden, i.clone(), k0.clone(), a);
+            for (jj, v) in scores.into_iter().enumerate() {
+                let at = k::add_index::expand(scope, row.clone(), k::const_index::expand(scope, jj));
+                k::write::expand::<f32>(scope, &mut sf.clone_unchecked(), at, v);
+            }
+        }
         let (mut st, mut ov, mut orest) = (state.clone(), o.clone(), o_rest.clone_unchecked());
         softmax_tile::expand::<N>(
             scope,
@@ -311,13 +442,14 @@ pub fn build_attention<N: Size>(
             &mut ov,
             i.clone(),
             k0,
-            scale.clone(),
+            // Scaled (and masked) already where functions applied.
+            if with_fns { k::fconst::expand(scope, 1.0) } else { scale.clone() },
             p_off,
             bk,
             held,
             &mut o_rest.clone_unchecked(),
             ep - held,
-            masked.is_some(),
+            masked.is_some() && !with_fns,
             masked.unwrap_or_else(|| NativeExpand::from_lit(scope, false)),
             a.s,
             a.sk,
@@ -349,7 +481,7 @@ pub fn build_attention<N: Size>(
             k::barrier::expand(scope);
         }
     };
-    tiles::key_tiles(scope, &set, a, bk, tile);
+    tiles::visit_tiles(scope, &set, a, bk, &prep, tile);
     store_row::expand::<N>(scope, out, &o, &o_rest, &state, &slots, a.s, el, held);
     if let Some(lse) = &a.lse {
         att::store_lse::expand(scope, &mut lse.clone_unchecked(), &state, &slots, a.s, a.fold);
