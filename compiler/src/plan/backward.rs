@@ -35,8 +35,14 @@ impl Planner {
 
     /// Node `n`, an `AttentionGrad` by `V`, from the launch of the gradient by
     /// `K` with the same operands, if one was planned on the tiled kernels:
-    /// that launch also writes `dV` (`KernelSpec::AttentionGrad::with_v`).
-    pub(super) fn grad_v_with_k(&mut self, p: &Program, n: usize) -> Option<Val> {
+    /// that launch also writes `dV` (`KernelSpec::AttentionGrad::dv`), in the
+    /// layout of its one reader that merges heads if it has one.
+    pub(super) fn grad_v_with_k(
+        &mut self,
+        p: &Program,
+        n: usize,
+        written: Option<(Vec<usize>, Layout)>,
+    ) -> Option<Val> {
         let Op::AttentionGrad { wrt: AttnArg::V, .. } = p.nodes[n].op else { return None };
         let same = |f: usize| match (&p.nodes[f].op, &p.nodes[n].op) {
             (
@@ -50,19 +56,23 @@ impl Planner {
         let grad_k = (0..n).find(|&f| same(f))?;
         let Val::At { buf, .. } = self.vals[grad_k] else { return None };
         let at = self.launches.iter().rposition(|l| l.outputs() == [buf])?;
-        if !matches!(self.launches[at].spec, KernelSpec::AttentionGrad { wrt: AttnArg::K, with_v: false, .. }) {
+        if !matches!(self.launches[at].spec, KernelSpec::AttentionGrad { wrt: AttnArg::K, dv: None, .. }) {
             return None;
         }
         let shape = self.shapes[n].clone();
-        let dv = self.buffer(&shape, BufferRole::Temp);
+        let (buf_shape, layout) = written
+            .filter(|_| !p.outputs.iter().any(|(_, o)| o.0 as usize == n))
+            .unwrap_or_else(|| (shape.clone(), Layout::contiguous(&shape)));
+        let dv = self.buffer(&buf_shape, BufferRole::Temp);
+        let view = layout.row_view().expect("gradients are written in rows");
         let launch = &mut self.launches[at];
-        if let KernelSpec::AttentionGrad { with_v, .. } = &mut launch.spec {
-            *with_v = true;
+        if let KernelSpec::AttentionGrad { dv: written, .. } = &mut launch.spec {
+            *written = Some(view);
         }
         let out = launch.bindings.len() - 1;
         launch.bindings.insert(out, dv);
         launch.bytes += 4.0 * shape.iter().product::<usize>() as f64;
         launch.flops *= 1.5;
-        Some(Val::At { buf: dv, layout: Layout::contiguous(&shape) })
+        Some(Val::At { buf: dv, layout })
     }
 }

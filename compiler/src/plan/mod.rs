@@ -131,6 +131,19 @@ fn readers(p: &Program) -> Vec<Vec<usize>> {
     r
 }
 
+/// The layout attention's output (or a gradient's) is written in when its
+/// one reader merges heads or deinterleaves: that reader's row-major buffer,
+/// so the layout operation is a view and no copy follows.
+fn reader_layout(p: &Program, readers: &[Vec<usize>], shapes: &[Vec<usize>], i: usize) -> Option<(Vec<usize>, Layout)> {
+    let [c] = readers[i][..] else { return None };
+    let written = match p.nodes[c].op {
+        Op::MergeHeads { .. } if shapes[c].len() == 3 => Layout::contiguous(&shapes[c]).split_heads(shapes[i][1]),
+        Op::Deinterleave { .. } => Some(Layout::contiguous(&shapes[c]).interleave()),
+        _ => None,
+    }?;
+    Some((shapes[c].clone(), written))
+}
+
 /// Where a node's value is.
 #[derive(Clone, Debug)]
 enum Val {
@@ -351,7 +364,7 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
         // what a training step's forward or dK launch writes beside its output.
         let val = match &node.op {
             Op::AttentionLse { .. } => pl.forward_lse(p, i),
-            Op::AttentionGrad { wrt: AttnArg::V, .. } => pl.grad_v_with_k(p, i),
+            Op::AttentionGrad { wrt: AttnArg::V, .. } => pl.grad_v_with_k(p, i, reader_layout(p, &readers, &shapes, i)),
             Op::Input { index } => {
                 let input = &p.inputs[*index];
                 let role = BufferRole::Input { name: input.name.clone(), weight: input.weight, integers: integers[i] };
@@ -513,19 +526,8 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
                 let (sq, sk, sv) = (sh(0), sh(1), sh(2));
                 let (bq, vq) = pl.read(*q, Layout::row_view);
                 let ((bk, vk), (bv, vv), paged) = paged::keys_values(&mut pl, p, [*k, *v], &integers);
-                // One reader that merges heads or deinterleaves: write its layout.
-                if let [c] = readers[i][..] {
-                    let written = match p.nodes[c].op {
-                        Op::MergeHeads { .. } if shapes[c].len() == 3 => {
-                            Layout::contiguous(&shapes[c]).split_heads(shapes[i][1])
-                        }
-                        Op::Deinterleave { .. } => Some(Layout::contiguous(&shapes[c]).interleave()),
-                        _ => None,
-                    };
-                    if let Some(w) = written.filter(|_| !is_output(i)) {
-                        out_shape = shapes[c].clone();
-                        out_layout = w;
-                    }
+                if let Some((s, w)) = reader_layout(p, &readers, &shapes, i).filter(|_| !is_output(i)) {
+                    (out_shape, out_layout) = (s, w);
                 }
                 let out = out_layout.row_view().expect("attention writes rows of its output contiguously");
                 let shape = attn_shape(&sq, &sk, sv[3], mask, *scale, kernel_fns(fns, &shapes, dims, &integers));
@@ -708,6 +710,11 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
             }
             Op::AttentionGrad { q, k, v, o, dout, lse, mask, scale, wrt, fns } => {
                 let (sq, sk, sv) = (sh(0), sh(1), sh(2));
+                // dQ, dK or dV in the layout of a head merge that reads it.
+                let rows = matches!(wrt, AttnArg::Q | AttnArg::K | AttnArg::V);
+                if let Some((s, w)) = reader_layout(p, &readers, &shapes, i).filter(|_| rows && !is_output(i)) {
+                    (out_shape, out_layout) = (s, w);
+                }
                 let mut views = vec![];
                 let mut bindings = vec![];
                 for x in [q, k, v, if sh(3).len() == 4 { o } else { dout }, dout] {
@@ -731,7 +738,8 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
                     dout: views[4],
                     tile: grad_key_tile(sq[3], sv[3]),
                     split: 0,
-                    with_v: false,
+                    out: out_layout.row_view().unwrap_or(views[0]),
+                    dv: None,
                 };
                 (spec, bindings)
             }

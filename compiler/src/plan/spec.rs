@@ -155,10 +155,13 @@ pub enum KernelSpec {
         /// Units sharing each row ([`KernelSpec::fit_registers`]; 0: one).
         #[serde(default, skip_serializing_if = "is_zero")]
         split: usize,
+        /// Where the gradient's rows go (row-major, or the layout of its one
+        /// reader that merges heads, so that no copy follows).
+        out: RowView,
         /// `dK` (`wrt` is `K`) and `dV` in one walk over the query tiles,
-        /// sharing each probability: `dV` goes to a binding just before `dK`'s.
-        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-        with_v: bool,
+        /// sharing each probability: `dV`'s layout, its binding just before `dK`'s.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        dv: Option<RowView>,
     },
     /// Attention that mixes heads inside the softmax
     /// (`gpu::attention_mixed`; docs/semantics.md §7), forward or a pass of
@@ -415,10 +418,10 @@ impl KernelSpec {
             }
             // dQ: q, dO and the accumulator (and o's slice for D_i); dK: k,
             // v and the accumulator; dV: k and the accumulator.
-            KernelSpec::AttentionGrad { shape: AttnShape { d, e, .. }, wrt, with_v, .. } => {
+            KernelSpec::AttentionGrad { shape: AttnShape { d, e, .. }, wrt, dv, .. } => {
                 let (held, what) = match wrt {
                     AttnArg::Q | AttnArg::Read(_) => (2 * d + 2 * e, "query, output, output-gradient and dQ"),
-                    AttnArg::K if with_v => (2 * d + 2 * e, "key, value, dK and dV"),
+                    AttnArg::K if dv.is_some() => (2 * d + 2 * e, "key, value, dK and dV"),
                     AttnArg::K => (2 * d + e, "key, value and dK"),
                     AttnArg::V => (d + e, "key and dV"),
                 };
@@ -453,7 +456,7 @@ impl KernelSpec {
             KernelSpec::AttentionGrad {
                 shape: AttnShape { s, sk, d, e, mask, window, block, ref fns, .. },
                 wrt,
-                with_v,
+                dv,
                 ..
             } if self.tiled_grad() => {
                 let l = self.line_size();
@@ -462,7 +465,7 @@ impl KernelSpec {
                 let w = window.unwrap_or(0) * block;
                 match wrt {
                     AttnArg::V => AttnTiles::new(d / l, e / l, sk, s, masked, w),
-                    AttnArg::K if with_v => AttnTiles::new(2 * d / l, 2 * e / l, sk, s, masked, w),
+                    AttnArg::K if dv.is_some() => AttnTiles::new(2 * d / l, 2 * e / l, sk, s, masked, w),
                     AttnArg::K => AttnTiles::new(2 * d / l, e / l, sk, s, masked, w),
                     _ => AttnTiles::new(2 * d / l, e / l, s, sk, masked, w),
                 }
@@ -535,7 +538,7 @@ impl KernelSpec {
     /// before it, a second one (attention's log-sum-exp, `dV` beside `dK`).
     pub fn outputs(&self) -> usize {
         match self {
-            KernelSpec::Attention { lse: true, .. } | KernelSpec::AttentionGrad { with_v: true, .. } => 2,
+            KernelSpec::Attention { lse: true, .. } | KernelSpec::AttentionGrad { dv: Some(_), .. } => 2,
             _ => 1,
         }
     }
@@ -602,12 +605,12 @@ impl KernelSpec {
             KernelSpec::Contract { rows, inner, .. } => {
                 (rows * inner).div_ceil(GROUP_UNITS) + GROUP_UNITS.ilog2() as usize
             }
-            KernelSpec::AttentionGrad { shape: AttnShape { h, hk, s, sk, d, e, ref fns, .. }, wrt, with_v, .. }
+            KernelSpec::AttentionGrad { shape: AttnShape { h, hk, s, sk, d, e, ref fns, .. }, wrt, dv, .. }
                 if self.tiled_grad() =>
             {
                 let width = match wrt {
                     AttnArg::V => d + e,
-                    AttnArg::K if with_v => 2 * d + 2 * e,
+                    AttnArg::K if dv.is_some() => 2 * d + 2 * e,
                     _ => 2 * d + e,
                 };
                 let parts = self.part_trips(width, half);
@@ -635,7 +638,7 @@ impl KernelSpec {
                 tile,
                 wrt,
                 split,
-                with_v,
+                dv,
                 ..
             } => {
                 let (d, e) = (d / split.max(1), e / split.max(1));
@@ -651,7 +654,7 @@ impl KernelSpec {
                     AttnArg::K | AttnArg::V => {
                         let reads = read_trips(fns, rows, tile, s.div_ceil(tile), false);
                         // dV beside dK: one more channel loop a pair.
-                        let per_row = per_row + usize::from(with_v) * grad_steps(e);
+                        let per_row = per_row + usize::from(dv.is_some()) * grad_steps(e);
                         (h / hk) * (1 + s.div_ceil(tile) * (1 + tile * per_row + grad_steps(e)) + reads) + once
                     }
                 }
@@ -714,7 +717,7 @@ impl KernelSpec {
             KernelSpec::AttentionLse { .. } => "attention_lse",
             KernelSpec::MixedAttention { pass, .. } => pass.name(),
             KernelSpec::AttentionGrad { wrt: AttnArg::Q, .. } => "attention_grad_q",
-            KernelSpec::AttentionGrad { wrt: AttnArg::K, with_v: true, .. } => "attention_grad_kv",
+            KernelSpec::AttentionGrad { wrt: AttnArg::K, dv: Some(_), .. } => "attention_grad_kv",
             KernelSpec::AttentionGrad { wrt: AttnArg::K, .. } => "attention_grad_k",
             KernelSpec::AttentionGrad { wrt: AttnArg::V, .. } => "attention_grad_v",
             KernelSpec::AttentionGrad { wrt: AttnArg::Read(_), .. } => "attention_grad_read",

@@ -462,7 +462,7 @@ pub fn grad_q(
     lse: &[Stored],
     out: &mut [Stored],
     #[comptime] g: Dims,
-    #[comptime] views: [RowView; 5],
+    #[comptime] views: [RowView; 7],
     #[comptime] scale: f32,
     #[comptime] hook: Hook,
 ) {
@@ -499,7 +499,7 @@ pub fn grad_q(
         sync_cube();
     }
     if real {
-        store_row(out, &dq, (bh * comptime![g.s] + i) * comptime![g.d], comptime![g.d], lanes);
+        store_row(out, &dq, view_row(b, hi, i, comptime![views[5]]), comptime![g.d], lanes);
     }
 }
 
@@ -519,7 +519,7 @@ pub fn grad_kv(
     out: &mut [Stored],
     out_v: &mut [Stored],
     #[comptime] g: Dims,
-    #[comptime] views: [RowView; 5],
+    #[comptime] views: [RowView; 7],
     #[comptime] scale: f32,
     #[comptime] wrt_k: bool,
     #[comptime] with_v: bool,
@@ -599,9 +599,9 @@ pub fn grad_kv(
         }
     }
     if real {
-        store_row(out, &acc, (bh * comptime![g.sk] + j) * width, width, lanes);
+        store_row(out, &acc, view_row(b, kh, j, comptime![views[5]]), width, lanes);
         if comptime![with_v] {
-            store_row(out_v, &acc_v, (bh * comptime![g.sk] + j) * comptime![g.e], comptime![g.e], lanes);
+            store_row(out_v, &acc_v, view_row(b, kh, j, comptime![views[6]]), comptime![g.e], lanes);
         }
     }
 }

@@ -249,7 +249,7 @@ pub fn build_grad_kv<N: Size>(
     lanes: usize,
     plane: u32,
     wrt_k: bool,
-    mut dv: Option<&mut NativeExpand<[Vector<Stored, N>]>>,
+    mut dv: Option<(&mut NativeExpand<[Vector<Stored, N>]>, RowView)>,
 ) {
     let (dl, el) = (a.d / lanes, a.e / lanes);
     let with_v = dv.is_some();
@@ -328,9 +328,8 @@ pub fn build_grad_kv<N: Size>(
     let factor = if wrt_k { scale } else { 1.0 };
     for u in &rows {
         store_key_row::expand::<N>(scope, out, &u.acc, bb, kh, u.j, factor, a.sk, width, a.views[3]);
-        if let (Some(dv), Some(acc_v)) = (dv.as_deref_mut(), &u.acc_v) {
-            let view = RowView { offset: 0, batch: a.hk * a.sk * el, head: a.sk * el, block: 1, outer: el, inner: el };
-            store_key_row::expand::<N>(scope, dv, acc_v, bb, kh, u.j, 1.0, a.sk, el, view);
+        if let (Some((dv, view)), Some(acc_v)) = (dv.as_mut(), &u.acc_v) {
+            store_key_row::expand::<N>(scope, dv, acc_v, bb, kh, u.j, 1.0, a.sk, el, *view);
         }
     }
 }

@@ -84,7 +84,7 @@ impl IrKernel {
             KernelSpec::MatMul { mix: Some(_), .. } => 3,
             KernelSpec::Group { inputs, .. } => inputs,
             KernelSpec::AttentionGrad { wrt: AttnArg::V, ref shape, .. } => 4 + captures(shape),
-            KernelSpec::AttentionGrad { ref shape, with_v, .. } => 6 + captures(shape) + usize::from(with_v),
+            KernelSpec::AttentionGrad { ref shape, dv, .. } => 6 + captures(shape) + usize::from(dv.is_some()),
             KernelSpec::AttentionLse { ref shape, .. } => 2 + captures(shape),
             KernelSpec::MixedAttention { ref shape, pass, .. } => pass.operands() + captures(shape),
             KernelSpec::Binary { .. }
@@ -237,23 +237,12 @@ impl IrKernel {
                         gemm::build::<N>(scope, &bufs[0], &bufs[1], &mut out, &shape, lanes, self.plane)
                     }
                 }
-                KernelSpec::AttentionGrad { shape: ref sh, wrt, q, k: kv, v, o, dout, .. } => {
+                KernelSpec::AttentionGrad {
+                    shape: ref sh, wrt, q, k: kv, v, o, dout, out: grad, dv: dv_view, ..
+                } => {
                     // On the forward's tiling: the log-sum-exp and the captures are the scalar bindings;
                     // dV binds q, k, dout (its `v` and `o` are not read).
                     let fns = sh.fns.as_ref().map(|f| fns_of(f, &scalars[1..], self.dtype));
-                    let (rows, heads, width) = match wrt {
-                        AttnArg::Q => (sh.s, sh.h, sh.d),
-                        AttnArg::K => (sh.sk, sh.hk, sh.d),
-                        _ => (sh.sk, sh.hk, sh.e),
-                    };
-                    let grad = RowView {
-                        offset: 0,
-                        batch: heads * rows * width,
-                        head: rows * width,
-                        block: 1,
-                        outer: width,
-                        inner: width,
-                    };
                     let shape = self.attention_shape(sh, [q, kv, v, grad], lanes, fns);
                     let dv = wrt == AttnArg::V;
                     let b = attention_tiled_grad::GradBuffers {
@@ -270,8 +259,8 @@ impl IrKernel {
                         attention_tiled_grad::build_grad_q::<N>(scope, &b, &mut out, scale, &shape, views, lanes, plane)
                     } else {
                         // dK and dV in one launch: dV's buffer is the last vector binding before dK's.
-                        let mut dv = matches!(self.spec, KernelSpec::AttentionGrad { with_v: true, .. })
-                            .then(|| bufs.last().expect("dV's binding").clone_unchecked());
+                        let mut dv = dv_view
+                            .map(|view| (bufs.last().expect("dV's binding").clone_unchecked(), view.in_vectors(lanes)));
                         attention_tiled_grad::build_grad_kv::<N>(
                             scope,
                             &b,
@@ -282,7 +271,7 @@ impl IrKernel {
                             lanes,
                             plane,
                             wrt == AttnArg::K,
-                            dv.as_mut(),
+                            dv.as_mut().map(|(buf, view)| (buf, *view)),
                         )
                     }
                 }
@@ -389,9 +378,10 @@ impl IrKernel {
             let hooks = mixed_hooks(shape, &bufs[pass.operands()..], self.dtype);
             let kind = mask_code(shape.mask);
             mixed_launch::body(scope, bufs, out, shape, mix, [q, kv, v, o], pass, fold, plane, cpu, hooks, kind);
-        } else if let KernelSpec::AttentionGrad { ref shape, wrt, q, k: kv, v, o, dout, tile, .. } = *spec {
+        } else if let KernelSpec::AttentionGrad { ref shape, wrt, q, k: kv, v, o, dout, tile, out: to, dv, .. } = *spec
+        {
             let g = grad_dims(spec, shape, tile, fold);
-            let (scale, views) = (shape.scale(), [q, kv, v, o, dout]);
+            let (scale, views) = (shape.scale(), [q, kv, v, o, dout, to, dv.unwrap_or(to)]);
             let b = bufs;
             match wrt {
                 AttnArg::Q => attention_grad::grad_q::expand(
@@ -410,7 +400,7 @@ impl IrKernel {
                 ),
                 AttnArg::K => {
                     // dV beside dK: its buffer after the captures.
-                    let with_v = matches!(spec, KernelSpec::AttentionGrad { with_v: true, .. });
+                    let with_v = dv.is_some();
                     let caps = captures(shape);
                     let mut dv = if with_v { b[6 + caps].clone_unchecked() } else { out.clone_unchecked() };
                     attention_grad::grad_kv::expand(
