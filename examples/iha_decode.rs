@@ -30,7 +30,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         inputs.insert("k_cache".into(), cache[0].clone());
         inputs.insert("v_cache".into(), cache[1].clone());
         let out = spec("stdlib/iha_decode.attn", t + 1)?.compile()?.bind(inputs)?.run(Backend::Wgpu)?;
-        cache = [append(&cache[0], &out["k_new"]), append(&cache[1], &out["v_new"])];
+        cache = [cache[0].concat(&out["k_new"], 2), cache[1].concat(&out["v_new"], 2)];
         tokens.push(x.data.clone());
         let y = out["y"].clone();
         let rms = (y.data.iter().map(|v| v * v).sum::<f64>() / y.len() as f64).sqrt();
@@ -50,16 +50,4 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         return Err(format!("a decode step differs from the full forward by {worst:e}").into());
     }
     Ok(())
-}
-
-/// `cache: [B, H, L, d]` with `new: [B, H, R, d]` appended along the rows.
-fn append(cache: &Tensor, new: &Tensor) -> Tensor {
-    let (b, h, l, d) = (cache.shape[0], cache.shape[1], cache.shape[2], cache.shape[3]);
-    let r = new.shape[2];
-    let mut data = Vec::with_capacity(b * h * (l + r) * d);
-    for bh in 0..b * h {
-        data.extend_from_slice(&cache.data[bh * l * d..(bh + 1) * l * d]);
-        data.extend_from_slice(&new.data[bh * r * d..(bh + 1) * r * d]);
-    }
-    Tensor::new(vec![b, h, l + r, d], data)
 }

@@ -85,18 +85,6 @@ fn token(x: &Tensor, t: usize) -> Tensor {
     Tensor::new(vec![b, 1, dd], data)
 }
 
-/// `cache: [B, H, L, d]` with `new: [B, H, R, d]` appended along the rows.
-fn append(cache: &Tensor, new: &Tensor) -> Tensor {
-    let (b, h, l, d) = (cache.shape[0], cache.shape[1], cache.shape[2], cache.shape[3]);
-    let r = new.shape[2];
-    let mut data = Vec::with_capacity(b * h * (l + r) * d);
-    for bh in 0..b * h {
-        data.extend_from_slice(&cache.data[bh * l * d..(bh + 1) * l * d]);
-        data.extend_from_slice(&new.data[bh * r * d..(bh + 1) * r * d]);
-    }
-    Tensor::new(vec![b, h, l + r, d], data)
-}
-
 /// Asserts |a − b| ≤ tol · (1 + |b|) for every element (NaN fails).
 fn assert_each(a: &Tensor, b: &Tensor, tol: f64, what: &str) {
     assert_eq!(a.shape, b.shape, "{what}: shapes differ");
@@ -150,8 +138,8 @@ fn decoding_token_by_token_gives_every_row_of_the_full_forward() {
             assert_close(&out["y"], &token(y_full, t), 1e-12, &what);
             assert_each(&out["y"], &token(y_full, t), 1e-12, &what);
             assert_eq!(out["k_new"].shape, vec![2, case.h, case.p, case.d], "{what}: k_new's shape");
-            k_cache = append(&k_cache, &out["k_new"]);
-            v_cache = append(&v_cache, &out["v_new"]);
+            k_cache = k_cache.concat(&out["k_new"], 2);
+            v_cache = v_cache.concat(&out["v_new"], 2);
         }
 
         // The cache the steps built is the whole sequence's pseudo-keys and -values.

@@ -21,6 +21,19 @@ impl Tensor {
     pub fn is_empty(&self) -> bool {
         self.data.is_empty()
     }
+    /// `self` and `other` joined along `axis` (every other axis equal): a
+    /// key/value cache with a decode step's new rows appended, as the
+    /// language's `concat`.
+    pub fn concat(&self, other: &Tensor, axis: usize) -> Tensor {
+        let mut shape = self.shape.clone();
+        shape[axis] += other.shape[axis];
+        let rows: usize = self.shape[..axis].iter().product();
+        let (fa, fb): (usize, usize) = (self.shape[axis..].iter().product(), other.shape[axis..].iter().product());
+        let data = (0..rows)
+            .flat_map(|r| self.data[r * fa..(r + 1) * fa].iter().chain(&other.data[r * fb..(r + 1) * fb]).copied())
+            .collect();
+        Tensor::new(shape, data)
+    }
 }
 
 /// ‖a − b‖₂ / ‖b‖₂ (with ‖b‖ = 0 giving ‖a‖); NaN anywhere gives NaN, so a
@@ -39,5 +52,23 @@ pub fn relative_error(a: &[f64], b: &[f64]) -> f64 {
         num.sqrt()
     } else {
         (num / den).sqrt()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Tensor;
+
+    #[test]
+    fn concat_joins_along_an_axis() {
+        // [2, 1, 2] with [2, 2, 2] along axis 1: per leading index, a's row then b's.
+        let a = Tensor::new(vec![2, 1, 2], vec![1.0, 2.0, 3.0, 4.0]);
+        let b = Tensor::new(vec![2, 2, 2], vec![5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0]);
+        let c = a.concat(&b, 1);
+        assert_eq!(c.shape, vec![2, 3, 2]);
+        assert_eq!(c.data, vec![1.0, 2.0, 5.0, 6.0, 7.0, 8.0, 3.0, 4.0, 9.0, 10.0, 11.0, 12.0]);
+        // Onto an empty cache.
+        let empty = Tensor::new(vec![2, 0, 2], vec![]);
+        assert_eq!(empty.concat(&a, 1), a);
     }
 }

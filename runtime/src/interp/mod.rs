@@ -135,8 +135,8 @@ fn evaluate_with(
             Op::CollapseRows { w, r } => collapse_rows(v(*w), v(*r), shape),
             // Row-major data is unchanged by these: only the shape differs.
             Op::UnflattenHeads { x, .. } | Op::FlattenHeads { x } => Tensor::new(shape, v(*x).data.clone()),
-            Op::ConcatCols { a, b } => concat(v(*a), v(*b), v(*a).shape.len() - 1, shape),
-            Op::Concat { a, b, axis } => concat(v(*a), v(*b), *axis, shape),
+            Op::ConcatCols { a, b } => v(*a).concat(v(*b), v(*a).shape.len() - 1),
+            Op::Concat { a, b, axis } => v(*a).concat(v(*b), *axis),
             Op::SliceCols { x, start, len } => {
                 slice(v(*x), v(*x).shape.len() - 1, *start as usize, *len as usize, shape)
             }
@@ -560,17 +560,6 @@ fn collapse_rows(w: &Tensor, r: &Tensor, shape: Vec<usize>) -> Tensor {
         }
     }
     out
-}
-
-/// `a` and `b` joined along `axis`: per index of the axes before it, `a`'s
-/// entries from `axis` on, then `b`'s.
-fn concat(a: &Tensor, b: &Tensor, axis: usize, shape: Vec<usize>) -> Tensor {
-    let rows: usize = a.shape[..axis].iter().product();
-    let (fa, fb): (usize, usize) = (a.shape[axis..].iter().product(), b.shape[axis..].iter().product());
-    let data = (0..rows)
-        .flat_map(|r| a.data[r * fa..(r + 1) * fa].iter().chain(&b.data[r * fb..(r + 1) * fb]).copied())
-        .collect();
-    Tensor::new(shape, data)
 }
 
 /// Entries `start .. start + len` of `axis`.
