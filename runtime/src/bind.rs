@@ -209,7 +209,7 @@ pub fn interpreter_bytes(program: &Program, dims: &DimValues) -> Result<u64, Run
             _ => format!("intermediate %{i}"),
         };
         // A size with a difference (`N - 1`, `2 * N - 5`) can be negative at small dims.
-        if let Some(d) = node.shape.0.iter().find(|d| d.eval(&|s| dims.get(s).copied()).is_none()) {
+        if let Some(d) = node.shape.0.iter().find(|d| d.negative_at(&|s| dims.get(s).copied())) {
             let at: Vec<String> = d.symbols().map(|s| format!("{s} = {}", dims.get(s).copied().unwrap_or(0))).collect();
             return Err(RunError::BadSize(format!(
                 "{} has shape {}, whose size {d} is negative at {}; choose larger dims",

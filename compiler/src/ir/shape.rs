@@ -74,6 +74,11 @@ impl Dim {
     pub fn eval(&self, bind: &impl Fn(&str) -> Option<u64>) -> Option<u64> {
         u64::try_from(self.signed(bind)?).ok()
     }
+    /// Whether the value under a binding of every symbol is below zero (a
+    /// difference of sizes at small dims); an overflow is not.
+    pub fn negative_at(&self, bind: &impl Fn(&str) -> Option<u64>) -> bool {
+        self.signed(bind).is_some_and(|v| v < 0)
+    }
     fn signed(&self, bind: &impl Fn(&str) -> Option<u64>) -> Option<i64> {
         let mut total: i64 = 0;
         for (m, c) in &self.terms {
@@ -241,6 +246,7 @@ mod tests {
         assert_eq!(cache.eval(&at(5)), Some(12));
         assert_eq!(cache.eval(&at(1)), Some(0));
         assert_eq!(cache.eval(&at(0)), None, "a negative size has no value");
+        assert!(cache.negative_at(&at(0)) && !cache.negative_at(&at(1)));
         assert_eq!(Dim::known(7).sub(&Dim::known(7)).as_known(), Some(0));
     }
 

@@ -7,6 +7,24 @@ use super::{BufferRole, KernelSpec, Layout, Planner, Val};
 use crate::ir::{AttnArg, Op, Program};
 
 impl Planner {
+    /// The launch whose one output is node `f`'s buffer, if its spec `fits`.
+    fn launch_of(&self, f: usize, fits: impl Fn(&KernelSpec) -> bool) -> Option<usize> {
+        let Val::At { buf, .. } = self.vals[f] else { return None };
+        let at = self.launches.iter().rposition(|l| l.outputs() == [buf])?;
+        fits(&self.launches[at].spec).then_some(at)
+    }
+
+    /// A new buffer of `shape` that launch `at` writes just before its own
+    /// output (its spec says so).
+    fn second_output(&mut self, at: usize, shape: &[usize]) -> usize {
+        let buf = self.buffer(shape, BufferRole::Temp);
+        let launch = &mut self.launches[at];
+        let out = launch.bindings.len() - 1;
+        launch.bindings.insert(out, buf);
+        launch.bytes += 4.0 * shape.iter().product::<usize>() as f64;
+        buf
+    }
+
     /// Node `n`, an `AttentionLse`, from the forward attention launch over
     /// the same queries, keys, mask, scale and functions, if one was planned
     /// and can write it (plain attention; not mixing heads, paged or split).
@@ -16,27 +34,20 @@ impl Planner {
             matches!(&p.nodes[f].op, Op::Attention { q: q2, k: k2, mask: m2, scale: s2, fns: f2, .. }
                 if (*q2, *k2, m2, *s2, f2) == (q, k, &mask, scale, fns))
         })?;
-        let Val::At { buf, .. } = self.vals[forward] else { return None };
-        let at = self.launches.iter().rposition(|l| l.outputs() == [buf])?;
-        if !matches!(self.launches[at].spec, KernelSpec::Attention { lse: false, kv: None, paged: None, .. }) {
-            return None;
-        }
+        let at =
+            self.launch_of(forward, |s| matches!(s, KernelSpec::Attention { lse: false, kv: None, paged: None, .. }))?;
         let shape = self.shapes[n].clone();
-        let lse = self.buffer(&shape, BufferRole::Temp);
-        let launch = &mut self.launches[at];
-        if let KernelSpec::Attention { lse: writes, .. } = &mut launch.spec {
+        let lse = self.second_output(at, &shape);
+        if let KernelSpec::Attention { lse: writes, .. } = &mut self.launches[at].spec {
             *writes = true;
         }
-        let out = launch.bindings.len() - 1;
-        launch.bindings.insert(out, lse);
-        launch.bytes += 4.0 * shape.iter().product::<usize>() as f64;
         Some(Val::At { buf: lse, layout: Layout::contiguous(&shape) })
     }
 
     /// Node `n`, an `AttentionGrad` by `V`, from the launch of the gradient by
     /// `K` with the same operands, if one was planned on the tiled kernels:
     /// that launch also writes `dV` (`KernelSpec::AttentionGrad::dv`), in the
-    /// layout of its one reader that merges heads if it has one.
+    /// layout `written` (`reader_layout`: a head merge that reads it) if given.
     pub(super) fn grad_v_with_k(
         &mut self,
         p: &Program,
@@ -54,24 +65,15 @@ impl Planner {
             _ => false,
         };
         let grad_k = (0..n).find(|&f| same(f))?;
-        let Val::At { buf, .. } = self.vals[grad_k] else { return None };
-        let at = self.launches.iter().rposition(|l| l.outputs() == [buf])?;
-        if !matches!(self.launches[at].spec, KernelSpec::AttentionGrad { wrt: AttnArg::K, dv: None, .. }) {
-            return None;
-        }
+        let at =
+            self.launch_of(grad_k, |s| matches!(s, KernelSpec::AttentionGrad { wrt: AttnArg::K, dv: None, .. }))?;
         let shape = self.shapes[n].clone();
-        let (buf_shape, layout) = written
-            .filter(|_| !p.outputs.iter().any(|(_, o)| o.0 as usize == n))
-            .unwrap_or_else(|| (shape.clone(), Layout::contiguous(&shape)));
-        let dv = self.buffer(&buf_shape, BufferRole::Temp);
-        let view = layout.row_view().expect("gradients are written in rows");
+        let (buf_shape, layout) = written.unwrap_or_else(|| (shape.clone(), Layout::contiguous(&shape)));
+        let dv = self.second_output(at, &buf_shape);
         let launch = &mut self.launches[at];
         if let KernelSpec::AttentionGrad { dv: written, .. } = &mut launch.spec {
-            *written = Some(view);
+            *written = Some(layout.row_view().expect("gradients are written in rows"));
         }
-        let out = launch.bindings.len() - 1;
-        launch.bindings.insert(out, dv);
-        launch.bytes += 4.0 * shape.iter().product::<usize>() as f64;
         launch.flops *= 1.5;
         Some(Val::At { buf: dv, layout })
     }

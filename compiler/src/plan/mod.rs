@@ -133,9 +133,13 @@ fn readers(p: &Program) -> Vec<Vec<usize>> {
 
 /// The layout attention's output (or a gradient's) is written in when its
 /// one reader merges heads or deinterleaves: that reader's row-major buffer,
-/// so the layout operation is a view and no copy follows.
+/// so the layout operation is a view and no copy follows. An output of the
+/// program keeps its own row-major buffer.
 fn reader_layout(p: &Program, readers: &[Vec<usize>], shapes: &[Vec<usize>], i: usize) -> Option<(Vec<usize>, Layout)> {
     let [c] = readers[i][..] else { return None };
+    if p.outputs.iter().any(|(_, o)| o.0 as usize == i) {
+        return None;
+    }
     let written = match p.nodes[c].op {
         Op::MergeHeads { .. } if shapes[c].len() == 3 => Layout::contiguous(&shapes[c]).split_heads(shapes[i][1]),
         Op::Deinterleave { .. } => Some(Layout::contiguous(&shapes[c]).interleave()),
@@ -526,7 +530,7 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
                 let (sq, sk, sv) = (sh(0), sh(1), sh(2));
                 let (bq, vq) = pl.read(*q, Layout::row_view);
                 let ((bk, vk), (bv, vv), paged) = paged::keys_values(&mut pl, p, [*k, *v], &integers);
-                if let Some((s, w)) = reader_layout(p, &readers, &shapes, i).filter(|_| !is_output(i)) {
+                if let Some((s, w)) = reader_layout(p, &readers, &shapes, i) {
                     (out_shape, out_layout) = (s, w);
                 }
                 let out = out_layout.row_view().expect("attention writes rows of its output contiguously");
@@ -712,7 +716,7 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
                 let (sq, sk, sv) = (sh(0), sh(1), sh(2));
                 // dQ, dK or dV in the layout of a head merge that reads it.
                 let rows = matches!(wrt, AttnArg::Q | AttnArg::K | AttnArg::V);
-                if let Some((s, w)) = reader_layout(p, &readers, &shapes, i).filter(|_| rows && !is_output(i)) {
+                if let Some((s, w)) = reader_layout(p, &readers, &shapes, i).filter(|_| rows) {
                     (out_shape, out_layout) = (s, w);
                 }
                 let mut views = vec![];
