@@ -451,16 +451,88 @@ proptest! {
     }
 }
 
-/// The gradient of a tensor a score function reads runs on the interpreter
-/// only (tests/gradients.rs checks it); the kernels refuse it by name.
+/// The gradients of tensors a score function reads, on the kernels
+/// (`plan::reads`: a unit per line of pairs, then a unit per entry), against
+/// the interpreter (f32, 1e-4 relative and per element against the largest
+/// entry): ALiBi's slopes (lines of query rows), the
+/// relative-bias table at `clamp(i − j)` and the issue's `[H, 2N − 1]` table
+/// at `i − j + N − 1` (diagonals), a per-key bias (key rows), a tensor read
+/// at two indices; several tiles, unequal lengths, GQA. Two runs agree bit
+/// for bit. An index of `i` and `j` otherwise is refused by name.
 #[test]
-fn kernels_refuse_the_gradient_of_a_read_tensor_by_name() {
-    let c = compile_stdlib("alibi", &variant_sets("alibi", "20"));
-    let grad = attnc_compiler::grad::differentiate(&c.program, &["slopes".to_string()]).unwrap();
+fn kernels_compute_the_gradients_of_read_tensors() {
+    let gpu = Gpu::wgpu().unwrap_or_else(|e| panic!("this test needs a device: {e}"));
+    let inline = |score: &str, table: &str, m: usize, n: usize| {
+        format!(
+            "spec reads\ndim M = {m}\ndim N = {n}\ninput q: [2, 4, M, 32]\ninput k: [2, 2, N, 32]\n\
+             input v: [2, 2, N, 16]\ninput t: {table}\n\
+             output o = attention(q, k, v, mask = causal, score = |s, b, h, i, j| {score})\n"
+        )
+    };
+    let cases: Vec<(String, attnc_compiler::Compiled, &str)> = vec![
+        (
+            "alibi".into(),
+            compile_stdlib("alibi", &sets(&[("H", "2"), ("H_kv", "1"), ("d", "64"), ("M", "400"), ("N", "1030")])),
+            "slopes",
+        ),
+        (
+            "relative_bias".into(),
+            compile_stdlib(
+                "relative_bias",
+                &sets(&[("H", "2"), ("H_kv", "1"), ("d", "32"), ("M", "300"), ("N", "1030"), ("R", "40")]),
+            ),
+            "bias",
+        ),
+        (
+            "[H, 2N - 1] at i - j + N - 1".into(),
+            compile(&inline("s + t[h, i - j + N - 1]", "[4, 2 * N - 1]", 400, 400)),
+            "t",
+        ),
+        ("per-key bias".into(), compile(&inline("s - 0.5 * t[b, j] * t[b, j]", "[2, N]", 130, 1030)), "t"),
+        ("two indices".into(), compile(&inline("s * t[h % 2, 0] + tanh(t[1, j % 3])", "[2, 3]", 100, 300)), "t"),
+    ];
+    for (seed, (name, c, read)) in cases.iter().enumerate() {
+        // q, k and v's kernels are held to the interpreter elsewhere (the interpreter's time).
+        let wrt = vec![read.to_string()];
+        let grad = attnc_compiler::grad::differentiate(&c.program, &wrt).unwrap();
+        let mut inputs = inputs_of(c, 400 + seed as u64);
+        let (drawn, _) = bind::generate_inputs(&grad, 500 + seed as u64).unwrap();
+        for (input, t) in grad.inputs.iter().zip(drawn) {
+            inputs.entry(input.name.clone()).or_insert(t);
+        }
+        let (tensors, dims) = bind::bind_inputs(&grad, inputs.clone(), &Default::default()).unwrap();
+        let want = interp::evaluate(&grad, &tensors, &dims);
+        let p = plan::plan(&grad, &dims);
+        assert!(p.launches.iter().any(|l| l.spec.kind() == "attention_grad_read_sum"), "{name}: {:?}", p.launches);
+        let got = gpu.run(&p, &inputs).unwrap().0;
+        for ((out, _), (g, w)) in grad.outputs.iter().zip(got.iter().zip(&want)) {
+            assert!(g.data.iter().all(|v| v.is_finite()), "{name}: not finite in {out}");
+            assert_close(g, w, 1e-4, &format!("{name} {out}"));
+            let top = w.data.iter().fold(0f64, |a, x| a.max(x.abs()));
+            let worst = g.data.iter().zip(&w.data).fold(0f64, |a, (x, y)| a.max((x - y).abs()));
+            assert!(worst <= 1e-4 * top, "{name} {out}: an element off by {worst:e} (largest {top:e})");
+            assert!(top > 1e-3, "{name} {out}: a degenerate gradient");
+        }
+        let again = gpu.run(&p, &inputs).unwrap().0;
+        for ((out, _), (a, b)) in grad.outputs.iter().zip(got.iter().zip(&again)) {
+            let same = a.data.iter().zip(&b.data).all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(same, "{name} {out}: two runs differ");
+        }
+    }
+    // An index of i and j other than through i - j: refused by name, writing nothing.
+    let c = compile(&inline("s + t[i % 3, j % 3]", "[3, 3]", 20, 20));
+    let grad = attnc_compiler::grad::differentiate(&c.program, &["t".to_string()]).unwrap();
     let (drawn, _) = bind::generate_inputs(&grad, 1).unwrap();
     let inputs: BTreeMap<String, Tensor> = grad.inputs.iter().map(|i| i.name.clone()).zip(drawn).collect();
     let (_, dims) = bind::bind_inputs(&grad, inputs.clone(), &Default::default()).unwrap();
-    let gpu = Gpu::wgpu().unwrap_or_else(|e| panic!("this test needs a device: {e}"));
     let err = gpu.run(&plan::plan(&grad, &dims), &inputs).unwrap_err().to_string();
-    assert!(err.contains("attention_grad_read") && err.contains("--backend interp"), "{err}");
+    assert!(err.contains("attention_grad_read") && err.contains("other than i - j"), "{err}");
+    assert!(err.contains("--backend interp"), "{err}");
+    // Not differentiated by default, as the kernels refuse it.
+    let g = attnc_compiler::grad::differentiate(&c.program, &[]).unwrap();
+    assert!(g.outputs.iter().all(|(n, _)| n != "grad_t"), "t differentiated by default");
+}
+
+fn compile(text: &str) -> attnc_compiler::Compiled {
+    attnc_compiler::compile(text, &[]).unwrap_or_else(|e| panic!("{}", attnc_compiler::render("x.attn", text, &e)))
 }

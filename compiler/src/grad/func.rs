@@ -5,6 +5,7 @@
 
 use super::elementwise::{pow_partials, unary_derivative, Algebra};
 use crate::ir::{BinaryOp, FBin, FExpr, FType, Func, UnaryOp};
+use serde::Serialize;
 use std::convert::Infallible;
 
 /// `∂f/∂s` of score function `f`, a function of the same parameters.
@@ -137,5 +138,89 @@ impl Algebra for Exprs {
 
     fn where_positive(&mut self, x: FExpr, a: FExpr, b: FExpr) -> Result<FExpr, Infallible> {
         Ok(FExpr::Where(Box::new(bin(FBin::Gt, x, FExpr::Float(0.0))), Box::new(a), Box::new(b)))
+    }
+}
+
+/// The score function's parameters: `s, b, h, i, j`.
+const I: usize = 3;
+const J: usize = 4;
+
+/// How the kernels walk the (query, key) pairs to differentiate a tensor the
+/// score function reads (`plan::reads`): in lines whose every pair reads
+/// the same entry, so that a unit sums a line alone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Lines {
+    /// A line per query row `i`, over every key `j`.
+    Rows,
+    /// A line per key row `j`, over every query `i`.
+    Keys,
+    /// A line per difference `j − i`, from its first pair.
+    Diagonals,
+}
+
+impl Lines {
+    /// The lines for the reads of capture `capture` in score function
+    /// `score`: `None` when some index depends on `i` and `j` otherwise than
+    /// through `i − j`.
+    pub fn of(score: &Func, capture: usize) -> Option<Lines> {
+        let reads = read_partials(score, capture);
+        let indices: Vec<&FExpr> = reads.iter().flat_map(|(idx, _)| idx).collect();
+        if !indices.iter().any(|e| uses(e, J)) {
+            Some(Lines::Rows)
+        } else if !indices.iter().any(|e| uses(e, I)) {
+            Some(Lines::Keys)
+        } else if indices.iter().all(|e| through_difference(e)) {
+            Some(Lines::Diagonals)
+        } else {
+            None
+        }
+    }
+
+    /// Lines per (batch, query head) of `s` query rows against `sk` keys.
+    pub fn count(self, s: usize, sk: usize) -> usize {
+        match self {
+            Lines::Rows => s,
+            Lines::Keys => sk,
+            Lines::Diagonals if s == 0 || sk == 0 => 0,
+            Lines::Diagonals => s + sk - 1,
+        }
+    }
+
+    /// Line `l`'s first pair `(i, j)`, its step `(di, dj)` and its length.
+    pub fn walk(self, l: usize, s: usize, sk: usize) -> ((usize, usize), (usize, usize), usize) {
+        match self {
+            Lines::Rows => ((l, 0), (0, 1), sk),
+            Lines::Keys => ((0, l), (1, 0), s),
+            Lines::Diagonals => {
+                let (i, j) = if l + 1 >= s { (0, l + 1 - s) } else { (s - 1 - l, 0) };
+                ((i, j), (1, 1), (s - i).min(sk - j))
+            }
+        }
+    }
+}
+
+/// Whether parameter `p` occurs in `e`.
+fn uses(e: &FExpr, p: usize) -> bool {
+    let mut found = false;
+    e.walk(&mut |x| found |= *x == FExpr::Param(p));
+    found
+}
+
+/// Whether `i` and `j` occur in `e` only as `i − j` or `j − i`.
+fn through_difference(e: &FExpr) -> bool {
+    match e {
+        FExpr::Bin(FBin::Sub, a, b)
+            if matches!((&**a, &**b), (FExpr::Param(I), FExpr::Param(J)) | (FExpr::Param(J), FExpr::Param(I))) =>
+        {
+            true
+        }
+        FExpr::Param(p) => *p != I && *p != J,
+        FExpr::Int(_) | FExpr::Float(_) | FExpr::Bool(_) | FExpr::Dim(_) => true,
+        FExpr::Read { indices, .. } => indices.iter().all(through_difference),
+        FExpr::ReadBound { lo, hi, .. } => lo.iter().chain(hi).all(through_difference),
+        FExpr::ToFloat(x) | FExpr::Neg(x) | FExpr::Not(x) | FExpr::Unary(_, x) => through_difference(x),
+        FExpr::Bin(_, a, b) => through_difference(a) && through_difference(b),
+        FExpr::Where(c, a, b) => through_difference(c) && through_difference(a) && through_difference(b),
     }
 }

@@ -19,7 +19,7 @@
 mod elementwise;
 mod func;
 
-pub use func::{read_partials, score_slope};
+pub use func::{read_partials, score_slope, Lines};
 
 use crate::ir::*;
 use crate::Code;
@@ -59,19 +59,23 @@ pub fn gradient_name(input: &str) -> String {
 /// The inputs a gradient may be asked for: every input whose domain is
 /// continuous.
 pub fn differentiable_inputs(program: &Program) -> Vec<String> {
-    let read = read_by_functions(program);
+    let read = read_off_the_kernels(program);
     program.inputs.iter().filter(|i| continuous(i) && !read.contains(&i.node)).map(|i| i.name.clone()).collect()
 }
 
-/// The inputs attention's score and mask functions read (head-mixing
-/// matrices aside): their gradients are computed by the interpreter only,
-/// so they are differentiated when asked for by name (`--wrt`), not by
-/// default.
-fn read_by_functions(program: &Program) -> Vec<NodeId> {
+/// The tensors a score function reads at an index of `i` and `j` other
+/// than through `i − j` ([`Lines::of`]), next to head mixing or not:
+/// the kernels refuse their gradients (the interpreter computes them), so
+/// they are differentiated when asked for by name (`--wrt`), not by default.
+fn read_off_the_kernels(program: &Program) -> Vec<NodeId> {
     let fns = program.nodes.iter().filter_map(|n| match &n.op {
-        Op::Attention { fns: Some(f), .. } => {
-            Some(f.captures.iter().enumerate().filter(|(c, _)| !f.mix.reads(*c)).map(|(_, id)| *id).collect::<Vec<_>>())
-        }
+        Op::Attention { fns: Some(f), .. } => Some(
+            (f.captures.iter().enumerate())
+                .filter(|(c, _)| !f.mix.reads(*c))
+                .filter(|(c, _)| f.mixes() || f.score.as_ref().is_some_and(|s| Lines::of(s, *c).is_none()))
+                .map(|(_, id)| *id)
+                .collect::<Vec<_>>(),
+        ),
         _ => None,
     });
     fns.flatten().collect()

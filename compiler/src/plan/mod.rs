@@ -9,6 +9,7 @@ mod gemm;
 mod gemm_tiles;
 pub mod group;
 mod paged;
+mod reads;
 mod spec;
 mod split;
 mod tiles;
@@ -24,6 +25,7 @@ pub use view::*;
 use crate::cost::{op_cost, weight_only};
 use crate::ir::{concrete, AttnArg, AttnFns, DimValues, NodeId, Op, Program};
 use gemm::{gemm_a, plan_gemm, scale_of};
+pub use reads::{read_chunk, read_lines, Lines, SUM_UNROLL};
 use serde::Serialize;
 pub use split::{KvSplit, SPLIT_KEYS};
 use std::collections::BTreeMap;
@@ -745,7 +747,7 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
                     out: out_layout.row_view().unwrap_or(views[0]),
                     dv: None,
                 };
-                (spec, bindings)
+                pl.grad_read(spec, bindings, &mut fused_work)
             }
         };
         if let Some(values) = rope_table {

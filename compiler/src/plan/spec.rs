@@ -3,11 +3,12 @@
 
 use super::gemm_tiles::*;
 use super::group::{self, GroupStep};
+use super::reads::{read_chunk, Lines, SUM_UNROLL};
 use super::split::KvSplit;
 use super::tiles::*;
 use super::view::{RowView, View};
 use super::visited::read_trips;
-pub use super::visited::KernelFns;
+pub use super::visited::{AttnShape, KernelFns};
 use crate::ir::{AttnArg, BinaryOp, MaskKind, ReduceKind, UnaryOp};
 use serde::Serialize;
 
@@ -163,6 +164,33 @@ pub enum KernelSpec {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         dv: Option<RowView>,
     },
+    /// The gradient of a tensor the score function reads, first launch
+    /// (`plan::reads`): a unit per line of (query, key) pairs of one
+    /// (batch, query head) sums `dS_ij · ∂f/∂read` along it, per read of
+    /// capture `capture`. Binds `q`, `k`, `v`, `o`, `dout`, the
+    /// log-sum-exp and the captures; writes `[reads, batch, h, lines]`.
+    AttentionReadLines {
+        #[serde(flatten)]
+        shape: AttnShape,
+        capture: usize,
+        reads: usize,
+        lines: Lines,
+        q: RowView,
+        k: RowView,
+        v: RowView,
+        o: RowView,
+        dout: RowView,
+    },
+    /// Its second launch: a unit per entry of capture `capture` sums the
+    /// lines whose read indexes it, in order. Binds the first launch's
+    /// sums and the captures.
+    AttentionReadSum {
+        #[serde(flatten)]
+        shape: AttnShape,
+        capture: usize,
+        reads: usize,
+        lines: Lines,
+    },
     /// Attention that mixes heads inside the softmax
     /// (`gpu::attention_mixed`; docs/semantics.md §7), forward or a pass of
     /// its backward (`pass`): binds `pass.operands()` of `q`, `k`, `v`, `dO`,
@@ -194,35 +222,6 @@ pub enum KernelSpec {
     /// Group-local work fused into one cube per group (see `group.rs`):
     /// `inputs` bindings, then the output of `len` values; `scratch` f32 of shared memory.
     Group { groups: usize, len: usize, inputs: usize, scratch: usize, steps: Vec<GroupStep> },
-}
-
-/// What an attention launch (the forward, the log-sum-exp, a gradient)
-/// computes with: `batch` × `h` query heads of `s` rows against `hk`
-/// key/value heads of `sk` rows, query and key width `d`, value width `e`,
-/// the mask, and the score scale (`f64` bits, so the spec compares exactly).
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct AttnShape {
-    pub batch: usize,
-    pub h: usize,
-    pub hk: usize,
-    pub s: usize,
-    pub sk: usize,
-    pub d: usize,
-    pub e: usize,
-    pub mask: MaskKind,
-    pub window: Option<usize>,
-    pub block: usize,
-    pub scale_bits: u64,
-    /// Score and mask functions, if any.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub fns: Option<KernelFns>,
-}
-
-impl AttnShape {
-    /// The score scale the kernels multiply by.
-    pub fn scale(&self) -> f32 {
-        f64::from_bits(self.scale_bits) as f32
-    }
 }
 
 impl KernelSpec {
@@ -272,6 +271,9 @@ impl KernelSpec {
                 (if pass.over_keys() { sk } else { s }.div_ceil(mix.rows), *batch)
             }
             KernelSpec::Group { groups, .. } => (*groups, 1),
+            KernelSpec::AttentionReadLines { shape: AttnShape { batch, h, s, sk, .. }, lines, .. } => {
+                ((batch * h * lines.count(*s, *sk)).div_ceil(256).max(1), 1)
+            }
             KernelSpec::Contract { o1, o2, .. } => (o1 * o2, 1),
             KernelSpec::AttentionLse { shape: AttnShape { batch, h, s, .. }, .. } => {
                 (s.div_ceil(self.attention_tiles().cube_rows()), batch * h)
@@ -347,6 +349,12 @@ impl KernelSpec {
                 }
             }
             KernelSpec::Contract { o1, o2, .. } => o1 * o2,
+            KernelSpec::AttentionReadLines { shape: AttnShape { batch, h, s, sk, .. }, reads, lines, .. } => {
+                reads * batch * h * lines.count(s, sk)
+            }
+            KernelSpec::AttentionReadSum { ref shape, capture, .. } => {
+                shape.fns.as_ref().map_or(0, |f| f.captures[capture].iter().product())
+            }
         }
     }
 
@@ -571,9 +579,10 @@ impl KernelSpec {
             KernelSpec::MixedAttention { shape, mix, .. } if mix.shared_floats(shape.h) > MIX_SHARED => {
                 Some("more heads than one cube's shared memory holds, for head mixing inside attention")
             }
-            KernelSpec::AttentionGrad { wrt: AttnArg::Read(_), .. } => {
-                Some("the gradient of a tensor a score function reads (the interpreter computes it)")
-            }
+            KernelSpec::AttentionGrad { wrt: AttnArg::Read(_), .. } => Some(
+                "the gradient of a tensor a score function reads at an index of both i and j other than i - j, \
+                 or next to head mixing (the interpreter computes it)",
+            ),
             _ => None,
         }
     }
@@ -604,6 +613,14 @@ impl KernelSpec {
             KernelSpec::LooMean { n, .. } => n,
             KernelSpec::Contract { rows, inner, .. } => {
                 (rows * inner).div_ceil(GROUP_UNITS) + GROUP_UNITS.ilog2() as usize
+            }
+            // A line's pairs, two dot products a pair in steps of `read_chunk`
+            // channels; per read, each (batch, head)'s lines, `SUM_UNROLL` a step.
+            KernelSpec::AttentionReadLines { shape: AttnShape { s, sk, d, e, .. }, .. } => {
+                s.max(sk) * (1 + d / read_chunk(d) + e / read_chunk(e)) + 1
+            }
+            KernelSpec::AttentionReadSum { shape: AttnShape { batch, h, s, sk, .. }, reads, lines, .. } => {
+                reads * (batch * h * (lines.count(s, sk).div_ceil(SUM_UNROLL) + 1) + 1)
             }
             KernelSpec::AttentionGrad { shape: AttnShape { h, hk, s, sk, d, e, ref fns, .. }, wrt, dv, .. }
                 if self.tiled_grad() =>
@@ -720,7 +737,10 @@ impl KernelSpec {
             KernelSpec::AttentionGrad { wrt: AttnArg::K, dv: Some(_), .. } => "attention_grad_kv",
             KernelSpec::AttentionGrad { wrt: AttnArg::K, .. } => "attention_grad_k",
             KernelSpec::AttentionGrad { wrt: AttnArg::V, .. } => "attention_grad_v",
-            KernelSpec::AttentionGrad { wrt: AttnArg::Read(_), .. } => "attention_grad_read",
+            KernelSpec::AttentionGrad { wrt: AttnArg::Read(_), .. } | KernelSpec::AttentionReadLines { .. } => {
+                "attention_grad_read"
+            }
+            KernelSpec::AttentionReadSum { .. } => "attention_grad_read_sum",
         }
     }
 }

@@ -4,8 +4,8 @@
 //! (`sparsity`): the fraction of its tiles (the work the plan prices) and
 //! the loop iterations their reads add (what Mesa's CPU drivers bound).
 
-use super::{AttnShape, KernelSpec};
-use crate::ir::{AttnFns, DimValues, Domain, Func, HeadMix, Mask, NodeId, Op, Program};
+use super::KernelSpec;
+use crate::ir::{AttnFns, DimValues, Domain, Func, HeadMix, Mask, MaskKind, NodeId, Op, Program};
 use crate::sparsity::TileFns;
 use serde::Serialize;
 
@@ -186,5 +186,34 @@ pub(super) fn attn_shape(
         block: block as usize,
         scale_bits: scale.to_bits(),
         fns,
+    }
+}
+
+/// What an attention launch (the forward, the log-sum-exp, a gradient)
+/// computes with: `batch` × `h` query heads of `s` rows against `hk`
+/// key/value heads of `sk` rows, query and key width `d`, value width `e`,
+/// the mask, and the score scale (`f64` bits, so the spec compares exactly).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct AttnShape {
+    pub batch: usize,
+    pub h: usize,
+    pub hk: usize,
+    pub s: usize,
+    pub sk: usize,
+    pub d: usize,
+    pub e: usize,
+    pub mask: MaskKind,
+    pub window: Option<usize>,
+    pub block: usize,
+    pub scale_bits: u64,
+    /// Score and mask functions, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fns: Option<KernelFns>,
+}
+
+impl AttnShape {
+    /// The score scale the kernels multiply by.
+    pub fn scale(&self) -> f32 {
+        f64::from_bits(self.scale_bits) as f32
     }
 }

@@ -54,12 +54,18 @@ pub struct BenchReport {
     pub gemms: Vec<GemmBaseline>,
 }
 
-/// Kernels of attention's backward (`attention_lse` recomputes what the
-/// backward needs of the forward; it runs only in gradient programs).
 /// The backward's attention kernels: a log-sum-exp launch where the forward
-/// does not write it, `dQ`, and `dK` and `dV` apart or in one launch.
-const BACKWARD_ATTENTION: [&str; 5] =
-    ["attention_lse", "attention_grad_q", "attention_grad_k", "attention_grad_v", "attention_grad_kv"];
+/// does not write it, `dQ`, `dK` and `dV` apart or in one launch, and the
+/// two launches of a tensor a score function reads.
+const BACKWARD_ATTENTION: [&str; 7] = [
+    "attention_lse",
+    "attention_grad_q",
+    "attention_grad_k",
+    "attention_grad_v",
+    "attention_grad_kv",
+    "attention_grad_read",
+    "attention_grad_read_sum",
+];
 
 impl BenchReport {
     /// The backward attention kernels' time (the log-sum-exp and the three

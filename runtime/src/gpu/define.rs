@@ -7,11 +7,12 @@ use super::device::{elem_type, fragment_type, matrix_units, plane_width, stages_
 use super::func::{Capture, Fns, Hook};
 use super::kernels::{self as k, Stored};
 use super::{
-    attention, attention_grad, attention_split, attention_tiled, attention_tiled_grad, gemm, mixed_launch, mma,
+    attention, attention_grad, attention_grad_read, attention_split, attention_tiled, attention_tiled_grad, gemm,
+    mixed_launch, mma,
 };
-use attnc_compiler::ir::{AttnArg, MaskKind, ReduceKind};
+use attnc_compiler::ir::{AttnArg, BinaryOp, MaskKind, ReduceKind};
 use attnc_compiler::plan::group::{GroupStep, MapOp};
-use attnc_compiler::plan::{value_elements, AttnShape, Dtype, KernelFns, KernelSpec, RowView, GROUP_UNITS};
+use attnc_compiler::plan::{value_elements, AttnShape, Dtype, KernelFns, KernelSpec, Lines, RowView, GROUP_UNITS};
 use cubecl::prelude::*;
 use std::sync::Arc;
 
@@ -86,6 +87,8 @@ impl IrKernel {
             KernelSpec::AttentionGrad { wrt: AttnArg::V, ref shape, .. } => 4 + captures(shape),
             KernelSpec::AttentionGrad { ref shape, dv, .. } => 6 + captures(shape) + usize::from(dv.is_some()),
             KernelSpec::AttentionLse { ref shape, .. } => 2 + captures(shape),
+            KernelSpec::AttentionReadLines { ref shape, .. } => 6 + captures(shape),
+            KernelSpec::AttentionReadSum { ref shape, .. } => 1 + captures(shape),
             KernelSpec::MixedAttention { ref shape, pass, .. } => pass.operands() + captures(shape),
             KernelSpec::Binary { .. }
             | KernelSpec::Contract { .. }
@@ -378,6 +381,31 @@ impl IrKernel {
             let hooks = mixed_hooks(shape, &bufs[pass.operands()..], self.dtype);
             let kind = mask_code(shape.mask);
             mixed_launch::body(scope, bufs, out, shape, mix, [q, kv, v, o], pass, fold, plane, cpu, hooks, kind);
+        } else if let KernelSpec::AttentionReadLines { ref shape, capture, reads, lines, q, k: kv, v, o, dout } = *spec
+        {
+            let (g, walk) = read_dims(spec, shape, capture, reads, lines);
+            let i = ABSOLUTE_POS::expand(scope);
+            let inside = k::below::expand(scope, i, shape.batch * shape.h * lines.count(shape.s, shape.sk));
+            if_expand(scope, inside, |scope| {
+                let (views, scale, hk) = ([q, kv, v, o, dout], shape.scale(), hook(shape, &bufs[6..], self.dtype));
+                let b = bufs;
+                attention_grad_read::read_lines::expand(
+                    scope, &b[0], &b[1], &b[2], &b[3], &b[4], &b[5], &mut out, i, g, walk, views, scale, hk,
+                )
+            });
+        } else if let KernelSpec::AttentionReadSum { ref shape, capture, reads, lines } = *spec {
+            let (g, walk) = read_dims(spec, shape, capture, reads, lines);
+            let i = ABSOLUTE_POS::expand(scope);
+            let inside = k::below::expand(scope, i, spec.len());
+            if_expand(scope, inside, |scope| {
+                let hk = hook(shape, &bufs[1..], self.dtype);
+                let mut acc = k::fconst::expand(scope, 0.0);
+                for r in 0..reads {
+                    let share = attention_grad_read::read_sum::expand(scope, &bufs[0], i, g, walk, r, hk.clone());
+                    acc = k::math::binary(scope, BinaryOp::Add, acc, share);
+                }
+                k::write::expand::<Stored>(scope, &mut out, i, acc);
+            });
         } else if let KernelSpec::AttentionGrad { ref shape, wrt, q, k: kv, v, o, dout, tile, out: to, dv, .. } = *spec
         {
             let g = grad_dims(spec, shape, tile, fold);
@@ -544,6 +572,8 @@ impl IrKernel {
                 | KernelSpec::Contract { .. }
                 | KernelSpec::AttentionLse { .. }
                 | KernelSpec::MixedAttention { .. }
+                | KernelSpec::AttentionReadLines { .. }
+                | KernelSpec::AttentionReadSum { .. }
                 | KernelSpec::AttentionGrad { .. } => unreachable!(),
             });
         }
@@ -584,6 +614,18 @@ fn grad_dims(spec: &KernelSpec, a: &AttnShape, tile: usize, fold: usize) -> atte
         lanes: tiles.lanes,
         rows: tiles.cube_rows(),
     }
+}
+
+/// A read gradient's sizes ([`attention_grad_read`]; no tiles, a unit a line).
+fn read_dims(
+    spec: &KernelSpec,
+    a: &AttnShape,
+    capture: usize,
+    reads: usize,
+    lines: Lines,
+) -> (attention_grad::Dims, attention_grad_read::Walk) {
+    let g = attention_grad::Dims { tile: 1, lanes: 1, rows: 1, ..grad_dims(spec, a, 1, 0) };
+    (g, attention_grad_read::Walk { batch: a.batch, lines, reads, capture })
 }
 
 /// `f` in the cubes of the launch: all of them, or with a folded grid

@@ -5,6 +5,7 @@
 //! its axis (docs/language.md, "Score and mask functions").
 
 use super::kernels::{self as k, math, Stored, MASKED};
+use attnc_compiler::grad::read_partials;
 use attnc_compiler::ir::{FBin, FExpr, Func, UnaryOp, READ_BOX};
 use attnc_compiler::sparsity::{reads, TileFns};
 
@@ -60,6 +61,86 @@ pub fn tile_hook(
 }
 pub fn prep_hook(_b: usize, _h: usize, _r0: usize, _r1: usize, _keys: bool, _hook: Hook) {
     cubecl::unexpanded!()
+}
+#[allow(clippy::too_many_arguments)]
+pub fn read_hook(
+    _acc: &mut Array<f32>,
+    _x: f32,
+    _s: f32,
+    _b: usize,
+    _h: usize,
+    _i: usize,
+    _j: usize,
+    _capture: usize,
+    _hook: Hook,
+) {
+    cubecl::unexpanded!()
+}
+#[allow(clippy::too_many_arguments)]
+pub fn index_hook(_b: usize, _h: usize, _i: usize, _j: usize, _capture: usize, _read: usize, _hook: Hook) -> usize {
+    cubecl::unexpanded!()
+}
+
+/// `acc[r] += x · ∂score/∂read_r` at scaled logit `s`, for each distinct
+/// read `r` of capture `capture` in the score function
+/// (`grad::read_partials`' order), where the mask function lets query `i`
+/// see key `j` (the gradient of a tensor the score function reads).
+pub mod read_hook {
+    use super::*;
+    #[allow(clippy::too_many_arguments)]
+    pub fn expand(
+        scope: &Scope,
+        acc: &mut NativeExpand<Array<f32>>,
+        x: NativeExpand<f32>,
+        s: NativeExpand<f32>,
+        b: NativeExpand<usize>,
+        h: NativeExpand<usize>,
+        i: NativeExpand<usize>,
+        j: NativeExpand<usize>,
+        capture: usize,
+        hook: Hook,
+    ) {
+        let f = hook.0.as_ref().expect("a score function reads the tensor");
+        let score = f.score.as_ref().expect("a score function reads the tensor");
+        let at = Indices { b, h, i, j };
+        let params = score_params(scope, s, &at);
+        let seen = f.visible(scope, &at);
+        for (r, (_, partial)) in read_partials(score, capture).iter().enumerate() {
+            let d = f.emit(scope, &partial.body, &params, &[]).float();
+            let v = math::binary(scope, attnc_compiler::ir::BinaryOp::Mul, x, d);
+            let v = match seen {
+                Some(seen) => select_float::expand(scope, seen, v, NativeExpand::from_lit(scope, 0.0f32)),
+                None => v,
+            };
+            add_at::expand(scope, acc, r, v);
+        }
+    }
+}
+
+/// The entry (row-major, each axis clamped into the shape as a read is)
+/// that read `read` of capture `capture` in the score function indexes at
+/// (b, h, i, j).
+pub mod index_hook {
+    use super::*;
+    #[allow(clippy::too_many_arguments)]
+    pub fn expand(
+        scope: &Scope,
+        b: NativeExpand<usize>,
+        h: NativeExpand<usize>,
+        i: NativeExpand<usize>,
+        j: NativeExpand<usize>,
+        capture: usize,
+        read: usize,
+        hook: Hook,
+    ) -> NativeExpand<usize> {
+        let f = hook.0.as_ref().expect("a score function reads the tensor");
+        let score = f.score.as_ref().expect("a score function reads the tensor");
+        let (indices, _) = &read_partials(score, capture)[read];
+        // The index functions see ints only: the logit is never read.
+        let params = score_params(scope, NativeExpand::from_lit(scope, 0.0f32), &Indices { b, h, i, j });
+        let flat = f.flat_index(scope, capture, indices, &params, &[]);
+        to_index::expand(scope, flat)
+    }
 }
 
 /// Makes the reads of the tile functions that are the same for every tile
@@ -285,6 +366,23 @@ impl Fns {
         reads(t, keys).0.iter().map(|e| self.emit(scope, e, &params, &[]).float()).collect()
     }
 
+    /// The row-major entry of capture `capture` at `indices`, each clamped into its axis.
+    fn flat_index(
+        &self,
+        scope: &Scope,
+        capture: usize,
+        indices: &[FExpr],
+        params: &[Val],
+        cache: &[(FExpr, NativeExpand<f32>)],
+    ) -> NativeExpand<i32> {
+        let mut flat = int_const::expand(scope, 0);
+        for (x, n) in indices.iter().zip(&self.captures[capture].shape) {
+            let at = clamp_index::expand(scope, self.emit(scope, x, params, cache).int(), *n as i32 - 1);
+            flat = mul_add::expand(scope, flat, *n as i32, at);
+        }
+        flat
+    }
+
     fn emit(&self, scope: &Scope, e: &FExpr, params: &[Val], cache: &[(FExpr, NativeExpand<f32>)]) -> Val {
         let go = |x: &FExpr| self.emit(scope, x, params, cache);
         if let Some((_, v)) = cache.iter().find(|(c, _)| c == e) {
@@ -299,12 +397,7 @@ impl Fns {
             FExpr::Bool(v) => Val::B(bool_const::expand(scope, *v)),
             FExpr::Dim(d) => unreachable!("dim `{d}` is replaced by its value before kernels"),
             FExpr::Read { capture, indices } => {
-                let c = &self.captures[*capture];
-                let mut flat = int_const::expand(scope, 0);
-                for (x, n) in indices.iter().zip(&c.shape) {
-                    let at = clamp_index::expand(scope, go(x).int(), *n as i32 - 1);
-                    flat = mul_add::expand(scope, flat, *n as i32, at);
-                }
+                let (c, flat) = (&self.captures[*capture], self.flat_index(scope, *capture, indices, params, cache));
                 Val::F(k::read_digits::expand(scope, &c.buf, to_index::expand(scope, flat), c.digits))
             }
             FExpr::ReadBound { capture, lo, hi, max } => {
@@ -425,6 +518,11 @@ fn int_zeros(#[comptime] n: usize) -> Array<i32> {
 #[cube]
 fn int_set(a: &mut Array<i32>, #[comptime] k: usize, v: i32) {
     a[k] = v;
+}
+
+#[cube]
+fn add_at(a: &mut Array<f32>, #[comptime] k: usize, v: f32) {
+    a[k] += v;
 }
 
 /// The least (or, `max`, greatest) entry of `buf` (of `shape`) over the box

@@ -15,6 +15,7 @@
 
 pub mod attention;
 pub mod attention_grad;
+pub mod attention_grad_read;
 pub mod attention_mixed;
 pub mod attention_mixed_grad;
 pub mod attention_mixed_tiled;
