@@ -354,6 +354,83 @@ proptest! {
     }
 }
 
+/// Score functions reading `t` at indices of every kind the kernels group
+/// pairs by (neither `i` nor `j`, one of them, only `i − j`) and of kinds
+/// they refuse (`i + j`, `i − (j − 1)`), each with a random expression.
+fn indexed_reads() -> impl Strategy<Value = String> {
+    let index = prop_oneof![
+        prop::sample::select(vec![
+            "i - j",
+            "j - i + 3",
+            "abs(i - j) * 3",
+            "minimum(i - j, 4)",
+            "floordiv(i - j, 3)",
+            "(j - i) % 5",
+            "i",
+            "j",
+            "h + b",
+            "i + j",
+            "i * 2 - j",
+            "i - (j - 1)",
+        ])
+        .prop_map(str::to_string),
+        int_expr(),
+    ];
+    (index.clone(), index, float_expr())
+        .prop_map(|(a, b, f)| format!("s * t[h, ({a}) % N] - t[1 - h, ({b}) % N] * tanh({f})"))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(12))]
+
+    /// The gradient of the tensor random score functions read, on the
+    /// kernels against the interpreter (per element 1e-4 of the largest
+    /// entry, plus 1e-5 for sums that cancel), wherever the
+    /// kernels compute it; where they refuse it (an index of `i` and `j`
+    /// other than through `i − j`), the refusal names it. Checks that
+    /// `grad::Lines::of` never groups pairs that read different entries.
+    #[test]
+    fn generated_score_functions_read_gradients_on_the_kernels(
+        score in prop_oneof![float_expr(), indexed_reads()], n in 3usize..70, m in 3usize..70, seed in any::<u64>()
+    ) {
+        let text = format!(
+            "spec gen\ndim M = {m}\ndim N = {n}\ninput q: [1, 2, M, 8]\ninput k: [1, 1, N, 8]\ninput v: [1, 1, N, 8]\n\
+             weight t: [2, N]\noutput o = attention(q, k, v, mask = causal, score = |s, b, h, i, j| {score})\n"
+        );
+        let c = compile(&text);
+        let grad = attnc_compiler::grad::differentiate(&c.program, &["t".to_string()]).unwrap();
+        let mut inputs = inputs_of(&c, seed);
+        let (drawn, _) = bind::generate_inputs(&grad, seed ^ 1).unwrap();
+        for (input, t) in grad.inputs.iter().zip(drawn) {
+            inputs.entry(input.name.clone()).or_insert(t);
+        }
+        let (tensors, dims) = bind::bind_inputs(&grad, inputs.clone(), &Default::default()).unwrap();
+        let want = interp::try_evaluate(&grad, &tensors, &dims);
+        prop_assume!(want.is_ok());
+        let want = want.unwrap();
+        let p = plan::plan(&grad, &dims);
+        let gpu = Gpu::wgpu().unwrap_or_else(|e| panic!("this test needs a device: {e}"));
+        match p.launches.iter().find_map(|l| l.spec.kernel_gap()) {
+            Some(gap) => {
+                let err = gpu.run(&p, &inputs).unwrap_err().to_string();
+                prop_assert!(err.contains(gap), "{}\n{}", err, text);
+            }
+            None => {
+                let got = gpu.run(&p, &inputs).unwrap().0;
+                for (g, w) in got.iter().zip(&want) {
+                    prop_assert!(g.data.iter().all(|v| !v.is_nan()), "NaN for\n{}", text);
+                    // Per element, against the largest entry, with an absolute floor: an entry
+                    // sums up to M·N terms that cancel exactly (to 0 in float64, to ~1e-7 in
+                    // f32) where every key's score is the same function of the entry.
+                    let top = w.data.iter().fold(0f64, |a, x| a.max(x.abs()));
+                    let worst = g.data.iter().zip(&w.data).fold(0f64, |a, (x, y)| a.max((x - y).abs()));
+                    prop_assert!(worst <= 1e-4 * top + 1e-5, "kernels differ by {:e} (largest {:e}) for\n{}", worst, top, text);
+                }
+            }
+        }
+    }
+}
+
 /// The tile functions (`sparsity`) are sound: over tiles of several sizes
 /// and places, a tile called empty (`any` false) has no visible pair and a
 /// tile called full (`hidden` false) no hidden one, the mask evaluated at
@@ -520,7 +597,7 @@ fn kernels_compute_the_gradients_of_read_tensors() {
         }
     }
     // An index of i and j other than through i - j: refused by name, writing nothing.
-    let c = compile(&inline("s + t[i % 3, j % 3]", "[3, 3]", 20, 20));
+    let c = compile(&inline("s + t[i % 3, j % 3]", "[3, 3]", 20, 20).replace("input t:", "weight t:"));
     let grad = attnc_compiler::grad::differentiate(&c.program, &["t".to_string()]).unwrap();
     let (drawn, _) = bind::generate_inputs(&grad, 1).unwrap();
     let inputs: BTreeMap<String, Tensor> = grad.inputs.iter().map(|i| i.name.clone()).zip(drawn).collect();
@@ -528,7 +605,7 @@ fn kernels_compute_the_gradients_of_read_tensors() {
     let err = gpu.run(&plan::plan(&grad, &dims), &inputs).unwrap_err().to_string();
     assert!(err.contains("attention_grad_read") && err.contains("other than i - j"), "{err}");
     assert!(err.contains("--backend interp"), "{err}");
-    // Not differentiated by default, as the kernels refuse it.
+    // Not differentiated by default, a weight though it is, as the kernels refuse it.
     let g = attnc_compiler::grad::differentiate(&c.program, &[]).unwrap();
     assert!(g.outputs.iter().all(|(n, _)| n != "grad_t"), "t differentiated by default");
 }

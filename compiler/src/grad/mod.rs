@@ -59,20 +59,27 @@ pub fn gradient_name(input: &str) -> String {
 /// The inputs a gradient may be asked for: every input whose domain is
 /// continuous.
 pub fn differentiable_inputs(program: &Program) -> Vec<String> {
-    let read = read_off_the_kernels(program);
+    let read = asked_for_by_name(program);
     program.inputs.iter().filter(|i| continuous(i) && !read.contains(&i.node)).map(|i| i.name.clone()).collect()
 }
 
-/// The tensors a score function reads at an index of `i` and `j` other
-/// than through `i − j` ([`Lines::of`]), next to head mixing or not:
-/// the kernels refuse their gradients (the interpreter computes them), so
-/// they are differentiated when asked for by name (`--wrt`), not by default.
-fn read_off_the_kernels(program: &Program) -> Vec<NodeId> {
+/// The tensors attention's score and mask functions read (head-mixing
+/// matrices aside) that are differentiated only when asked for by name
+/// (`--wrt`): every one but a `weight` (a learned table such as a relative
+/// bias) whose reads the kernels differentiate ([`Lines::of`], without head
+/// mixing). An `input` a function reads, such as ALiBi's fixed slopes, is
+/// a constant of the model more often than a parameter, and the kernels
+/// refuse the rest (the interpreter computes them).
+fn asked_for_by_name(program: &Program) -> Vec<NodeId> {
+    let weight = |id: &NodeId| program.inputs.iter().any(|i| i.node == *id && i.weight);
     let fns = program.nodes.iter().filter_map(|n| match &n.op {
         Op::Attention { fns: Some(f), .. } => Some(
             (f.captures.iter().enumerate())
                 .filter(|(c, _)| !f.mix.reads(*c))
-                .filter(|(c, _)| f.mixes() || f.score.as_ref().is_some_and(|s| Lines::of(s, *c).is_none()))
+                .filter(|(c, id)| {
+                    let lines = f.score.as_ref().and_then(|s| Lines::of(s, *c));
+                    !weight(id) || f.mixes() || lines.is_none()
+                })
                 .map(|(_, id)| *id)
                 .collect::<Vec<_>>(),
         ),
