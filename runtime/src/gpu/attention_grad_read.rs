@@ -9,11 +9,12 @@
 //! `dS_ij · ∂score/∂read_r` to its sum of each read `r`. [`read_sum`]: a unit
 //! per entry of the tensor adds, line by line in a fixed order, the sums of
 //! the lines whose read indexes it. Every sum runs in one unit in one order:
-//! results are deterministic. Rows are read from global memory a pair at a
-//! time (no shared tiles): this is the simple kernel, not a fast one.
+//! results are deterministic. A line walks only the pairs the built-in mask
+//! may let through; rows are read from global memory a pair at a time (no
+//! shared tiles): this is the simple kernel, not a fast one.
 
 use super::attention::view_row;
-use super::attention_grad::{sees, Dims, NO_KEYS_BELOW};
+use super::attention_grad::{key_tiles, query_tiles, sees, Dims, NO_KEYS_BELOW};
 use super::func::{index_hook, read_hook, score_hook, Hook};
 use super::kernels::{self as k, Stored};
 use attnc_compiler::plan::{read_chunk, Lines, RowView, SUM_UNROLL};
@@ -123,8 +124,26 @@ pub fn read_lines(
     let hi = bh % comptime![g.h];
     let kh = hi / comptime![g.h / g.hk];
     let start = line_start(l, comptime![walk.lines], comptime![g.s], comptime![g.sk]);
+    // The steps the built-in mask may let through: a row's band of keys
+    // (`key_tiles` of one-row tiles), a key's band of queries; a diagonal
+    // is seen whole or not at all where blocks are single rows.
+    let mut first = 0usize;
+    let mut last = start.n;
+    if comptime![walk.lines == Lines::Rows] {
+        let band = key_tiles(start.i, start.i, g);
+        first = band.lo;
+        last = min(band.hi, start.n);
+    } else if comptime![walk.lines == Lines::Keys] {
+        let band = query_tiles(start.j, start.j, g);
+        first = band.lo;
+        last = min(band.hi, start.n);
+    } else if comptime![g.block == 1] {
+        if start.n > 0 && !sees(start.i, start.j, g) {
+            last = 0;
+        }
+    }
     let mut acc = k::zeros(comptime![walk.reads]);
-    for t in 0..start.n {
+    for t in first..last {
         let mut i = start.i;
         let mut j = start.j;
         if comptime![walk.lines != Lines::Keys] {
