@@ -87,14 +87,8 @@ pub enum Command {
         /// tf32 stores f32 and multiplies GEMMs on TF32 tensor cores (CUDA only)
         #[arg(long, value_enum, default_value_t = KernelDtype::F32)]
         dtype: KernelDtype,
-        /// Emit the gradient program's kernels instead (see `attnc grad`): inputs are the
-        /// forward inputs and a cotangent `cot_<output>` per output; outputs the forward
-        /// outputs and `grad_<input>`
-        #[arg(long)]
-        grad: bool,
-        /// With --grad: the inputs to differentiate by, comma-separated (default: every continuous input)
-        #[arg(long, value_delimiter = ',', value_name = "NAME,...", requires = "grad")]
-        wrt: Vec<String>,
+        #[command(flatten)]
+        grad: GradProgram,
         /// CUDA architecture the resource table (registers, spills, occupancy) is computed for,
         /// when NVIDIA's compilers are found (ATTNC_CUDA_TOOLS, CUDA_HOME or PATH)
         #[arg(long, value_enum, default_value_t = ArchArg::Sm90)]
@@ -131,14 +125,8 @@ pub enum Command {
         /// tensors, GEMMs on TF32 tensor cores
         #[arg(long, value_enum, default_value_t = KernelDtype::F32)]
         dtype: KernelDtype,
-        /// Time the gradient program instead (a training step's kernels: the forward, the
-        /// log-sum-exp, attention's dQ/dK/dV, the weight and coefficient gradients), on the
-        /// spec's own inputs and cotangents drawn with seed 0
-        #[arg(long)]
-        grad: bool,
-        /// With --grad: the inputs to differentiate by, comma-separated (default: every continuous input)
-        #[arg(long, value_delimiter = ',', value_name = "NAME,...", requires = "grad")]
-        wrt: Vec<String>,
+        #[command(flatten)]
+        grad: GradProgram,
         /// Bench on these inputs (safetensors, by name; dims from their shapes) instead of
         /// inputs drawn with seed 0: a mask that reads its inputs (document ids) needs real data
         #[arg(long, value_name = "IN.safetensors")]
@@ -159,12 +147,8 @@ pub enum Command {
     Ir {
         #[command(flatten)]
         spec: Spec,
-        /// Print the gradient program instead (see `attnc grad`)
-        #[arg(long)]
-        grad: bool,
-        /// With --grad: the inputs to differentiate by, comma-separated (default: every continuous input)
-        #[arg(long, value_delimiter = ',', value_name = "NAME,...")]
-        wrt: Vec<String>,
+        #[command(flatten)]
+        grad: GradProgram,
     },
     /// Gradients of a spec's outputs with respect to its inputs (reverse mode)
     Grad {
@@ -182,7 +166,8 @@ pub enum Command {
         /// Where to write the outputs and `grad_NAME` for each input differentiated (safetensors)
         #[arg(long, value_name = "OUT.safetensors")]
         out: PathBuf,
-        /// The inputs to differentiate by, comma-separated (default: every continuous input)
+        /// The inputs to differentiate by, comma-separated (default: every continuous input
+        /// but an `input` a score function reads, such as ALiBi's slopes)
         #[arg(long, value_delimiter = ',', value_name = "NAME,...")]
         wrt: Vec<String>,
         /// Where to execute: the float64 interpreter, or the gradient program's kernels
@@ -343,6 +328,29 @@ pub struct Sizes {
     /// Bind a parameter or dim: NAME=VALUE (repeatable; kernels are specialised to the sizes)
     #[arg(long = "set", value_name = "NAME=VALUE")]
     pub set: Vec<String>,
+}
+
+/// `--grad` and `--wrt` (compile, bench, ir): the gradient program instead
+/// of the forward.
+#[derive(Args)]
+pub struct GradProgram {
+    /// Take the gradient program instead of the forward (see `attnc grad`): compile its
+    /// kernels, time a training step's kernels (on cotangents drawn with seed 0), or print
+    /// its IR. Its inputs are the forward inputs and a cotangent `cot_<output>` per output,
+    /// its outputs the forward outputs and `grad_<input>`
+    #[arg(long)]
+    pub grad: bool,
+    /// With --grad: the inputs to differentiate by, comma-separated (default: every continuous
+    /// input but an `input` a score function reads, such as ALiBi's slopes)
+    #[arg(long, value_delimiter = ',', value_name = "NAME,...", requires = "grad")]
+    pub wrt: Vec<String>,
+}
+
+impl GradProgram {
+    /// The inputs to differentiate by, with `--grad`.
+    pub fn wrt(&self) -> Option<&[String]> {
+        self.grad.then_some(&self.wrt)
+    }
 }
 
 /// Split-KV decoding's device size (one group, flattened into `run`,

@@ -48,10 +48,9 @@ fn main() -> ExitCode {
             optimize,
             dtype,
             grad,
-            wrt,
             arch,
         } => {
-            let wrt = grad.then_some(&wrt[..]);
+            let wrt = grad.wrt();
             let arch = match arch {
                 ArchArg::Sm80 => nvidia::Arch::Sm80,
                 ArchArg::Sm90 => nvidia::Arch::Sm90,
@@ -72,10 +71,9 @@ fn main() -> ExitCode {
             plot,
             dtype,
             grad,
-            wrt,
             inputs,
         } => {
-            let wrt = grad.then_some(wrt);
+            let wrt = grad.wrt().map(<[String]>::to_vec);
             let opts = BenchOpts { backend, iters, warmup, target, optimize, dtype: dtype.dtype(), wrt, inputs, units };
             match sweep {
                 None => bench(&file, &set, &opts).map(|(text, _)| print!("{text}")),
@@ -85,12 +83,12 @@ fn main() -> ExitCode {
         Command::Explain { spec: Spec { file, sizes: Sizes { set } }, target, mode } => {
             explain(&file, &set, target.target(), mode.mode())
         }
-        Command::Ir { spec: Spec { file, sizes: Sizes { set } }, grad: false, .. } => {
-            load(&file, &set).map(|c| print!("{}", c.program.pretty()))
-        }
-        Command::Ir { spec: Spec { file, sizes: Sizes { set } }, grad: true, wrt } => program(&file, &set)
-            .and_then(|p| p.gradient(&wrt).map_err(|e| report(e.code(), e)))
-            .map(|g| print!("{}", g.program().ir().pretty())),
+        Command::Ir { spec: Spec { file, sizes: Sizes { set } }, grad } => match grad.wrt() {
+            None => load(&file, &set).map(|c| print!("{}", c.program.pretty())),
+            Some(wrt) => program(&file, &set)
+                .and_then(|p| p.gradient(wrt).map_err(|e| report(e.code(), e)))
+                .map(|g| print!("{}", g.program().ir().pretty())),
+        },
         Command::Grad {
             spec: Spec { file, sizes: Sizes { set } },
             inputs,

@@ -30,10 +30,12 @@ struct Case {
     grad: bool,
     /// Split-KV decoding for a device of this many compute units.
     units: Option<usize>,
+    /// The inputs the gradient program differentiates (empty: the default).
+    wrt: Vec<String>,
 }
 
 fn case(spec: &'static str, sets: &[(&'static str, &str)], grad: bool) -> Case {
-    Case { spec, sets: sets.iter().map(|(k, v)| (*k, v.to_string())).collect(), grad, units: None }
+    Case { spec, sets: sets.iter().map(|(k, v)| (*k, v.to_string())).collect(), grad, units: None, wrt: vec![] }
 }
 
 /// The sizes users run (issue 25's list).
@@ -64,6 +66,11 @@ fn default_sizes() -> Vec<Case> {
     let differentiable = |s: &str| attnc_compiler::grad::differentiate(&compile_stdlib(s, &[]).program, &[]).is_ok();
     let mut cases: Vec<Case> = names.iter().map(|s| case(s, &[], false)).collect();
     cases.extend(names.iter().filter(|s| differentiable(s)).map(|s| case(s, &[], true)));
+    // ALiBi's slopes, an input, are differentiated by name only: their
+    // read gradient's kernels (lines of query rows; relative_bias's table,
+    // a weight, covers diagonals by default).
+    let wrt = ["q", "k", "v", "slopes"].map(str::to_string).to_vec();
+    cases.push(Case { wrt, ..case("alibi", &[], true) });
     assert!(cases.len() >= 16, "most stdlib specs have gradient programs");
     cases
 }
@@ -72,7 +79,7 @@ fn default_sizes() -> Vec<Case> {
 fn plan_of(c: &Case, dtype: Dtype) -> plan::Plan {
     let compiled = compile_stdlib(c.spec, &c.sets);
     let program = if c.grad {
-        attnc_compiler::grad::differentiate(&compiled.program, &[]).expect("differentiable")
+        attnc_compiler::grad::differentiate(&compiled.program, &c.wrt).expect("differentiable")
     } else {
         compiled.program
     };

@@ -261,8 +261,9 @@ impl NativeProgram {
     }
 
     /// Gradients (reverse mode): the forward outputs and `grad_<input>` for
-    /// each input of `wrt` (every continuous input when empty), given a
-    /// cotangent per output (named like it); returned as `run` returns.
+    /// each input of `wrt` (when empty: every continuous input but an
+    /// `input` a score function reads), given a cotangent per output (named
+    /// like it); returned as `run` returns.
     #[pyo3(signature = (tensors, cotangents, wrt, backend, dtype, out))]
     #[allow(clippy::too_many_arguments)] // the Python signature
     fn grad(

@@ -108,11 +108,7 @@ pub mod read_hook {
         for (r, (_, partial)) in read_partials(score, capture).iter().enumerate() {
             let d = f.emit(scope, &partial.body, &params, &[]).float();
             let v = math::binary(scope, attnc_compiler::ir::BinaryOp::Mul, x, d);
-            let v = match seen {
-                Some(seen) => select_float::expand(scope, seen, v, NativeExpand::from_lit(scope, 0.0f32)),
-                None => v,
-            };
-            add_at::expand(scope, acc, r, v);
+            add_at::expand(scope, acc, r, zero_where_hidden(scope, v, seen));
         }
     }
 }
@@ -250,10 +246,15 @@ pub mod slope_hook {
             Some(d) => math::binary(scope, attnc_compiler::ir::BinaryOp::Mul, x, d),
             None => x,
         };
-        match f.visible(scope, &at) {
-            Some(seen) => select_float::expand(scope, seen, scaled, NativeExpand::from_lit(scope, 0.0f32)),
-            None => scaled,
-        }
+        zero_where_hidden(scope, scaled, f.visible(scope, &at))
+    }
+}
+
+/// `scaled` where `seen` (everywhere without a mask function), else 0.
+fn zero_where_hidden(scope: &Scope, scaled: NativeExpand<f32>, seen: Option<NativeExpand<bool>>) -> NativeExpand<f32> {
+    match seen {
+        Some(seen) => select_float::expand(scope, seen, scaled, NativeExpand::from_lit(scope, 0.0f32)),
+        None => scaled,
     }
 }
 
