@@ -22,9 +22,10 @@
 //! name (`KernelSpec::kernel_gap`); the interpreter computes it.
 
 use super::{BufferRole, KernelSpec, Planner};
+use crate::cost::visible_pairs;
 use crate::grad::read_partials;
 pub use crate::grad::Lines;
-use crate::ir::AttnArg;
+use crate::ir::{AttnArg, Mask};
 
 /// Channels of a row of `n` the first launch's dot products take a loop
 /// step (unrolled): the widest power of two up to 32 dividing `n` (CUDA's
@@ -66,7 +67,9 @@ impl Planner {
         let f = shape.fns.as_ref().expect("a score function");
         // Per pair: three dot products, the exponential, the function and its partials.
         let ops = f.score.as_ref().map_or(0, |s| s.body.ops()) * (1 + reads);
-        let pairs = (shape.batch * shape.h * shape.s * shape.sk) as f64;
+        // The pairs the built-in mask lets through (the lines walk its band).
+        let mask = Mask { kind: shape.mask, window: shape.window.map(|w| w as _), block: shape.block as _ };
+        let pairs = (shape.batch * shape.h) as f64 * visible_pairs(&mask, shape.s, shape.sk);
         let flops = pairs * (2 * shape.d + 4 * shape.e + ops + 4) as f64;
         // Each operand read once (the lines re-read rows from cache), the sums written.
         let (rows, keys) = (shape.batch * shape.h * shape.s, shape.batch * shape.hk * shape.sk);
