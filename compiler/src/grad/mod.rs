@@ -318,7 +318,11 @@ impl Builder {
                     false => id,
                 };
                 let mut out = vec![];
+                // Only the operands a differentiated input flows into (`--wrt q` plans no dK or dV).
                 for (operand, wrt) in [(q, AttnArg::Q), (k, AttnArg::K), (v, AttnArg::V)] {
+                    if !self.depends[operand.0 as usize] {
+                        continue;
+                    }
                     let fns = fns.clone();
                     out.push((
                         operand,
