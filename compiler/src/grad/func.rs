@@ -186,18 +186,6 @@ impl Lines {
             Lines::Diagonals => s + sk - 1,
         }
     }
-
-    /// Line `l`'s first pair `(i, j)`, its step `(di, dj)` and its length.
-    pub fn walk(self, l: usize, s: usize, sk: usize) -> ((usize, usize), (usize, usize), usize) {
-        match self {
-            Lines::Rows => ((l, 0), (0, 1), sk),
-            Lines::Keys => ((0, l), (1, 0), s),
-            Lines::Diagonals => {
-                let (i, j) = if l + 1 >= s { (0, l + 1 - s) } else { (s - 1 - l, 0) };
-                ((i, j), (1, 1), (s - i).min(sk - j))
-            }
-        }
-    }
 }
 
 /// Whether parameter `p` occurs in `e`.

@@ -25,7 +25,7 @@ pub use view::*;
 use crate::cost::{op_cost, weight_only};
 use crate::ir::{concrete, AttnArg, AttnFns, DimValues, NodeId, Op, Program};
 use gemm::{gemm_a, plan_gemm, scale_of};
-pub use reads::{read_chunk, read_lines, Lines, SUM_UNROLL};
+pub use reads::{Lines, SUM_UNROLL};
 use serde::Serialize;
 pub use split::{KvSplit, SPLIT_KEYS};
 use std::collections::BTreeMap;

@@ -27,19 +27,12 @@ use crate::grad::read_partials;
 pub use crate::grad::Lines;
 use crate::ir::{AttnArg, Mask};
 
-/// Channels of a row of `n` the first launch's dot products take a loop
-/// step (unrolled): the widest power of two up to 32 dividing `n` (CUDA's
-/// compiler spilled holding whole rows' loads at once).
-pub fn read_chunk(n: usize) -> usize {
-    [32, 16, 8, 4, 2, 1].into_iter().find(|c| n % c == 0).unwrap_or(1)
-}
-
 /// Lines a unit of the second launch sums per loop step (unrolled).
 pub const SUM_UNROLL: usize = 8;
 
 /// Reads of capture `capture` in attention launch `spec`'s score function
 /// and their lines, where the kernels compute its gradient.
-pub fn read_lines(spec: &KernelSpec, capture: usize) -> Option<(usize, Lines)> {
+fn read_lines(spec: &KernelSpec, capture: usize) -> Option<(usize, Lines)> {
     let KernelSpec::AttentionGrad { shape, .. } = spec else { return None };
     let f = shape.fns.as_ref().filter(|f| f.mix.is_identity())?;
     let score = f.score.as_ref()?;
@@ -65,7 +58,8 @@ impl Planner {
         let captures: Vec<usize> = bindings[6..].to_vec();
         bindings.push(partial);
         let f = shape.fns.as_ref().expect("a score function");
-        // Per pair: three dot products, the exponential, the function and its partials.
+        // Per pair: q·k and dO·(v − o) (priced as three dot products), the
+        // exponential, the function and its partials.
         let ops = f.score.as_ref().map_or(0, |s| s.body.ops()) * (1 + reads);
         // The pairs the built-in mask lets through (the lines walk its band).
         let mask = Mask { kind: shape.mask, window: shape.window.map(|w| w as _), block: shape.block as _ };

@@ -3,7 +3,7 @@
 
 use super::gemm_tiles::*;
 use super::group::{self, GroupStep};
-use super::reads::{read_chunk, Lines, SUM_UNROLL};
+use super::reads::{Lines, SUM_UNROLL};
 use super::split::KvSplit;
 use super::tiles::*;
 use super::view::{RowView, View};

@@ -133,8 +133,15 @@ pub fn grad_chunk(n: usize) -> usize {
     if n <= 64 {
         n.max(1)
     } else {
-        [32, 16, 8, 4, 2, 1].into_iter().find(|c| n % c == 0).unwrap_or(1)
+        read_chunk(n)
     }
+}
+
+/// The widest power of two up to 32 dividing `n`: channels a loop step of
+/// [`grad_chunk`] past 64, and of the read gradient's dot products at any
+/// width (`plan::reads`; CUDA's compiler spilled holding whole rows' loads).
+pub fn read_chunk(n: usize) -> usize {
+    [32, 16, 8, 4, 2, 1].into_iter().find(|c| n % c == 0).unwrap_or(1)
 }
 
 /// Loop trips of one chunked pass over a row of `n` (0 when unrolled whole).

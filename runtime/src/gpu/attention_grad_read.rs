@@ -44,7 +44,7 @@ struct Line {
     n: usize,
 }
 
-/// Line `l` (`Lines::walk`): query rows step along keys, key rows along
+/// Line `l` (`Lines`): query rows step along keys, key rows along
 /// queries, diagonals along both.
 #[cube]
 fn line_start(l: usize, #[comptime] lines: Lines, #[comptime] s: usize, #[comptime] sk: usize) -> Line {
