@@ -4,7 +4,7 @@
 //! **Architecture Invariant:** the IR is plain data, printable and checkable
 //! without any device; nothing here depends on a GPU crate.
 
-pub use lower::builtins;
+pub mod builtins;
 pub mod codes;
 pub mod cost;
 pub mod diag;

@@ -4,15 +4,12 @@
 //! indexed); every type error is a diagnostic at its span.
 
 use super::{Binding, Lowerer};
+use crate::builtins::{Builtin, Pairwise};
 use crate::codes::Code;
 use crate::diag::{suggest, Diagnostic};
 use crate::ir::*;
 use crate::value::{unknown_name, Value};
 use attnc_grammar::ast::{BinOp, Expr, ExprKind, Ident, Span, UnOp};
-
-/// The functions a score or mask function may call, with their arity.
-const CALLS: &[(&str, usize)] =
-    &[("where", 3), ("maximum", 2), ("minimum", 2), ("pow", 2), ("clamp", 3), ("floordiv", 2)];
 
 /// Lowers `e`, which must be a function of `kind`'s parameters; tensors it
 /// reads are added to `captures` (once each).
@@ -296,24 +293,20 @@ impl FuncLowerer<'_> {
     }
 
     fn call(&mut self, func: &Ident, args: &[attnc_grammar::ast::Arg], span: Span) -> Option<Typed> {
-        let unary = UnaryOp::ALL.iter().find(|op| op.name() == func.name && **op != UnaryOp::Neg);
-        let arity = match (unary, CALLS.iter().find(|(n, _)| *n == func.name)) {
-            (Some(_), _) => 1,
-            (None, Some((_, n))) => *n,
-            (None, None) => {
-                let names = CALLS.iter().map(|(n, _)| *n).chain(UnaryOp::ALL.iter().map(|op| op.name()));
-                let mut d = Diagnostic::error(
-                    Code::UnknownFunction,
-                    format!("`{}` cannot be called inside a {} function", func.name, self.kind.name()),
-                )
-                .at(func.span, "not a function of numbers");
-                if let Some(s) = suggest(&func.name, names) {
-                    d = d.hint(format!("did you mean `{s}`?"));
-                }
-                self.l.diags.push(d);
-                return None;
+        let Some(call) = Call::from_name(&func.name) else {
+            let names = Builtin::ALL.iter().filter(|b| Call::of(**b).is_some()).map(|b| b.name()).chain(["floordiv"]);
+            let mut d = Diagnostic::error(
+                Code::UnknownFunction,
+                format!("`{}` cannot be called inside a {} function", func.name, self.kind.name()),
+            )
+            .at(func.span, "not a function of numbers");
+            if let Some(s) = suggest(&func.name, names) {
+                d = d.hint(format!("did you mean `{s}`?"));
             }
+            self.l.diags.push(d);
+            return None;
         };
+        let arity = call.arity();
         if let Some(a) = args.iter().find(|a| a.name.is_some()) {
             return self.error(
                 Code::UnknownArgument,
@@ -339,23 +332,23 @@ impl FuncLowerer<'_> {
         for a in args {
             xs.push(self.expr(&a.value)?);
         }
-        if let Some(op) = unary {
-            let (x, ty) = xs.pop().unwrap();
-            return match (op, ty) {
-                (_, FType::Bool) => self.error(
-                    Code::TypeMismatch,
-                    format!("`{}` takes a number, not a bool", func.name),
-                    args[0].value.span,
-                    "a bool",
-                ),
-                (UnaryOp::Abs, FType::Int) => Some((FExpr::Unary(*op, Box::new(x)), FType::Int)),
-                _ => Some((FExpr::Unary(*op, Box::new(float((x, ty)))), FType::Float)),
-            };
-        }
         let mut xs = xs.into_iter();
         let mut next = || xs.next().unwrap();
-        match func.name.as_str() {
-            "where" => {
+        match call {
+            Call::Unary(op) => {
+                let (x, ty) = next();
+                match (op, ty) {
+                    (_, FType::Bool) => self.error(
+                        Code::TypeMismatch,
+                        format!("`{}` takes a number, not a bool", func.name),
+                        args[0].value.span,
+                        "a bool",
+                    ),
+                    (UnaryOp::Abs, FType::Int) => Some((FExpr::Unary(op, Box::new(x)), FType::Int)),
+                    _ => Some((FExpr::Unary(op, Box::new(float((x, ty)))), FType::Float)),
+                }
+            }
+            Call::Where => {
                 let (c, a, b) = (next(), next(), next());
                 if c.1 != FType::Bool {
                     return self.error(
@@ -379,16 +372,65 @@ impl FuncLowerer<'_> {
                 };
                 Some((FExpr::Where(Box::new(c.0), Box::new(a), Box::new(b)), ty))
             }
-            "maximum" => self.combine(FBin::Max, next(), next(), span),
-            "minimum" => self.combine(FBin::Min, next(), next(), span),
-            "pow" => self.combine(FBin::Pow, next(), next(), span),
-            "floordiv" => self.combine(FBin::FloorDiv, next(), next(), span),
-            "clamp" => {
+            Call::Binary(op) => self.combine(op, next(), next(), span),
+            Call::Clamp => {
                 let (x, lo, hi) = (next(), next(), next());
                 let low = self.combine(FBin::Max, x, lo, span)?;
                 self.combine(FBin::Min, low, hi, span)
             }
-            other => unreachable!("`{other}` is in CALLS"),
+        }
+    }
+}
+
+/// What a score or mask function may call: the builtins that are
+/// functions of numbers, and `floordiv`.
+#[derive(Clone, Copy, Debug)]
+enum Call {
+    Unary(UnaryOp),
+    Binary(FBin),
+    Where,
+    Clamp,
+}
+
+impl Call {
+    fn of(builtin: Builtin) -> Option<Call> {
+        Some(match builtin {
+            Builtin::Math(m) => Call::Unary(m.op()),
+            Builtin::Gelu => Call::Unary(UnaryOp::Gelu),
+            Builtin::Pairwise(Pairwise::Maximum) => Call::Binary(FBin::Max),
+            Builtin::Pairwise(Pairwise::Minimum) => Call::Binary(FBin::Min),
+            Builtin::Pairwise(Pairwise::Pow) => Call::Binary(FBin::Pow),
+            Builtin::Where => Call::Where,
+            Builtin::Clamp => Call::Clamp,
+            Builtin::SplitHeads
+            | Builtin::MergeHeads
+            | Builtin::MixHeads
+            | Builtin::Interleave
+            | Builtin::Deinterleave
+            | Builtin::Collapse
+            | Builtin::Rope
+            | Builtin::Concat
+            | Builtin::Attention
+            | Builtin::Reduce(_)
+            | Builtin::LooMean
+            | Builtin::Thresholds
+            | Builtin::Eye
+            | Builtin::Vector => return None,
+        })
+    }
+
+    fn from_name(name: &str) -> Option<Call> {
+        match name {
+            "floordiv" => Some(Call::Binary(FBin::FloorDiv)),
+            _ => Builtin::from_name(name).and_then(Call::of),
+        }
+    }
+
+    fn arity(self) -> usize {
+        match self {
+            Call::Unary(_) => 1,
+            Call::Binary(_) => 2,
+            Call::Where | Call::Clamp => 3,
         }
     }
 }

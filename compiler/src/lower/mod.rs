@@ -2,7 +2,7 @@
 //! then every statement is lowered with its shapes inferred. Problems are
 //! collected, not thrown: one run reports every independent error.
 
-pub mod builtins;
+mod calls;
 mod func;
 mod positions;
 use crate::codes::Code;
@@ -637,7 +637,7 @@ impl Lowerer {
                 let (x, y, sa, sb) = if swap { (y, x, b.span, a.span) } else { (x, y, a.span, b.span) };
                 self.add(Op::Binary { op: bop, a: x, b: y }, e.span, &[sa, sb]).map(Operand::Tensor)
             }
-            ExprKind::Call { func, args } => builtins::lower_call(self, e, func, args),
+            ExprKind::Call { func, args } => calls::lower_call(self, e, func, args),
             ExprKind::Lambda { .. } => {
                 self.diags.push(
                     Diagnostic::error(Code::WrongKind, "a function is not a tensor")
