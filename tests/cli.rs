@@ -608,3 +608,34 @@ fn sizes_with_differences_solve_dims_and_refuse_negative_sizes() {
     assert!(!out2.exists(), "a refused run wrote its output");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// `--quiet` (before or after the command) silences progress only: a sweep's
+/// step lines go, its table and plot stay; a run's outputs and messages are
+/// the same. (Spinners and bars draw only on a terminal, never here.)
+#[test]
+fn quiet_silences_progress_and_nothing_else() {
+    let dir = scratch("quiet");
+    let plot = dir.join("sweep.svg");
+    let sweep = ["bench", "stdlib/grpo.attn", "--sweep", "G=4,8", "--iters", "1", "--warmup", "0", "--plot", s(&plot)];
+    let loud = attnc(&sweep);
+    assert!(loud.status.success(), "{}", stderr(&loud));
+    assert!(stderr(&loud).contains("[1/2] G=4 ...") && stderr(&loud).contains("[2/2] G=8 ..."), "{}", stderr(&loud));
+    std::fs::remove_file(&plot).unwrap();
+    let quiet = attnc(&[&["--quiet"][..], &sweep].concat());
+    assert!(quiet.status.success(), "{}", stderr(&quiet));
+    assert!(!stderr(&quiet).contains("[1/2]"), "{}", stderr(&quiet));
+    assert_eq!(quiet.stdout, loud.stdout, "the table does not depend on --quiet");
+    assert_eq!(String::from_utf8_lossy(&quiet.stdout).lines().count(), 3, "a header and a row a value");
+    assert!(plot.exists(), "the plot is written with --quiet");
+
+    let (a, b) = (dir.join("a.safetensors"), dir.join("b.safetensors"));
+    let run = |out: &Path, quiet: &[&str]| {
+        let args = [&["run", "stdlib/mha.attn", "--seed", "3", "--set", "N=40", "--out", s(out)], quiet].concat();
+        attnc(&args)
+    };
+    let (loud, quiet) = (run(&a, &[]), run(&b, &["-q"]));
+    assert!(loud.status.success() && quiet.status.success(), "{}{}", stderr(&loud), stderr(&quiet));
+    assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
+    assert_eq!(stderr(&loud).replace(s(&a), "OUT"), stderr(&quiet).replace(s(&b), "OUT"));
+    std::fs::remove_dir_all(&dir).ok();
+}
