@@ -549,7 +549,7 @@ impl Builder {
                     code: Code::Internal,
                     message: format!(
                         "no derivative rule for `{}`: gradient programs are not differentiated again",
-                        crate::opt::lang::op_name(op)
+                        op.name()
                     ),
                 })
             }

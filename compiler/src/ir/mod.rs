@@ -17,11 +17,13 @@ mod op;
 mod program;
 pub mod scalar;
 mod shape;
+mod table;
 
 pub use func::*;
 pub use infer::*;
 pub use op::*;
 pub use program::*;
 pub use shape::*;
+pub use table::*;
 
 use std::collections::BTreeMap;

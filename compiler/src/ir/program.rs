@@ -189,6 +189,7 @@ impl Program {
             let _ = writeln!(out, "  dim {}{}", d.name, d.default.map_or(String::new(), |v| format!(" = {v}")));
         }
         for (i, n) in self.nodes.iter().enumerate() {
+            let name = n.op.name();
             let desc = match &n.op {
                 Op::Input { index } => {
                     let input = &self.inputs[*index];
@@ -200,62 +201,62 @@ impl Program {
                         Domain::Integers { lo, hi } => format!("{kind} {} in integers({lo}, {hi})", input.name),
                     }
                 }
-                Op::Scalar { value } => format!("scalar {value:?}"),
-                Op::MatMul { a, b } => format!("matmul {a}, {b}"),
-                Op::SplitHeads { x, heads } => format!("split_heads {x}, heads={heads}"),
-                Op::MergeHeads { x } => format!("merge_heads {x}"),
-                Op::MixHeads { x, alpha } => format!("mix_heads {x}, {alpha}"),
-                Op::Interleave { x } => format!("interleave {x}"),
-                Op::Deinterleave { x, pseudo } => format!("deinterleave {x}, pseudo={pseudo}"),
-                Op::BlockDiag { r, block } => format!("block_diag {r}, block={block}"),
-                Op::Collapse { x, r } => format!("collapse {x}, {r}"),
-                Op::Rope { x, base, offset } if offset.as_known() == Some(0) => format!("rope {x}, base={base:?}"),
-                Op::Rope { x, base, offset } => format!("rope {x}, base={base:?}, offset={offset}"),
-                Op::Concat { a, b, axis } => format!("concat {a}, {b}, axis={axis}"),
-                Op::Slice { x, axis, len, at_end: false } => format!("slice {x}, axis={axis}, first={len}"),
-                Op::Slice { x, axis, len, at_end: true } => format!("slice {x}, axis={axis}, last={len}"),
-                Op::Paged { cache, pages } => format!("paged {cache}, pages={pages}"),
+                Op::Scalar { value } => format!("{name} {value:?}"),
+                Op::MatMul { a, b } => format!("{name} {a}, {b}"),
+                Op::SplitHeads { x, heads } => format!("{name} {x}, heads={heads}"),
+                Op::MergeHeads { x } => format!("{name} {x}"),
+                Op::MixHeads { x, alpha } => format!("{name} {x}, {alpha}"),
+                Op::Interleave { x } => format!("{name} {x}"),
+                Op::Deinterleave { x, pseudo } => format!("{name} {x}, pseudo={pseudo}"),
+                Op::BlockDiag { r, block } => format!("{name} {r}, block={block}"),
+                Op::Collapse { x, r } => format!("{name} {x}, {r}"),
+                Op::Rope { x, base, offset } if offset.as_known() == Some(0) => format!("{name} {x}, base={base:?}"),
+                Op::Rope { x, base, offset } => format!("{name} {x}, base={base:?}, offset={offset}"),
+                Op::Concat { a, b, axis } => format!("{name} {a}, {b}, axis={axis}"),
+                Op::Slice { x, axis, len, at_end: false } => format!("{name} {x}, axis={axis}, first={len}"),
+                Op::Slice { x, axis, len, at_end: true } => format!("{name} {x}, axis={axis}, last={len}"),
+                Op::Paged { cache, pages } => format!("{name} {cache}, pages={pages}"),
                 Op::Attention { q, k, v, mask, scale, fns } => {
-                    format!("attention {q}, {k}, {v}, {}, scale={scale:?}{}", mask_text(mask), fns_text(fns))
+                    format!("{name} {q}, {k}, {v}, {}, scale={scale:?}{}", mask_text(mask), fns_text(fns))
                 }
                 Op::Binary { op, a, b } => format!("{} {a}, {b}", op.name()),
                 Op::Unary { op, x } => format!("{} {x}", op.name()),
-                Op::Constant { values, shape } if shape.len() == 1 => format!("constant {values:?}"),
-                Op::Constant { values, shape } => format!("constant {values:?}, shape={shape:?}"),
+                Op::Constant { values, shape } if shape.len() == 1 => format!("{name} {values:?}"),
+                Op::Constant { values, shape } => format!("{name} {values:?}, shape={shape:?}"),
                 Op::Reduce { x, kind, axes, keepdim } => {
-                    format!("reduce_{} {x}, axes={axes:?}, keepdim={keepdim}", kind.name())
+                    format!("{name}_{} {x}, axes={axes:?}, keepdim={keepdim}", kind.name())
                 }
-                Op::LooMean { x, axis } => format!("loo_mean {x}, axis={axis}"),
-                Op::Where { cond, a, b } => format!("where {cond}, {a}, {b}"),
-                Op::Thresholds { x, levels } => format!("thresholds {x}, levels={levels}"),
-                Op::MixCols { y, alpha } => format!("mix_cols {y}, {alpha}"),
-                Op::CollapseCols { y, r } => format!("collapse_cols {y}, {r}"),
-                Op::CollapseRows { w, r } => format!("collapse_rows {w}, {r}"),
-                Op::UnflattenHeads { x, pseudo } => format!("unflatten_heads {x}, pseudo={pseudo}"),
-                Op::FlattenHeads { x } => format!("flatten_heads {x}"),
-                Op::ConcatCols { a, b } => format!("concat_cols {a}, {b}"),
-                Op::SliceCols { x, start, len } => format!("slice_cols {x}, start={start}, len={len}"),
-                Op::Transpose { x } => format!("transpose {x}"),
-                Op::MatMulAt { a, b } => format!("matmul_at {a}, {b}"),
-                Op::Unsqueeze { x, axes } => format!("unsqueeze {x}, axes={axes:?}"),
-                Op::MixHeadsT { y, alpha } => format!("mix_heads_t {y}, {alpha}"),
-                Op::MixHeadsGrad { x, dy } => format!("mix_heads_grad {x}, {dy}"),
-                Op::CollapseT { dy, r, pseudo } => format!("collapse_t {dy}, {r}, pseudo={pseudo}"),
-                Op::CollapseGrad { x, dy } => format!("collapse_grad {x}, {dy}"),
+                Op::LooMean { x, axis } => format!("{name} {x}, axis={axis}"),
+                Op::Where { cond, a, b } => format!("{name} {cond}, {a}, {b}"),
+                Op::Thresholds { x, levels } => format!("{name} {x}, levels={levels}"),
+                Op::MixCols { y, alpha } => format!("{name} {y}, {alpha}"),
+                Op::CollapseCols { y, r } => format!("{name} {y}, {r}"),
+                Op::CollapseRows { w, r } => format!("{name} {w}, {r}"),
+                Op::UnflattenHeads { x, pseudo } => format!("{name} {x}, pseudo={pseudo}"),
+                Op::FlattenHeads { x } => format!("{name} {x}"),
+                Op::ConcatCols { a, b } => format!("{name} {a}, {b}"),
+                Op::SliceCols { x, start, len } => format!("{name} {x}, start={start}, len={len}"),
+                Op::Transpose { x } => format!("{name} {x}"),
+                Op::MatMulAt { a, b } => format!("{name} {a}, {b}"),
+                Op::Unsqueeze { x, axes } => format!("{name} {x}, axes={axes:?}"),
+                Op::MixHeadsT { y, alpha } => format!("{name} {y}, {alpha}"),
+                Op::MixHeadsGrad { x, dy } => format!("{name} {x}, {dy}"),
+                Op::CollapseT { dy, r, pseudo } => format!("{name} {dy}, {r}, pseudo={pseudo}"),
+                Op::CollapseGrad { x, dy } => format!("{name} {x}, {dy}"),
                 Op::AttentionLse { q, k, mask, scale, fns } => {
-                    format!("attention_lse {q}, {k}, {}, scale={scale:?}{}", mask_text(mask), fns_text(fns))
+                    format!("{name} {q}, {k}, {}, scale={scale:?}{}", mask_text(mask), fns_text(fns))
                 }
-                Op::MixColsT { dy, alpha } => format!("mix_cols_t {dy}, {alpha}"),
-                Op::MixColsGrad { y, dy, m, h, p } => format!("mix_cols_grad {y}, {dy}, m={m}, h={h}, p={p}"),
-                Op::CollapseColsGrad { y, dy, h } => format!("collapse_cols_grad {y}, {dy}, h={h}"),
-                Op::CollapseRowsGrad { w, dy, h } => format!("collapse_rows_grad {w}, {dy}, h={h}"),
+                Op::MixColsT { dy, alpha } => format!("{name} {dy}, {alpha}"),
+                Op::MixColsGrad { y, dy, m, h, p } => format!("{name} {y}, {dy}, m={m}, h={h}, p={p}"),
+                Op::CollapseColsGrad { y, dy, h } => format!("{name} {y}, {dy}, h={h}"),
+                Op::CollapseRowsGrad { w, dy, h } => format!("{name} {w}, {dy}, h={h}"),
                 Op::AttentionDelta { q, k, v, dout, lse, mask, scale, fns } => format!(
-                    "attention_delta {q}, {k}, {v}, {dout}, {lse}, {}, scale={scale:?}{}",
+                    "{name} {q}, {k}, {v}, {dout}, {lse}, {}, scale={scale:?}{}",
                     mask_text(mask),
                     fns_text(fns)
                 ),
                 Op::AttentionGrad { q, k, v, o, dout, lse, mask, scale, wrt, fns } => format!(
-                    "attention_grad_{} {q}, {k}, {v}, {o}, {dout}, {lse}, {}, scale={scale:?}{}",
+                    "{name}_{} {q}, {k}, {v}, {o}, {dout}, {lse}, {}, scale={scale:?}{}",
                     format!("{wrt:?}").to_lowercase(),
                     mask_text(mask),
                     fns_text(fns)

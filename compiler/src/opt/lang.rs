@@ -56,20 +56,6 @@ pub fn opaque_index(sym: Symbol) -> usize {
     s[s.rfind('#').expect("opaque symbols end in #index") + 1..].parse().expect("opaque index")
 }
 
-pub(crate) fn op_name(op: &Op) -> String {
-    let debug = format!("{op:?}");
-    let head = debug.split([' ', '{', '(']).next().unwrap_or("op");
-    // CamelCase → snake_case, for readable explanations.
-    let mut out = String::new();
-    for (i, c) in head.chars().enumerate() {
-        if c.is_uppercase() && i > 0 {
-            out.push('_');
-        }
-        out.push(c.to_ascii_lowercase());
-    }
-    out
-}
-
 /// The program as one expression rooted at `outputs`.
 pub fn to_expr(p: &Program) -> RecExpr<TensorLang> {
     let mut expr = RecExpr::default();
@@ -95,7 +81,7 @@ pub fn to_expr(p: &Program) -> RecExpr<TensorLang> {
                 TensorLang::SliceCols([c(*x), s, l])
             }
             op => TensorLang::Opaque(
-                Symbol::from(format!("{}#{i}", op_name(op))),
+                Symbol::from(format!("{}#{i}", op.name())),
                 op.operands().into_iter().map(c).collect(),
             ),
         };

@@ -3,8 +3,11 @@
 //! launch runs with which comptime parameters, and which buffers it binds.
 //! Every size is concrete: a plan is specialised to the bound dims.
 
+mod attention;
 mod backward;
+mod contraction;
 mod dtype;
+mod elementwise;
 mod gemm;
 mod gemm_tiles;
 pub mod group;
@@ -23,7 +26,7 @@ pub use tiles::*;
 pub use view::*;
 
 use crate::cost::{op_cost, weight_only};
-use crate::ir::{concrete, AttnArg, AttnFns, DimValues, NodeId, Op, Program};
+use crate::ir::{concrete, AttnArg, AttnFns, DimValues, NodeId, Op, OpClass, Program};
 use gemm::{gemm_a, plan_gemm, scale_of};
 pub use reads::{Lines, SUM_UNROLL};
 use serde::Serialize;
@@ -290,6 +293,30 @@ impl Planner {
     }
 }
 
+/// The node being planned, as an op family's planner sees it, and what the
+/// planner may set besides the launch.
+struct Site<'a> {
+    p: &'a Program,
+    i: usize,
+    node: &'a crate::ir::Node,
+    shape: &'a Vec<usize>,
+    shapes: &'a Vec<Vec<usize>>,
+    dims: &'a DimValues,
+    /// Which nodes are integers only functions and block tables read.
+    integers: &'a Vec<bool>,
+    readers: &'a Vec<Vec<usize>>,
+    /// The output's entries.
+    len: usize,
+    operands: &'a [NodeId],
+    /// Where the launch writes its value: row-major unless a reader's layout is written instead.
+    out_shape: Vec<usize>,
+    out_layout: Layout,
+    /// RoPE's cos/sin table, bound after the operands.
+    rope_table: Option<Vec<f64>>,
+    /// (flops, bytes) of a launch that does more than its node (a fused epilogue).
+    fused_work: Option<(f64, f64)>,
+}
+
 /// Plan `p` at the concrete `dims`.
 pub fn plan(p: &Program, dims: &DimValues) -> Plan {
     let shapes: Vec<Vec<usize>> = p.nodes.iter().map(|n| concrete(&n.shape, dims)).collect();
@@ -406,350 +433,29 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
         }
         let len: usize = shape.iter().product();
         let operands = node.op.operands();
-        let sh = |k: usize| shapes[operands[k].0 as usize].clone();
-        let mut rope_table: Option<Vec<f64>> = None;
-        let mut fused_work: Option<(f64, f64)> = None;
-        // Where the launch writes its value: row-major unless a reader's layout is written instead.
-        let mut out_shape = shape.clone();
-        let mut out_layout = Layout::contiguous(&shape);
-        let (spec, mut bindings) = match &node.op {
-            Op::Binary { .. } if scale_of(p, i).is_some_and(|(mm, _)| matches!(pl.vals[mm], Val::InEpilogue)) => {
-                let (mm, c) = scale_of(p, i).expect("a scaled GEMM");
-                let (spec, bindings, gemm) = plan_gemm(&mut pl, p, mm, None, Some(c.to_bits()));
-                fused_work = Some((gemm.flops + len as f64, gemm.bytes));
-                (spec, bindings)
-            }
-            Op::Binary { op, a, b } => {
-                let (ba, va) = pl.read(*a, |l| Some(l.broadcast(&shape).view()));
-                let (bb, vb) = pl.read(*b, |l| Some(l.broadcast(&shape).view()));
-                (KernelSpec::Binary { len, op: *op, a: va, b: vb }, vec![ba, bb])
-            }
-            Op::Unary { op, x } => {
-                let (bx, vx) = pl.read(*x, |l| Some(l.view()));
-                (KernelSpec::Unary { len, op: *op, x: vx }, vec![bx])
-            }
-            Op::Where { cond, a, b } => {
-                let (bc, vc) = pl.read(*cond, |l| Some(l.broadcast(&shape).view()));
-                let (ba, va) = pl.read(*a, |l| Some(l.broadcast(&shape).view()));
-                let (bb, vb) = pl.read(*b, |l| Some(l.broadcast(&shape).view()));
-                (KernelSpec::Where { len, cond: vc, a: va, b: vb }, vec![bc, ba, bb])
-            }
-            Op::Thresholds { x, levels } => {
-                let spec = KernelSpec::Thresholds { len: sh(0).iter().product(), levels: *levels as usize };
-                (spec, vec![pl.contiguous(*x)])
-            }
-            Op::MatMul { .. } => {
-                let (spec, bindings, _) = plan_gemm(&mut pl, p, i, None, None);
-                (spec, bindings)
-            }
-            Op::MixHeads { x, alpha } if matches!(pl.vals[x.0 as usize], Val::InEpilogue) => {
-                let (sx, al) = (sh(0), sh(1));
-                let Op::SplitHeads { x: y, .. } = p.nodes[x.0 as usize].op else { unreachable!("a fused head split") };
-                let mix = MixEpilogue { m: sx[1], h: al[1], p: al[2], s: sx[2], d: sx[3] };
-                let (spec, bindings, gemm) = plan_gemm(&mut pl, p, y.0 as usize, Some(mix), None);
-                // The product never reaches memory: its write and read are not paid.
-                let mixing = op_cost(&node.op, &shape, &[sx.clone(), al.clone()]);
-                let saved = 8.0 * sx.iter().product::<usize>() as f64;
-                fused_work = Some((gemm.flops + mixing.flops, gemm.bytes + mixing.bytes - saved));
-                (spec, [bindings, vec![pl.contiguous(*alpha)]].concat())
-            }
-            Op::MixHeads { x, alpha } => {
-                let (sx, al) = (sh(0), sh(1));
-                let (bx, (vx, x_m)) = pl.read(*x, |l| Some((l.view(), l.stride(1)?)));
-                let spec =
-                    KernelSpec::MixHeads { batch: sx[0], m: sx[1], h: al[1], p: al[2], s: sx[2], d: sx[3], x: vx, x_m };
-                (spec, vec![bx, pl.contiguous(*alpha)])
-            }
-            Op::MixCols { y, alpha } => {
-                let (sy, al) = (sh(0), sh(1));
-                let cols = *sy.last().unwrap();
-                let (by, (vy, y_m)) = pl.read(*y, |l| Some((l.view(), l.block_stride(al[0])?)));
-                let rows = sy.iter().product::<usize>() / cols;
-                let spec = KernelSpec::MixCols { rows, m: al[0], h: al[1], p: al[2], d: cols / al[0], y: vy, y_m };
-                (spec, vec![by, pl.contiguous(*alpha)])
-            }
-            Op::Collapse { x, r } => {
-                let (sx, sr) = (sh(0), sh(1));
-                let (bx, (vx, x_c)) = pl.read(*x, |l| {
-                    let flat = l.clone().flatten_heads();
-                    Some((flat.view(), flat.stride(1)?))
-                });
-                let spec =
-                    KernelSpec::Collapse { batch: sx[0], h: sr[0], c: sx[1] * sx[2], s: sx[3], d: sx[4], x: vx, x_c };
-                (spec, vec![bx, pl.contiguous(*r)])
-            }
-            Op::CollapseCols { y, r } => {
-                let (sy, sr) = (sh(0), sh(1));
-                let cols = *sy.last().unwrap();
-                let (by, (vy, y_c)) = pl.read(*y, |l| Some((l.view(), l.block_stride(sr[1])?)));
-                let rows = sy.iter().product::<usize>() / cols;
-                let spec = KernelSpec::CollapseCols { rows, h: sr[0], c: sr[1], d: cols / sr[1], y: vy, y_c };
-                (spec, vec![by, pl.contiguous(*r)])
-            }
-            Op::CollapseRows { w, r } => {
-                let (sw, sr) = (sh(0), sh(1));
-                let spec = KernelSpec::CollapseRows { h: sr[0], c: sr[1], d: sw[0] / sr[0], f: sw[1] };
-                (spec, vec![pl.contiguous(*w), pl.contiguous(*r)])
-            }
-            Op::BlockDiag { r, block } => {
-                let sr = sh(0);
-                (KernelSpec::BlockDiag { h: sr[0], cols: sr[1], block: *block as usize }, vec![pl.contiguous(*r)])
-            }
-            Op::ConcatCols { .. } | Op::Concat { .. } => {
-                // Along axis k: rows of everything from k on, one after the other.
-                let (sa, sb) = (sh(0), sh(1));
-                let axis = match node.op {
-                    Op::Concat { axis, .. } => axis,
-                    _ => sa.len() - 1,
-                };
-                let rows = sa[..axis].iter().product();
-                let (f1, f2) = (sa[axis..].iter().product(), sb[axis..].iter().product());
-                let (a, b) = (operands[0], operands[1]);
-                (KernelSpec::Concat { rows, f1, f2 }, vec![pl.contiguous(a), pl.contiguous(b)])
-            }
-            Op::Paged { cache, pages } => {
-                let spec = paged::gather(&sh(0), &sh(1), integers[pages.0 as usize]);
-                (spec, vec![pl.contiguous(*cache), pl.contiguous(*pages)])
-            }
-            Op::Rope { x, base, offset } => {
-                let sx = sh(0);
-                let r = sx.len();
-                let (s, d) = (sx[r - 2], sx[r - 1]);
-                let offset = offset.eval(&|n| dims.get(n).copied()).expect("sizes are checked when dims are bound");
-                // cos and sin per (row, pair) at position offset + row, in float64 on the host.
-                let mut table = Vec::with_capacity(s * d);
-                for pos in offset..offset + s as u64 {
-                    for k in 0..d / 2 {
-                        let angle = pos as f64 * base.powf(-2.0 * k as f64 / d as f64);
-                        table.extend([angle.cos(), angle.sin()]);
-                    }
-                }
-                rope_table = Some(table);
-                let (bx, vx) = pl.read(*x, |l| Some(l.view()));
-                (KernelSpec::Rope { rows: len / d, s, d, base_bits: base.to_bits(), x: vx }, vec![bx])
-            }
-            Op::Attention { q, k, v, mask, scale, fns } => {
-                let (sq, sk, sv) = (sh(0), sh(1), sh(2));
-                let (bq, vq) = pl.read(*q, Layout::row_view);
-                let ((bk, vk), (bv, vv), paged) = paged::keys_values(&mut pl, p, [*k, *v], &integers);
-                if let Some((s, w)) = reader_layout(p, &readers, &shapes, i) {
-                    (out_shape, out_layout) = (s, w);
-                }
-                let out = out_layout.row_view().expect("attention writes rows of its output contiguously");
-                let shape = attn_shape(&sq, &sk, sv[3], mask, *scale, kernel_fns(fns, &shapes, dims, &integers));
-                let spec = match MixTiles::of(fns.as_deref(), &shapes, &sq, &sv) {
-                    Some(mix) => {
-                        KernelSpec::MixedAttention { shape, mix, q: vq, k: vk, v: vv, out, pass: MixPass::Forward }
-                    }
-                    None => {
-                        let paged_rows = paged.map(|(r, _)| r);
-                        KernelSpec::Attention {
-                            shape,
-                            q: vq,
-                            k: vk,
-                            v: vv,
-                            out,
-                            fragments: false,
-                            split: 0,
-                            kv: None,
-                            paged: paged_rows,
-                            lse: false,
-                        }
-                    }
-                };
-                let mut bindings = vec![bq, bk, bv];
-                bindings.extend(fns.iter().flat_map(|f| f.captures.iter()).map(|c| pl.contiguous(*c)));
-                bindings.extend(paged.map(|(_, t)| pl.contiguous(t)));
-                (spec, bindings)
-            }
-            Op::Reduce { x, kind, axes, .. } => {
-                let sx = sh(0);
-                let (bx, (base, inner)) = pl.read(*x, |l| {
-                    let (base, inner) = l.reduce_views(axes);
-                    (inner.terms.len() <= 1 || l.is_contiguous()).then_some((base, inner))
-                });
-                let count = axes.iter().map(|&a| sx[a]).product();
-                (KernelSpec::Reduce { len, op: *kind, count, base, inner }, vec![bx])
-            }
-            Op::LooMean { x, axis } => {
-                let sx = sh(0);
-                let spec = KernelSpec::LooMean { len, n: sx[*axis], stride: row_major_strides(&sx)[*axis] };
-                (spec, vec![pl.contiguous(*x)])
-            }
-            Op::Input { .. }
-            | Op::Scalar { .. }
-            | Op::Constant { .. }
-            | Op::SplitHeads { .. }
-            | Op::MergeHeads { .. }
-            | Op::Interleave { .. }
-            | Op::Deinterleave { .. }
-            | Op::UnflattenHeads { .. }
-            | Op::FlattenHeads { .. }
-            | Op::SliceCols { .. }
-            | Op::Slice { .. }
-            | Op::Transpose { .. }
-            | Op::Unsqueeze { .. } => unreachable!("leaves and layout operations launch nothing"),
-            // Gradient operations. Transposes of mixing and collapse are
-            // mixing and collapse with the coefficients read the other way.
-            Op::MixHeadsT { y, alpha } => {
-                let (sy, al) = (sh(0), sh(1));
-                let (by, (vy, y_c)) = pl.read(*y, |l| {
-                    let flat = l.clone().flatten_heads();
-                    Some((flat.view(), flat.stride(1)?))
-                });
-                let spec = KernelSpec::Collapse {
-                    batch: sy[0],
-                    h: al[0],
-                    c: sy[1] * sy[2],
-                    s: sy[3],
-                    d: sy[4],
-                    x: vy,
-                    x_c: y_c,
-                };
-                (spec, vec![by, pl.contiguous(*alpha)])
-            }
-            Op::CollapseT { dy, r, pseudo } => {
-                let (sd, sr) = (sh(0), sh(1));
-                let (bd, (vd, d_m)) = pl.read(*dy, |l| Some((l.view(), l.stride(1)?)));
-                let p = *pseudo as usize;
-                let spec = KernelSpec::MixHeads {
-                    batch: sd[0],
-                    m: sr[0],
-                    h: sr[1] / p,
-                    p,
-                    s: sd[2],
-                    d: sd[3],
-                    x: vd,
-                    x_m: d_m,
-                };
-                (spec, vec![bd, pl.contiguous(*r)])
-            }
-            Op::MixColsT { dy, alpha } => {
-                let (sd, al) = (sh(0), sh(1));
-                let (cols, targets) = (*sd.last().unwrap(), al[1] * al[2]);
-                let (bd, (vd, d_t)) = pl.read(*dy, |l| Some((l.view(), l.block_stride(targets)?)));
-                let rows = sd.iter().product::<usize>() / cols;
-                let spec = KernelSpec::CollapseCols { rows, h: al[0], c: targets, d: cols / targets, y: vd, y_c: d_t };
-                (spec, vec![bd, pl.contiguous(*alpha)])
-            }
-            // `aᵀ · b`: the GEMM reading `a`'s columns as its rows.
-            Op::MatMulAt { a, b } => {
-                let (sa, sb) = (sh(0), sh(1));
-                let (kk, f) = (*sa.last().unwrap(), *sb.last().unwrap());
-                let rows = sa.iter().product::<usize>().checked_div(kk).unwrap_or(0);
-                // `aᵀ` through `a`'s own layout (merged heads, slices): its
-                // rows are `a`'s columns and the other way round, no copy.
-                let (ba, (a_cols, a_rows)) = pl.read(*a, |l| Some(gemm_a(l)));
-                let spec = KernelSpec::MatMul {
-                    rows: kk,
-                    k: rows,
-                    f,
-                    a_rows,
-                    a_cols,
-                    b_row: f,
-                    b_offset: 0,
-                    mix: None,
-                    scale: None,
-                };
-                (spec, vec![ba, pl.contiguous(*b)])
-            }
-            // Coefficient gradients: contractions over batch and tokens.
-            Op::MixHeadsGrad { x, dy } => {
-                let (sx, sd) = (sh(0), sh(1));
-                let spec = KernelSpec::Contract { rows: sx[0], o1: sx[1], o2: sd[1] * sd[2], inner: sx[2] * sx[3] };
-                (spec, vec![pl.contiguous(*x), pl.contiguous(*dy)])
-            }
-            Op::CollapseGrad { x, dy } => {
-                let (sx, sd) = (sh(0), sh(1));
-                let spec = KernelSpec::Contract { rows: sd[0], o1: sd[1], o2: sx[1] * sx[2], inner: sd[2] * sd[3] };
-                (spec, vec![pl.contiguous(*dy), pl.contiguous(*x)])
-            }
-            Op::MixColsGrad { y, dy, m, .. } => {
-                let sy = sh(0);
-                let cols = *sy.last().unwrap();
-                let (o1, o2) = (shape[0], shape[1] * shape[2]);
-                let rows = sy.iter().product::<usize>() / cols;
-                let spec = KernelSpec::Contract { rows, o1, o2, inner: cols / *m as usize };
-                (spec, vec![pl.contiguous(*y), pl.contiguous(*dy)])
-            }
-            Op::CollapseColsGrad { y, dy, .. } => {
-                let sd = sh(1);
-                let (o1, o2) = (shape[0], shape[1]);
-                let cols = *sd.last().unwrap();
-                let rows = sd.iter().product::<usize>() / cols;
-                let spec = KernelSpec::Contract { rows, o1, o2, inner: cols / o1 };
-                (spec, vec![pl.contiguous(*dy), pl.contiguous(*y)])
-            }
-            Op::CollapseRowsGrad { w, dy, .. } => {
-                let sw = sh(0);
-                let (o1, o2) = (shape[0], shape[1]);
-                let spec = KernelSpec::Contract { rows: 1, o1, o2, inner: sw[0] / o1 * sw[1] };
-                (spec, vec![pl.contiguous(*w), pl.contiguous(*dy)])
-            }
-            Op::AttentionLse { q, k, mask, scale, fns } => {
-                let (sq, sk) = (sh(0), sh(1));
-                let (bq, vq) = pl.read(*q, Layout::row_view);
-                let (bk, vk) = pl.read(*k, Layout::row_view);
-                let shape = attn_shape(&sq, &sk, 0, mask, *scale, kernel_fns(fns, &shapes, dims, &integers));
-                let spec = match MixTiles::of(fns.as_deref(), &shapes, &sq, &sk) {
-                    Some(mix) => {
-                        KernelSpec::MixedAttention { shape, mix, q: vq, k: vk, v: vk, out: vq, pass: MixPass::Lse }
-                    }
-                    None => KernelSpec::AttentionLse { shape, q: vq, k: vk, tile: grad_key_tile(sq[3], 0), split: 0 },
-                };
-                let mut bindings = vec![bq, bk];
-                bindings.extend(fns.iter().flat_map(|f| f.captures.iter()).map(|c| pl.contiguous(*c)));
-                (spec, bindings)
-            }
-            Op::AttentionDelta { q, k, v, dout, lse, mask, scale, fns } => {
-                let shape =
-                    attn_shape(&sh(0), &sh(1), sh(2)[3], mask, *scale, kernel_fns(fns, &shapes, dims, &integers));
-                pl.mixed_backward(shape, MixPass::Delta, fns, &shapes, [*q, *k, *v, *dout], &[*lse])
-            }
-            Op::AttentionGrad { q, k, v, o, dout, lse, mask, scale, wrt, fns }
-                if MixPass::of(*wrt, fns.as_deref()).is_some() =>
-            {
-                let shape =
-                    attn_shape(&sh(0), &sh(1), sh(2)[3], mask, *scale, kernel_fns(fns, &shapes, dims, &integers));
-                let pass = MixPass::of(*wrt, fns.as_deref()).expect("a pass");
-                pl.mixed_backward(shape, pass, fns, &shapes, [*q, *k, *v, *dout], &[*lse, *o])
-            }
-            Op::AttentionGrad { q, k, v, o, dout, lse, mask, scale, wrt, fns } => {
-                let (sq, sk, sv) = (sh(0), sh(1), sh(2));
-                // dQ, dK or dV in the layout of a head merge that reads it.
-                let rows = matches!(wrt, AttnArg::Q | AttnArg::K | AttnArg::V);
-                if let Some((s, w)) = reader_layout(p, &readers, &shapes, i).filter(|_| rows) {
-                    (out_shape, out_layout) = (s, w);
-                }
-                let mut views = vec![];
-                let mut bindings = vec![];
-                for x in [q, k, v, if sh(3).len() == 4 { o } else { dout }, dout] {
-                    let (b, view) = pl.read(*x, Layout::row_view);
-                    bindings.push(b);
-                    views.push(view);
-                }
-                bindings.push(pl.contiguous(*lse));
-                if *wrt == AttnArg::V {
-                    // dV reads neither v nor o (wgpu drops unread bindings).
-                    bindings.drain(2..4);
-                }
-                bindings.extend(fns.iter().flat_map(|f| f.captures.iter()).map(|c| pl.contiguous(*c)));
-                let spec = KernelSpec::AttentionGrad {
-                    shape: attn_shape(&sq, &sk, sv[3], mask, *scale, kernel_fns(fns, &shapes, dims, &integers)),
-                    wrt: *wrt,
-                    q: views[0],
-                    k: views[1],
-                    v: views[2],
-                    o: views[3],
-                    dout: views[4],
-                    tile: grad_key_tile(sq[3], sv[3]),
-                    split: 0,
-                    out: out_layout.row_view().unwrap_or(views[0]),
-                    dv: None,
-                };
-                pl.grad_read(spec, bindings, &mut fused_work)
-            }
+        let mut site = Site {
+            p,
+            i,
+            node,
+            shape: &shape,
+            shapes: &shapes,
+            dims,
+            integers: &integers,
+            readers: &readers,
+            len,
+            operands: &operands,
+            out_shape: shape.clone(),
+            out_layout: Layout::contiguous(&shape),
+            rope_table: None,
+            fused_work: None,
         };
+        let (spec, mut bindings) = match node.op.class() {
+            OpClass::Elementwise | OpClass::Reduction | OpClass::Gather => elementwise::plan(&mut pl, &mut site),
+            OpClass::Contraction => contraction::plan(&mut pl, &mut site),
+            OpClass::Attention => attention::plan(&mut pl, &mut site),
+            OpClass::Leaf | OpClass::Layout => unreachable!("leaves and layout operations launch nothing"),
+        };
+        let Site { out_shape, out_layout, rope_table, fused_work, .. } = site;
         if let Some(values) = rope_table {
             let n = values.len();
             bindings.push(pl.buffer(&[n], BufferRole::Constant { values }));

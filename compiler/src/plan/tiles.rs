@@ -67,7 +67,7 @@ impl AttnTiles {
     pub fn unrolled_rows(&self, width: usize, half: bool) -> usize {
         let budget = if half { UNROLL_OPS / 2 } else { UNROLL_OPS };
         let mut rows = self.key_tile;
-        while rows > 1 && rows % 2 == 0 && self.unit_rows * rows * width.max(1) > budget {
+        while rows > 1 && rows.is_multiple_of(2) && self.unit_rows * rows * width.max(1) > budget {
             rows /= 2;
         }
         rows
@@ -141,7 +141,7 @@ pub fn grad_chunk(n: usize) -> usize {
 /// [`grad_chunk`] past 64, and of the read gradient's dot products at any
 /// width (`plan::reads`; CUDA's compiler spilled holding whole rows' loads).
 pub fn read_chunk(n: usize) -> usize {
-    [32, 16, 8, 4, 2, 1].into_iter().find(|c| n % c == 0).unwrap_or(1)
+    [32, 16, 8, 4, 2, 1].into_iter().find(|c| n.is_multiple_of(*c)).unwrap_or(1)
 }
 
 /// Loop trips of one chunked pass over a row of `n` (0 when unrolled whole).
