@@ -166,3 +166,34 @@ pub fn from_expr(expr: &RecExpr<TensorLang>, template: &Program) -> Program {
     program.prune_dead();
     program
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The rewritten operations' egg names are the op table's (`Op::name`),
+    /// as the opaque ones' are by construction.
+    #[test]
+    fn egg_names_are_the_op_tables() {
+        use TensorLang as T;
+        let z = Id::from(0usize);
+        let nodes = [
+            T::MatMul([z, z]),
+            T::SplitHeads([z, z]),
+            T::MergeHeads([z]),
+            T::MixHeads([z, z]),
+            T::Collapse([z, z]),
+            T::MixCols([z, z]),
+            T::CollapseCols([z, z]),
+            T::CollapseRows([z, z]),
+            T::UnflattenHeads([z, z]),
+            T::FlattenHeads([z]),
+            T::ConcatCols([z, z]),
+            T::SliceCols([z, z, z]),
+        ];
+        for node in nodes {
+            let op = to_op(&node, &[], |_| 1, |_| NodeId(0)).expect("an operation");
+            assert_eq!(node.to_string(), op.name());
+        }
+    }
+}
