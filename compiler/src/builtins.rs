@@ -460,6 +460,20 @@ mod tests {
         assert_eq!(Builtin::from_name("neg"), None, "unary minus is an operator, not a builtin");
     }
 
+    /// Every elementwise function of the IR but unary minus (an operator) and
+    /// the tanh form of GELU (`gelu`'s `approximate = tanh`) is a listed builtin.
+    #[test]
+    fn every_elementwise_function_is_listed() {
+        for op in UnaryOp::ALL {
+            let listed = Builtin::ALL.iter().any(|b| match b {
+                Builtin::Math(m) => m.op() == op,
+                Builtin::Gelu => op == UnaryOp::Gelu,
+                _ => false,
+            });
+            assert_eq!(listed, !matches!(op, UnaryOp::Neg | UnaryOp::GeluTanh), "{}", op.name());
+        }
+    }
+
     #[test]
     fn choices_list_their_names_in_order() {
         assert_eq!(MaskName::NAMES.len(), MaskName::ALL.len());
