@@ -414,6 +414,17 @@ pub(super) fn store_row<N: Size>(
 /// (its output is the constant 0).
 pub const NO_KEYS: f32 = MASKED;
 
+/// A softmax row's log-sum-exp from its running maximum `m` and sum `l`
+/// (of `e^(x − m)`): `m + ln(l)`, or `empty` for a row that saw no key.
+#[cube]
+pub(super) fn log_sum_exp(m: f32, l: f32, #[comptime] empty: f32) -> f32 {
+    let mut v = f32::new(empty);
+    if l > f32::new(0.0) {
+        v = m + l.ln();
+    }
+    v
+}
+
 /// The row's log-sum-exp `max + ln(sum)` at `[b·H + h, i]`, `NO_KEYS` for a
 /// row that saw no key (`sum = 0`), for rows inside the `s` queries.
 #[cube]
@@ -426,10 +437,7 @@ pub(super) fn store_lse(
 ) {
     let i = rows[ROW_I];
     if i < s {
-        let mut v = f32::new(NO_KEYS);
-        if state[1] > f32::new(0.0) {
-            v = state[0] + state[1].ln();
-        }
+        let v = log_sum_exp(state[0], state[1], NO_KEYS);
         out[k::cube_y(fold) * comptime![s] + i] = Stored::cast_from(v);
     }
 }
@@ -560,10 +568,7 @@ pub(super) fn store_partial<N: Size>(
             out[at + c] = hi;
             out[at + comptime![split.lo] + c] = Vector::<Stored, N>::cast_from(x - Vector::<f32, N>::cast_from(hi));
         }
-        let mut lse = f32::new(NO_KEYS_PARTIAL);
-        if state[1] > f32::new(0.0) {
-            lse = state[0] + state[1].ln();
-        }
+        let lse = log_sum_exp(state[0], state[1], NO_KEYS_PARTIAL);
         let hi = Stored::cast_from(lse);
         let row = rows[base] + comptime![split.lse];
         out[row] = Vector::new(hi);

@@ -28,7 +28,7 @@
 //! Mesa's compiler take minutes at d = 256), so every row of the other
 //! side counts against Mesa's loop bound (`KernelSpec::loop_trips`).
 
-use super::attention::{key_hi, key_lo, key_row_of, view_row, M_INIT};
+use super::attention::{key_hi, key_lo, key_row_of, log_sum_exp, view_row, M_INIT};
 use super::attention_split::xor_add;
 use super::func::{prep_hook, score_hook, slope_hook, tile_hook, Hook};
 use super::kernels::{self as k, shifted, visible, Stored, MASK_CAUSAL, MASK_TOKEN_CAUSAL};
@@ -441,11 +441,7 @@ pub fn lse(
         sync_cube();
     }
     if real && plus_lane(0usize, comptime![g.lanes]) == 0 {
-        let mut v = f32::new(NO_KEYS);
-        if l > f32::new(0.0) {
-            v = m + l.ln();
-        }
-        out[bh * comptime![g.s] + i] = Stored::cast_from(v);
+        out[bh * comptime![g.s] + i] = Stored::cast_from(log_sum_exp(m, l, NO_KEYS));
     }
 }
 

@@ -19,7 +19,7 @@
 //! product (up to 64 at a time) and a unit's statistics and accumulators
 //! are unrolled (`MixTiles::loop_trips` counts the loops for Mesa's bound).
 
-use super::attention::view_row;
+use super::attention::{log_sum_exp, view_row};
 use super::attention_grad::{key_tiles, sees, Dims, NO_KEYS, NO_KEYS_BELOW};
 use super::func::{score_hook, slope_hook, Hook};
 use super::kernels::{self as k, Stored, M_INIT};
@@ -278,11 +278,7 @@ pub fn mixed(
     for it in 0..comptime![stats.div_ceil(units)] {
         let idx = UNIT_POS as usize + comptime![it * units];
         if idx < stats {
-            let mut x = f32::new(NO_KEYS);
-            if st_l[idx] > f32::new(0.0) {
-                x = st_m[idx] + st_l[idx].ln();
-            }
-            st_m[idx] = x;
+            st_m[idx] = log_sum_exp(st_m[idx], st_l[idx], NO_KEYS);
         }
     }
     sync_cube();

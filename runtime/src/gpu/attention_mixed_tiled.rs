@@ -20,7 +20,7 @@
 //! the cube has fewer rows, walk the keys, the others walk none (their loop
 //! is empty, which Mesa's drivers skip).
 
-use super::attention::view_row;
+use super::attention::{log_sum_exp, view_row};
 use super::attention_grad::{key_tiles, NO_KEYS};
 use super::attention_mixed::{seen, MixDims};
 use super::func::{score_hook, Hook};
@@ -199,11 +199,7 @@ pub fn mixed_rows(
     // The log-sum-exp, in place of the maximum.
     #[unroll]
     for h in 0..hs {
-        let mut x = f32::new(NO_KEYS);
-        if l[h] > f32::new(0.0) {
-            x = mx[h] + l[h].ln();
-        }
-        mx[h] = x;
+        mx[h] = log_sum_exp(mx[h], l[h], NO_KEYS);
     }
     let stores = u < rows && r0 + u < comptime![g.s];
     if comptime![lse] {
