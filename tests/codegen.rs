@@ -415,6 +415,32 @@ fn constant_factors_fold_into_the_gemm_epilogue() {
     }
 }
 
+/// An addend of the product's shape is the GEMM's epilogue: `a @ b + y` and
+/// `y + a @ b` are one launch, as is a sum of two products (one GEMM adds
+/// the other's result); a broadcast addend is not folded, nor a sum that a
+/// group kernel computes (an input's). The product is no buffer's value then.
+#[test]
+fn addends_fold_into_the_gemm_epilogue() {
+    for (expr, kinds) in [
+        ("a @ b + y", vec!["matmul_add"]),
+        ("y + a @ b", vec!["matmul_add"]),
+        ("a @ b + a @ b", vec!["matmul", "matmul_add"]),
+        ("a @ b + r", vec!["matmul", "binary"]),
+        ("a @ b - y", vec!["matmul", "binary"]),
+        ("a @ b + x", vec!["matmul", "group"]),
+    ] {
+        let src = format!(
+            "spec g\ninput a: [30, 8]\ninput b: [8, 12]\nweight y: [30, 12]\nweight r: [12]\ninput x: [30, 12]\noutput o = {expr}\n"
+        );
+        let c = attnc_compiler::compile(&src, &[]).unwrap();
+        let p = plan::plan(&c.program, &bind::default_dims(&c.program).unwrap());
+        assert_eq!(p.launches.iter().map(|l| l.spec.kind()).collect::<Vec<_>>(), kinds, "{expr}");
+        let fused = kinds.contains(&"matmul_add");
+        let product = c.program.nodes.iter().position(|n| matches!(n.op, Op::MatMul { .. })).unwrap();
+        assert_eq!(p.stored[product], !fused, "{expr}");
+    }
+}
+
 /// Emitted CUDA compiles next to host code (nvcc includes `<cstdint>`, whose
 /// `int64_t` is `long`): the fixed-width typedefs cubecl's preamble needs
 /// under NVRTC are kept for NVRTC only. Checked by compiling every emitted

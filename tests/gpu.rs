@@ -481,6 +481,20 @@ fn gemms(make: Make, dtype: Dtype) {
             let c = attnc_compiler::compile(&src, &[]).unwrap();
             check_spec(&gpu, &c, &seeded(&c, 5), false, &format!("{expr}, staged: {staged}"));
         }
+        // Addends the epilogue adds (several tiles, odd widths), and a
+        // broadcast row it must not.
+        for (a, b, expr) in [
+            ("[1030, 64]", "[64, 264]", "a @ b + y"),
+            ("[700, 37]", "[37, 45]", "y + a @ b"),
+            ("[300, 36]", "[36, 20]", "a @ b + r"),
+        ] {
+            let (rows, f) = (&a[1..a.find(',').unwrap()], &b[b.find(',').unwrap() + 2..b.len() - 1]);
+            let src = format!(
+                "spec g\ninput a: {a}\ninput b: {b}\nweight y: [{rows}, {f}]\nweight r: [{f}]\noutput o = {expr}\n"
+            );
+            let c = attnc_compiler::compile(&src, &[]).unwrap();
+            check_spec(&gpu, &c, &seeded(&c, 5), false, &format!("{a} {b}: {expr}, staged: {staged}"));
+        }
         let specs: Vec<(&str, Vec<(&'static str, String)>)> = vec![
             ("mha", sets(&[("H", "3"), ("d", "10"), ("N", "150")])),
             ("iha", sets(&[("H", "4"), ("P", "3"), ("d", "16"), ("N", "70"), ("B", "2")])),

@@ -11,14 +11,14 @@ pub(super) fn plan(pl: &mut Planner, site: &mut Site) -> (KernelSpec, Vec<usize>
     let sh = |k: usize| shapes[operands[k].0 as usize].clone();
     match &node.op {
         Op::MatMul { .. } => {
-            let (spec, bindings, _) = plan_gemm(pl, p, i, None, None);
+            let (spec, bindings, _) = plan_gemm(pl, p, i, None, None, false);
             (spec, bindings)
         }
         Op::MixHeads { x, alpha } if matches!(pl.vals[x.0 as usize], Val::InEpilogue) => {
             let (sx, al) = (sh(0), sh(1));
             let Op::SplitHeads { x: y, .. } = p.nodes[x.0 as usize].op else { unreachable!("a fused head split") };
             let mix = MixEpilogue { m: sx[1], h: al[1], p: al[2], s: sx[2], d: sx[3] };
-            let (spec, bindings, gemm) = plan_gemm(pl, p, y.0 as usize, Some(mix), None);
+            let (spec, bindings, gemm) = plan_gemm(pl, p, y.0 as usize, Some(mix), None, false);
             // The product never reaches memory: its write and read are not paid.
             let mixing = op_cost(&node.op, shape, &[sx.clone(), al.clone()]);
             let saved = 8.0 * sx.iter().product::<usize>() as f64;
@@ -109,6 +109,7 @@ pub(super) fn plan(pl: &mut Planner, site: &mut Site) -> (KernelSpec, Vec<usize>
                 b_offset: 0,
                 mix: None,
                 scale: None,
+                add: false,
             };
             (spec, vec![ba, pl.contiguous(*b)])
         }

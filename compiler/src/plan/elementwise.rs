@@ -13,8 +13,17 @@ pub(super) fn plan(pl: &mut Planner, site: &mut Site) -> (KernelSpec, Vec<usize>
         // `(x @ w) * c`: the GEMM, with the scale in its epilogue.
         Op::Binary { .. } if scale_of(p, i).is_some_and(|(mm, _)| matches!(pl.vals[mm], Val::InEpilogue)) => {
             let (mm, c) = scale_of(p, i).expect("a scaled GEMM");
-            let (spec, bindings, gemm) = plan_gemm(pl, p, mm, None, Some(c.to_bits()));
+            let (spec, bindings, gemm) = plan_gemm(pl, p, mm, None, Some(c.to_bits()), false);
             site.fused_work = Some((gemm.flops + len as f64, gemm.bytes));
+            (spec, bindings)
+        }
+        // `x @ w + y`: the GEMM, adding `y` in its epilogue.
+        Op::Binary { .. } if addend_of(p, shapes, i).is_some_and(|(mm, _)| matches!(pl.vals[mm], Val::InEpilogue)) => {
+            let (mm, y) = addend_of(p, shapes, i).expect("a GEMM and its addend");
+            let (spec, mut bindings, gemm) = plan_gemm(pl, p, mm, None, None, true);
+            bindings.push(pl.contiguous(y));
+            // The product is never stored and read back; the addend is read once.
+            site.fused_work = Some((gemm.flops + len as f64, gemm.bytes + 4.0 * len as f64));
             (spec, bindings)
         }
         Op::Binary { op, a, b } => {

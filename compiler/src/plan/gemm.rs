@@ -1,5 +1,6 @@
 //! Planning GEMMs: how a matrix product reads its operands through their
-//! layouts, and the constant factor a product's epilogue can absorb.
+//! layouts, and what a product's epilogue can absorb: a constant factor, or
+//! an addend of its shape.
 
 use super::{KernelSpec, Layout, MixEpilogue, Planner, View};
 use crate::cost::op_cost;
@@ -33,6 +34,7 @@ pub(super) fn plan_gemm(
     mm: usize,
     mix: Option<MixEpilogue>,
     scale: Option<u64>,
+    add: bool,
 ) -> (KernelSpec, Vec<usize>, crate::cost::OpCost) {
     let Op::MatMul { a, b } = p.nodes[mm].op else { unreachable!("node {mm} is a GEMM") };
     let (sa, sb) = (pl.shapes[a.0 as usize].clone(), pl.shapes[b.0 as usize].clone());
@@ -40,9 +42,23 @@ pub(super) fn plan_gemm(
     let (ba, (a_rows, a_cols)) = pl.read(a, |l| Some(gemm_a(l)));
     let (bb, (b_row, b_offset)) = pl.read(b, gemm_b);
     let rows = sa.iter().product::<usize>() / k;
-    let spec = KernelSpec::MatMul { rows, k, f: sb[1], a_rows, a_cols, b_row, b_offset, mix, scale };
+    let spec = KernelSpec::MatMul { rows, k, f: sb[1], a_rows, a_cols, b_row, b_offset, mix, scale, add };
     let work = op_cost(&p.nodes[mm].op, &pl.shapes[mm], &[sa, sb]);
     (spec, vec![ba, bb], work)
+}
+
+/// For `x @ w + y` or `y + x @ w` at node `n`: the product's node and the
+/// addend `y`, which has the sum's shape (no broadcast) and is not the product.
+pub(super) fn addend_of(p: &Program, shapes: &[Vec<usize>], n: usize) -> Option<(usize, NodeId)> {
+    let Op::Binary { op: BinaryOp::Add, a, b } = p.nodes[n].op else { return None };
+    let product = |x: NodeId| matches!(p.nodes[x.0 as usize].op, Op::MatMul { .. }).then_some(x.0 as usize);
+    let (mm, y) = match (product(a), product(b)) {
+        (Some(x), _) => (x, b),
+        (None, Some(x)) => (x, a),
+        _ => return None,
+    };
+    let same = shapes[y.0 as usize] == shapes[n] && shapes[mm] == shapes[n];
+    (same && y.0 as usize != mm).then_some((mm, y))
 }
 
 /// For `(x @ w) * c`, `c * (x @ w)` or `(x @ w) / c` at node `n` with a

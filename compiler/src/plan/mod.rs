@@ -27,7 +27,7 @@ pub use view::*;
 
 use crate::cost::{op_cost, weight_only};
 use crate::ir::{concrete, AttnArg, AttnFns, DimValues, NodeId, Op, OpClass, Program};
-use gemm::{gemm_a, plan_gemm, scale_of};
+use gemm::{addend_of, gemm_a, plan_gemm, scale_of};
 pub use reads::{Lines, SUM_UNROLL};
 use serde::Serialize;
 pub use split::{KvSplit, SPLIT_KEYS};
@@ -379,7 +379,13 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
             let Op::MatMul { .. } = node.op else { return None };
             only_reader(n).filter(|&r| scale_of(p, r).is_some_and(|(mm, _)| mm == n))
         };
-        if mixed_gemm(i).is_some() || scaled_gemm(i).is_some() {
+        // `x @ w + y` with `y` of the sum's shape: one GEMM adding `y` in its
+        // epilogue (unless the sum belongs to a group kernel).
+        let added_gemm = |n: usize| -> Option<usize> {
+            let Op::MatMul { .. } = node.op else { return None };
+            only_reader(n).filter(|&r| !local[r] && gemm::addend_of(p, &shapes, r).is_some_and(|(mm, _)| mm == n))
+        };
+        if mixed_gemm(i).is_some() || scaled_gemm(i).is_some() || added_gemm(i).is_some() {
             pl.vals.push(Val::InEpilogue);
             continue;
         }

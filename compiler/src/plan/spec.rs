@@ -42,7 +42,9 @@ pub enum KernelSpec {
     /// `a` at `a_rows(r) + a_cols(c)` (so merged heads, slices and other
     /// layouts are read in place), row `t` of `b` at `b_offset + t·b_row`.
     /// With `mix`, the epilogue mixes heads instead of storing the product
-    /// (see [`MixEpilogue`]); `alpha` is bound after `b`.
+    /// (see [`MixEpilogue`]); `alpha` is bound after `b`. With `add`, it
+    /// stores the product plus an addend of the output's shape, bound after
+    /// `b` (`x @ w + y` in one launch: a gradient's sum of products).
     MatMul {
         rows: usize,
         k: usize,
@@ -57,6 +59,8 @@ pub enum KernelSpec {
         /// or `(a @ b) / c` in one launch.
         #[serde(skip_serializing_if = "Option::is_none")]
         scale: Option<u64>,
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        add: bool,
     },
     /// `out[b,h,j,s,e] = Σ_m alpha[m,h,j] · x[b,m,s,e]`, `x[b,m,s,e]` at
     /// `x(index of [b,0,s,e]) + m·x_m` (a head split read in place).
@@ -715,6 +719,7 @@ impl KernelSpec {
             KernelSpec::Where { .. } => "where",
             KernelSpec::Thresholds { .. } => "thresholds",
             KernelSpec::MatMul { mix: Some(_), .. } => "matmul_mix",
+            KernelSpec::MatMul { add: true, .. } => "matmul_add",
             KernelSpec::MatMul { .. } => "matmul",
             KernelSpec::MixHeads { .. } => "mix_heads",
             KernelSpec::MixCols { .. } => "mix_cols",

@@ -82,7 +82,7 @@ impl IrKernel {
                 3 + captures(shape) + usize::from(paged.is_some()) + usize::from(lse)
             }
             KernelSpec::Where { .. } => 3,
-            KernelSpec::MatMul { mix: Some(_), .. } => 3,
+            KernelSpec::MatMul { mix: Some(_), .. } | KernelSpec::MatMul { add: true, .. } => 3,
             KernelSpec::Group { inputs, .. } => inputs,
             KernelSpec::AttentionGrad { wrt: AttnArg::V, ref shape, .. } => 4 + captures(shape),
             KernelSpec::AttentionGrad { ref shape, dv, .. } => 6 + captures(shape) + usize::from(dv.is_some()),
@@ -218,7 +218,7 @@ impl IrKernel {
         let nonempty = k::has_vectors::expand::<N>(scope, &out);
         if_expand(scope, nonempty, |scope| {
             in_grid(scope, &self.spec, |scope| match self.spec {
-                KernelSpec::MatMul { rows, k: kk, f, ref a_rows, ref a_cols, b_row, b_offset, mix, scale } => {
+                KernelSpec::MatMul { rows, k: kk, f, ref a_rows, ref a_cols, b_row, b_offset, mix, scale, add } => {
                     let shape = gemm::Shape {
                         rows,
                         kdim: kk,
@@ -231,13 +231,16 @@ impl IrKernel {
                         scale: scale.map(|bits| f64::from_bits(bits) as f32),
                         fold: self.spec.fold_x(),
                     };
+                    // `x @ w + y`: the addend, bound after `b`.
+                    let addend = add.then(|| &bufs[2]);
+                    let ab = (&bufs[0], &bufs[1]);
                     if self.mma != Mma::Off {
                         let hardware = self.mma == Mma::Hardware;
-                        mma::build_gemm::<N>(scope, &bufs[0], &bufs[1], &mut out, &shape, lanes, hardware, self.dtype)
+                        mma::build_gemm::<N>(scope, ab, addend, &mut out, &shape, lanes, hardware, self.dtype)
                     } else if self.staged {
-                        gemm::build_staged::<N>(scope, &bufs[0], &bufs[1], &mut out, &shape, lanes)
+                        gemm::build_staged::<N>(scope, ab, addend, &mut out, &shape, lanes)
                     } else {
-                        gemm::build::<N>(scope, &bufs[0], &bufs[1], &mut out, &shape, lanes, self.plane)
+                        gemm::build::<N>(scope, ab, addend, &mut out, &shape, lanes, self.plane)
                     }
                 }
                 KernelSpec::AttentionGrad {

@@ -143,6 +143,28 @@ fn lane_col(lane: usize, #[comptime] per: usize, #[comptime] r: usize) -> usize 
     lane * per + r
 }
 
+/// Store accumulator `v` plus the addend's vector at row `row`, column
+/// vector `c` of the cube, if both exist.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn store_add<N: Size>(
+    out: &mut [Vector<Stored, N>],
+    addend: &[Vector<Stored, N>],
+    row: usize,
+    v: Vector<f32, N>,
+    #[comptime] c: usize,
+    #[comptime] rows: usize,
+    #[comptime] cols: usize,
+    #[comptime] fl: usize,
+    #[comptime] fold: usize,
+) {
+    let col = k::cube_x(fold) * cols + c;
+    if row < rows && col < fl {
+        let at = row * fl + col;
+        out[at] = Vector::<Stored, N>::cast_from(v + Vector::<f32, N>::cast_from(addend[at]));
+    }
+}
+
 /// Store accumulator `v` at row `row`, column vector `c` of the cube, if both exist.
 #[cube]
 fn store<N: Size>(
@@ -246,8 +268,8 @@ pub(super) fn cube_row(local: usize, #[comptime] rows: usize, #[comptime] fold: 
 /// `f`), sharing `b` over planes of `plane` units (1: every unit loads it all).
 pub fn build<N: Size>(
     scope: &Scope,
-    a: &NativeExpand<[Vector<Stored, N>]>,
-    b: &NativeExpand<[Vector<Stored, N>]>,
+    (a, b): (&NativeExpand<[Vector<Stored, N>]>, &NativeExpand<[Vector<Stored, N>]>),
+    addend: Option<&NativeExpand<[Vector<Stored, N>]>>,
     out: &mut NativeExpand<[Vector<Stored, N>]>,
     shape: &Shape,
     lanes: usize,
@@ -305,7 +327,7 @@ pub fn build<N: Size>(
             });
         });
     });
-    epilogue::<N>(scope, out, &acc, &unit_rows, shape, tile);
+    epilogue::<N>(scope, out, addend, &acc, &unit_rows, shape, tile);
 }
 
 /// Whether this unit's plane of `plane` units owns a row below `rows`
@@ -319,8 +341,8 @@ fn plane_has_rows(#[comptime] plane: u32, #[comptime] rows: usize, #[comptime] f
 /// Emit the staged GEMM body (see the module documentation).
 pub fn build_staged<N: Size>(
     scope: &Scope,
-    a: &NativeExpand<[Vector<Stored, N>]>,
-    b: &NativeExpand<[Vector<Stored, N>]>,
+    (a, b): (&NativeExpand<[Vector<Stored, N>]>, &NativeExpand<[Vector<Stored, N>]>),
+    addend: Option<&NativeExpand<[Vector<Stored, N>]>>,
     out: &mut NativeExpand<[Vector<Stored, N>]>,
     shape: &Shape,
     lanes: usize,
@@ -406,7 +428,7 @@ pub fn build_staged<N: Size>(
         k::barrier::expand(scope);
     });
     let unit_rows: Vec<_> = (0..GEMM_ROWS).map(|m| unit_row::expand(scope, m, shape.fold)).collect();
-    epilogue::<N>(scope, out, &acc, &unit_rows, shape, tile);
+    epilogue::<N>(scope, out, addend, &acc, &unit_rows, shape, tile);
 }
 
 /// Update `n` accumulators held in registers: `f` changes their values.
@@ -444,11 +466,13 @@ fn rank_one<N: Size>(
     }
 }
 
-/// Store the accumulators, or mix heads from them: one runtime loop over
-/// the h·p targets, each mixing the unit's heads of every row and channel it holds.
+/// Store the accumulators (plus the addend's entries, with one), or mix
+/// heads from them: one runtime loop over the h·p targets, each mixing the
+/// unit's heads of every row and channel it holds.
 fn epilogue<N: Size>(
     scope: &Scope,
     out: &mut NativeExpand<[Vector<Stored, N>]>,
+    addend: Option<&NativeExpand<[Vector<Stored, N>]>>,
     acc: &NativeExpand<Array<Vector<f32, N>>>,
     unit_rows: &[NativeExpand<usize>],
     shape: &Shape,
@@ -464,7 +488,10 @@ fn epilogue<N: Size>(
         for (m, row) in unit_rows.iter().enumerate() {
             for c in 0..cols {
                 let v = scaled(scope, k::vget::expand::<N>(scope, acc, m * cols + c));
-                store::expand::<N>(scope, out, row.clone(), v, c, rows, cols, fl, shape.fold);
+                match addend {
+                    Some(y) => store_add::expand::<N>(scope, out, y, row.clone(), v, c, rows, cols, fl, shape.fold),
+                    None => store::expand::<N>(scope, out, row.clone(), v, c, rows, cols, fl, shape.fold),
+                }
             }
         }
         return;

@@ -281,13 +281,42 @@ fn scaled_add(w: usize, #[comptime] stride: usize, #[comptime] c: usize) -> usiz
 /// The vector of scratch row `lane / 2`, columns `8·(lane % 2) + v·N ..`, in the storage type, scaled.
 #[cube]
 fn scratch_vector<N: Size>(s: &[f32], at: usize, lane: usize, #[comptime] v: usize, scale: f32) -> Vector<Stored, N> {
+    Vector::<Stored, N>::cast_from(lane_vector::<N>(s, at, lane, v, scale))
+}
+
+/// `scratch_vector` in f32.
+#[cube]
+fn lane_vector<N: Size>(s: &[f32], at: usize, lane: usize, #[comptime] v: usize, scale: f32) -> Vector<f32, N> {
     let base = at + lane / 2 * 16 + lane % 2 * 8 + comptime![v * N::value()];
     let mut out = Vector::<f32, N>::empty();
     #[unroll]
     for c in 0..N::value() {
         out.insert(c, s[base + c] * scale);
     }
-    Vector::<Stored, N>::cast_from(out)
+    out
+}
+
+/// `store_out` of `v` plus the addend's vector at the same place, rounded once.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn store_out_add<N: Size>(
+    out: &mut [Vector<Stored, N>],
+    addend: &[Vector<Stored, N>],
+    v: Vector<f32, N>,
+    row: usize,
+    lane: usize,
+    #[comptime] tc: usize,
+    #[comptime] rows: usize,
+    #[comptime] cw: usize,
+    #[comptime] f: usize,
+    #[comptime] fold: usize,
+) {
+    let t = tc + lane % 2 * 8;
+    let col = k::cube_x(fold) * cw + t;
+    if row < rows && t < cw && col < f {
+        let at = (row * f + col) / N::value();
+        out[at] = Vector::<Stored, N>::cast_from(v + Vector::<f32, N>::cast_from(addend[at]));
+    }
 }
 
 /// Store `v` at output row `row` (of `rows`), tile column `tc` (floats, of
@@ -380,8 +409,8 @@ fn mix_row<N: Size>(
 /// mixes one row for half of the targets.
 pub fn build_gemm<N: Size>(
     scope: &Scope,
-    a: &NativeExpand<[Vector<Stored, N>]>,
-    b: &NativeExpand<[Vector<Stored, N>]>,
+    (a, b): (&NativeExpand<[Vector<Stored, N>]>, &NativeExpand<[Vector<Stored, N>]>),
+    addend: Option<&NativeExpand<[Vector<Stored, N>]>>,
     out: &mut NativeExpand<[Vector<Stored, N>]>,
     shape: &gemm::Shape,
     lanes: usize,
@@ -523,19 +552,14 @@ pub fn build_gemm<N: Size>(
         k::barrier::expand(scope);
         let row = gemm_row::expand(scope, warp.clone(), i.clone(), r, shape.fold);
         for v in 0..8 / lanes {
-            let val = scratch_vector::expand::<N>(scope, &scratch, at.clone(), lane.clone(), v, scale.clone());
-            store_out::expand::<N>(
-                scope,
-                out,
-                val,
-                row.clone(),
-                lane.clone(),
-                c * F + v * lanes,
-                rows,
-                cw,
-                f,
-                shape.fold,
-            );
+            let (row, lane, tc) = (row.clone(), lane.clone(), c * F + v * lanes);
+            if let Some(y) = addend {
+                let val = lane_vector::expand::<N>(scope, &scratch, at.clone(), lane.clone(), v, scale.clone());
+                store_out_add::expand::<N>(scope, out, y, val, row, lane, tc, rows, cw, f, shape.fold);
+            } else {
+                let val = scratch_vector::expand::<N>(scope, &scratch, at.clone(), lane.clone(), v, scale.clone());
+                store_out::expand::<N>(scope, out, val, row, lane, tc, rows, cw, f, shape.fold);
+            }
         }
         k::barrier::expand(scope);
     }
