@@ -383,7 +383,7 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
         // epilogue (unless the sum belongs to a group kernel).
         let added_gemm = |n: usize| -> Option<usize> {
             let Op::MatMul { .. } = node.op else { return None };
-            only_reader(n).filter(|&r| !local[r] && gemm::addend_of(p, &shapes, r).is_some_and(|(mm, _)| mm == n))
+            only_reader(n).filter(|&r| !local[r] && addend_of(p, &shapes, r).is_some_and(|(mm, _)| mm == n))
         };
         if mixed_gemm(i).is_some() || scaled_gemm(i).is_some() || added_gemm(i).is_some() {
             pl.vals.push(Val::InEpilogue);

@@ -143,11 +143,12 @@ fn lane_col(lane: usize, #[comptime] per: usize, #[comptime] r: usize) -> usize 
     lane * per + r
 }
 
-/// Store accumulator `v` plus the addend's vector at row `row`, column
-/// vector `c` of the cube, if both exist.
+/// Store accumulator `v` (with `add`, plus the addend's vector at the same
+/// place, rounded once) at row `row`, column vector `c` of the cube, if
+/// both exist.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn store_add<N: Size>(
+fn store<N: Size>(
     out: &mut [Vector<Stored, N>],
     addend: &[Vector<Stored, N>],
     row: usize,
@@ -157,29 +158,16 @@ fn store_add<N: Size>(
     #[comptime] cols: usize,
     #[comptime] fl: usize,
     #[comptime] fold: usize,
+    #[comptime] add: bool,
 ) {
     let col = k::cube_x(fold) * cols + c;
     if row < rows && col < fl {
-        let at = row * fl + col;
-        out[at] = Vector::<Stored, N>::cast_from(v + Vector::<f32, N>::cast_from(addend[at]));
-    }
-}
-
-/// Store accumulator `v` at row `row`, column vector `c` of the cube, if both exist.
-#[cube]
-fn store<N: Size>(
-    out: &mut [Vector<Stored, N>],
-    row: usize,
-    v: Vector<f32, N>,
-    #[comptime] c: usize,
-    #[comptime] rows: usize,
-    #[comptime] cols: usize,
-    #[comptime] fl: usize,
-    #[comptime] fold: usize,
-) {
-    let col = k::cube_x(fold) * cols + c;
-    if row < rows && col < fl {
-        out[row * fl + col] = Vector::<Stored, N>::cast_from(v);
+        if comptime![add] {
+            let at = row * fl + col;
+            out[at] = Vector::<Stored, N>::cast_from(v + Vector::<f32, N>::cast_from(addend[at]));
+        } else {
+            out[row * fl + col] = Vector::<Stored, N>::cast_from(v);
+        }
     }
 }
 
@@ -485,13 +473,16 @@ fn epilogue<N: Size>(
         None => v,
     };
     let Some((mix, alpha)) = &shape.mix else {
+        // Without an addend, `store` reads none: the output stands in.
+        let y = match addend {
+            Some(y) => y.clone_unchecked(),
+            None => (*out).clone_unchecked(),
+        };
         for (m, row) in unit_rows.iter().enumerate() {
             for c in 0..cols {
                 let v = scaled(scope, k::vget::expand::<N>(scope, acc, m * cols + c));
-                match addend {
-                    Some(y) => store_add::expand::<N>(scope, out, y, row.clone(), v, c, rows, cols, fl, shape.fold),
-                    None => store::expand::<N>(scope, out, row.clone(), v, c, rows, cols, fl, shape.fold),
-                }
+                let (row, add) = (row.clone(), addend.is_some());
+                store::expand::<N>(scope, out, &y, row, v, c, rows, cols, fl, shape.fold, add);
             }
         }
         return;

@@ -278,15 +278,9 @@ fn scaled_add(w: usize, #[comptime] stride: usize, #[comptime] c: usize) -> usiz
     w * stride + c
 }
 
-/// The vector of scratch row `lane / 2`, columns `8·(lane % 2) + v·N ..`, in the storage type, scaled.
+/// The vector of scratch row `lane / 2`, columns `8·(lane % 2) + v·N ..`, scaled.
 #[cube]
-fn scratch_vector<N: Size>(s: &[f32], at: usize, lane: usize, #[comptime] v: usize, scale: f32) -> Vector<Stored, N> {
-    Vector::<Stored, N>::cast_from(lane_vector::<N>(s, at, lane, v, scale))
-}
-
-/// `scratch_vector` in f32.
-#[cube]
-fn lane_vector<N: Size>(s: &[f32], at: usize, lane: usize, #[comptime] v: usize, scale: f32) -> Vector<f32, N> {
+fn scratch_vector<N: Size>(s: &[f32], at: usize, lane: usize, #[comptime] v: usize, scale: f32) -> Vector<f32, N> {
     let base = at + lane / 2 * 16 + lane % 2 * 8 + comptime![v * N::value()];
     let mut out = Vector::<f32, N>::empty();
     #[unroll]
@@ -296,10 +290,12 @@ fn lane_vector<N: Size>(s: &[f32], at: usize, lane: usize, #[comptime] v: usize,
     out
 }
 
-/// `store_out` of `v` plus the addend's vector at the same place, rounded once.
+/// Store `v` (with `add`, plus the addend's vector at the same place,
+/// rounded once) at output row `row` (of `rows`), tile column `tc` (floats,
+/// of the cube's `cw`), if both exist.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn store_out_add<N: Size>(
+fn store_out<N: Size>(
     out: &mut [Vector<Stored, N>],
     addend: &[Vector<Stored, N>],
     v: Vector<f32, N>,
@@ -310,34 +306,17 @@ fn store_out_add<N: Size>(
     #[comptime] cw: usize,
     #[comptime] f: usize,
     #[comptime] fold: usize,
+    #[comptime] add: bool,
 ) {
     let t = tc + lane % 2 * 8;
     let col = k::cube_x(fold) * cw + t;
     if row < rows && t < cw && col < f {
         let at = (row * f + col) / N::value();
-        out[at] = Vector::<Stored, N>::cast_from(v + Vector::<f32, N>::cast_from(addend[at]));
-    }
-}
-
-/// Store `v` at output row `row` (of `rows`), tile column `tc` (floats, of
-/// the cube's `cw`), if both exist.
-#[cube]
-#[allow(clippy::too_many_arguments)]
-fn store_out<N: Size>(
-    out: &mut [Vector<Stored, N>],
-    v: Vector<Stored, N>,
-    row: usize,
-    lane: usize,
-    #[comptime] tc: usize,
-    #[comptime] rows: usize,
-    #[comptime] cw: usize,
-    #[comptime] f: usize,
-    #[comptime] fold: usize,
-) {
-    let t = tc + lane % 2 * 8;
-    let col = k::cube_x(fold) * cw + t;
-    if row < rows && t < cw && col < f {
-        out[(row * f + col) / N::value()] = v;
+        if comptime![add] {
+            out[at] = Vector::<Stored, N>::cast_from(v + Vector::<f32, N>::cast_from(addend[at]));
+        } else {
+            out[at] = Vector::<Stored, N>::cast_from(v);
+        }
     }
 }
 
@@ -546,6 +525,11 @@ pub fn build_gemm<N: Size>(
         return;
     }
     let i = k::idx_div::expand(scope, lane.clone(), 2);
+    // Without an addend, `store_out` reads none: the output stands in.
+    let y = match addend {
+        Some(y) => y.clone_unchecked(),
+        None => (*out).clone_unchecked(),
+    };
     for (n, acc) in accs.iter().enumerate() {
         let (r, c) = (n / (bw / F), n % (bw / F));
         frags.store(scope, acc, &mut scratch, at.clone(), F);
@@ -553,13 +537,8 @@ pub fn build_gemm<N: Size>(
         let row = gemm_row::expand(scope, warp.clone(), i.clone(), r, shape.fold);
         for v in 0..8 / lanes {
             let (row, lane, tc) = (row.clone(), lane.clone(), c * F + v * lanes);
-            if let Some(y) = addend {
-                let val = lane_vector::expand::<N>(scope, &scratch, at.clone(), lane.clone(), v, scale.clone());
-                store_out_add::expand::<N>(scope, out, y, val, row, lane, tc, rows, cw, f, shape.fold);
-            } else {
-                let val = scratch_vector::expand::<N>(scope, &scratch, at.clone(), lane.clone(), v, scale.clone());
-                store_out::expand::<N>(scope, out, val, row, lane, tc, rows, cw, f, shape.fold);
-            }
+            let val = scratch_vector::expand::<N>(scope, &scratch, at.clone(), lane.clone(), v, scale.clone());
+            store_out::expand::<N>(scope, out, &y, val, row, lane, tc, rows, cw, f, shape.fold, addend.is_some());
         }
         k::barrier::expand(scope);
     }
