@@ -241,6 +241,37 @@ fn optimized_runs_match_and_explain_reports_the_choice() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// Gradient programs planned as forward ones (issue 29): every layout a
+/// view (a transposed weight, merged or split heads, a deinterleaved
+/// attention output), so no copy launch; the forward attention writes the
+/// log-sum-exp, so no separate launch for it; IHA within 28 launches and
+/// MHA within 18 at the issue's sizes.
+#[test]
+fn gradient_programs_compile_without_copies_in_few_launches() {
+    let dir = scratch("grad-launches");
+    for (spec, p, most) in [("mha", None, 18), ("iha", Some("P=2"), 28)] {
+        let out = dir.join(spec);
+        let mut args = vec!["compile", "--grad", "--target", "cuda", "-q", "--out", s(&out)];
+        let file = format!("stdlib/{spec}.attn");
+        args.extend([file.as_str(), "--set", "N=1024", "--set", "d=64", "--set", "H=4"]);
+        args.extend(p.iter().flat_map(|p| ["--set", *p]));
+        let o = attnc(&args);
+        assert!(o.status.success(), "{spec}: {}", stderr(&o));
+        let manifest: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap()).unwrap();
+        let kinds: Vec<&str> =
+            manifest["launches"].as_array().unwrap().iter().map(|l| l["kernel"].as_str().unwrap()).collect();
+        for needed in ["attention", "attention_grad_q", "attention_grad_kv", "matmul"] {
+            assert!(kinds.contains(&needed), "{spec}: no {needed} launch in {kinds:?}");
+        }
+        assert!(kinds.len() <= most, "{spec}: {} launches (at most {most}): {kinds:?}", kinds.len());
+        for refused in ["gather", "attention_lse"] {
+            assert!(!kinds.contains(&refused), "{spec}: a {refused} launch in {kinds:?}");
+        }
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 #[test]
 fn compile_writes_kernels_and_a_manifest_without_a_device() {
     let dir = scratch("compile");

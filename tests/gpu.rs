@@ -495,6 +495,7 @@ fn gemms(make: Make, dtype: Dtype) {
             let c = attnc_compiler::compile(&src, &[]).unwrap();
             check_spec(&gpu, &c, &seeded(&c, 5), false, &format!("{a} {b}: {expr}, staged: {staged}"));
         }
+        gemms_reading_b_in_place(&gpu, &staged);
         let specs: Vec<(&str, Vec<(&'static str, String)>)> = vec![
             ("mha", sets(&[("H", "3"), ("d", "10"), ("N", "150")])),
             ("iha", sets(&[("H", "4"), ("P", "3"), ("d", "16"), ("N", "70"), ("B", "2")])),
@@ -514,6 +515,48 @@ fn gemms(make: Make, dtype: Dtype) {
         let mixing = |l: &&plan::Launch| matches!(l.spec, plan::KernelSpec::MatMul { mix: Some(_), .. });
         assert!(p.launches.iter().filter(mixing).count() >= 3, "iha: projections not mixed in GEMM epilogues");
         assert!(p.launches.iter().filter(mixing).all(|l| l.spec.fragments()), "a mixing GEMM not on fragments");
+    }
+}
+
+/// A GEMM's `b` read in place, in the gradient of `a @ w`: `dA = dY · wᵀ`
+/// reads the weight transposed (blocks of `lanes` rows of `w`'s columns,
+/// turned into row vectors in registers) and `dW = aᵀ · dY` reads `dY`; no
+/// copy launch. At line sizes 4, 2 and 1, past several tiles and at odd
+/// widths.
+fn gemms_reading_b_in_place(dev: &Dev, path: &str) {
+    for (a, w, lanes) in [
+        ("[1030, 64]", "[64, 264]", 4),
+        ("[300, 38]", "[38, 20]", 2),
+        ("[70, 37]", "[37, 45]", 1),
+        ("[3, 8]", "[8, 5]", 1),
+    ] {
+        let src = format!("spec g\nweight a: {a}\nweight w: {w}\noutput y = a @ w\n");
+        let c = attnc_compiler::compile(&src, &[]).unwrap();
+        let grad = attnc_compiler::grad::differentiate(&c.program, &[]).unwrap();
+        let what = format!("gradient of {a} @ {w}, {path}");
+        let names: Vec<&str> = grad.outputs.iter().map(|(n, _)| n.as_str()).collect();
+        assert!(names.contains(&"grad_a") && names.contains(&"grad_w"), "{what}: outputs {names:?}");
+        let (tensors, dims) = bind::generate_inputs(&grad, 11).unwrap();
+        let plan = dev.plan(&grad, &dims);
+        let kinds: Vec<&str> = plan.launches.iter().map(|l| l.spec.kind()).collect();
+        assert!(!kinds.contains(&"gather"), "{what}: a copy launch in {kinds:?}");
+        let (rows, k) = (
+            a[1..a.find(',').unwrap()].parse::<usize>().unwrap(),
+            w[w.find(',').unwrap() + 2..w.len() - 1].parse::<usize>().unwrap(),
+        );
+        let da = plan
+            .launches
+            .iter()
+            .find_map(|l| match &l.spec {
+                plan::KernelSpec::MatMul { rows: r, k: kk, b_rows, b_cols, .. } if *r == rows && *kk == k => {
+                    Some((l.spec.line_size(), plan::GemmB::of(b_rows, b_cols, l.spec.line_size()).unwrap()))
+                }
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("{what}: no GEMM for dA"));
+        assert_eq!(da.0, lanes, "{what}: dA's line size");
+        assert_eq!(da.1.transposed, lanes > 1, "{what}: dA reads w transposed");
+        check_gradients(dev, &grad, &tensors, &dims, &["matmul"], &what);
     }
 }
 
@@ -1095,6 +1138,7 @@ fn tf32_gemms_on_fragments_match_the_interpreter() {
             .collect();
     cases.push(compile_stdlib("iha", &sets(&[("H", "4"), ("P", "3"), ("d", "16"), ("N", "70"), ("B", "2")])));
     cases.push(compile_stdlib("mha", &sets(&[("H", "3"), ("d", "40"), ("N", "150")])));
+    gemms_reading_b_in_place(&dev, "tf32 fragments");
     for c in &cases {
         let name = &c.program.name;
         let inputs = seeded(c, 8);

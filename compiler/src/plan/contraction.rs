@@ -42,10 +42,7 @@ pub(super) fn plan(pl: &mut Planner, site: &mut Site) -> (KernelSpec, Vec<usize>
         }
         Op::Collapse { x, r } => {
             let (sx, sr) = (sh(0), sh(1));
-            let (bx, (vx, x_c)) = pl.read(*x, |l| {
-                let flat = l.clone().flatten_heads();
-                Some((flat.view(), flat.stride(1)?))
-            });
+            let (bx, (vx, x_c)) = pl.read(*x, |l| Some(flat_heads(l)));
             let spec =
                 KernelSpec::Collapse { batch: sx[0], h: sr[0], c: sx[1] * sx[2], s: sx[3], d: sx[4], x: vx, x_c };
             (spec, vec![bx, pl.contiguous(*r)])
@@ -67,10 +64,7 @@ pub(super) fn plan(pl: &mut Planner, site: &mut Site) -> (KernelSpec, Vec<usize>
         // mixing and collapse with the coefficients read the other way.
         Op::MixHeadsT { y, alpha } => {
             let (sy, al) = (sh(0), sh(1));
-            let (by, (vy, y_c)) = pl.read(*y, |l| {
-                let flat = l.clone().flatten_heads();
-                Some((flat.view(), flat.stride(1)?))
-            });
+            let (by, (vy, y_c)) = pl.read(*y, |l| Some(flat_heads(l)));
             let spec =
                 KernelSpec::Collapse { batch: sy[0], h: al[0], c: sy[1] * sy[2], s: sy[3], d: sy[4], x: vy, x_c: y_c };
             (spec, vec![by, pl.contiguous(*alpha)])
@@ -99,53 +93,74 @@ pub(super) fn plan(pl: &mut Planner, site: &mut Site) -> (KernelSpec, Vec<usize>
             // `aᵀ` through `a`'s own layout (merged heads, slices): its
             // rows are `a`'s columns and the other way round, no copy.
             let (ba, (a_cols, a_rows)) = pl.read(*a, |l| Some(gemm_a(l)));
-            let spec = KernelSpec::MatMul {
+            let spec = |(b_rows, b_cols)| KernelSpec::MatMul {
                 rows: kk,
                 k: rows,
                 f,
-                a_rows,
-                a_cols,
-                b_row: f,
-                b_offset: 0,
+                a_rows: a_rows.clone(),
+                a_cols: a_cols.clone(),
+                b_rows,
+                b_cols,
                 mix: None,
                 scale: None,
                 add: false,
             };
-            (spec, vec![ba, pl.contiguous(*b)])
+            let (bb, b_views) = read_gemm_b(pl, *b, &spec);
+            (spec(b_views), vec![ba, bb])
         }
         // Coefficient gradients: contractions over batch and tokens.
         Op::MixHeadsGrad { x, dy } => {
             let (sx, sd) = (sh(0), sh(1));
-            let spec = KernelSpec::Contract { rows: sx[0], o1: sx[1], o2: sd[1] * sd[2], inner: sx[2] * sx[3] };
-            (spec, vec![pl.contiguous(*x), pl.contiguous(*dy)])
+            let ([bx, bd], [a, b]) = viewed(pl, [*x, *dy]);
+            let spec = KernelSpec::Contract { rows: sx[0], o1: sx[1], o2: sd[1] * sd[2], inner: sx[2] * sx[3], a, b };
+            (spec, vec![bx, bd])
         }
         Op::CollapseGrad { x, dy } => {
             let (sx, sd) = (sh(0), sh(1));
-            let spec = KernelSpec::Contract { rows: sd[0], o1: sd[1], o2: sx[1] * sx[2], inner: sd[2] * sd[3] };
-            (spec, vec![pl.contiguous(*dy), pl.contiguous(*x)])
+            let ([bd, bx], [a, b]) = viewed(pl, [*dy, *x]);
+            let spec = KernelSpec::Contract { rows: sd[0], o1: sd[1], o2: sx[1] * sx[2], inner: sd[2] * sd[3], a, b };
+            (spec, vec![bd, bx])
         }
         Op::MixColsGrad { y, dy, m, .. } => {
             let sy = sh(0);
             let cols = *sy.last().unwrap();
             let (o1, o2) = (shape[0], shape[1] * shape[2]);
             let rows = sy.iter().product::<usize>() / cols;
-            let spec = KernelSpec::Contract { rows, o1, o2, inner: cols / *m as usize };
-            (spec, vec![pl.contiguous(*y), pl.contiguous(*dy)])
+            let ([by, bd], [a, b]) = viewed(pl, [*y, *dy]);
+            let spec = KernelSpec::Contract { rows, o1, o2, inner: cols / *m as usize, a, b };
+            (spec, vec![by, bd])
         }
         Op::CollapseColsGrad { y, dy, .. } => {
             let sd = sh(1);
             let (o1, o2) = (shape[0], shape[1]);
             let cols = *sd.last().unwrap();
             let rows = sd.iter().product::<usize>() / cols;
-            let spec = KernelSpec::Contract { rows, o1, o2, inner: cols / o1 };
-            (spec, vec![pl.contiguous(*dy), pl.contiguous(*y)])
+            let ([bd, by], [a, b]) = viewed(pl, [*dy, *y]);
+            let spec = KernelSpec::Contract { rows, o1, o2, inner: cols / o1, a, b };
+            (spec, vec![bd, by])
         }
         Op::CollapseRowsGrad { w, dy, .. } => {
             let sw = sh(0);
             let (o1, o2) = (shape[0], shape[1]);
-            let spec = KernelSpec::Contract { rows: 1, o1, o2, inner: sw[0] / o1 * sw[1] };
-            (spec, vec![pl.contiguous(*w), pl.contiguous(*dy)])
+            let ([bw, bd], [a, b]) = viewed(pl, [*w, *dy]);
+            let spec = KernelSpec::Contract { rows: 1, o1, o2, inner: sw[0] / o1 * sw[1], a, b };
+            (spec, vec![bw, bd])
         }
         other => unreachable!("`{}` is not an operation of this family (contraction)", other.name()),
     }
+}
+
+/// A collapse's operand `[B, H, P, S, d]` (or `[B, C, S, d]`) with its heads
+/// flattened: the view of each element and the view of slice `c`'s offset.
+fn flat_heads(l: &Layout) -> (View, View) {
+    let flat = l.clone().flatten_heads();
+    let (sizes, strides): (Vec<usize>, Vec<usize>) = flat.axes[1].iter().copied().unzip();
+    (flat.view(), View::new(&sizes, &strides, 0))
+}
+
+/// A contraction's operands through their layouts (every layout is a view
+/// of the row-major index): their buffers and views.
+fn viewed(pl: &mut Planner, ns: [NodeId; 2]) -> ([usize; 2], [View; 2]) {
+    let [(b0, v0), (b1, v1)] = ns.map(|n| pl.read(n, |l| Some(l.view())));
+    ([b0, b1], [v0, v1])
 }

@@ -15,15 +15,21 @@ pub(super) fn gemm_a(l: &Layout) -> (View, View) {
     (View::new(&sizes, &strides, l.offset), View::new(&cs, &cst, 0))
 }
 
-/// A GEMM's `b` operand `[k, f]`: its row stride and offset, when its
-/// columns are contiguous.
-fn gemm_b(l: &Layout) -> Option<(usize, usize)> {
-    let row = l.stride(0)?;
-    match l.stride(1)? {
-        1 => Some((row, l.offset)),
-        _ if l.shape()[1] == 1 => Some((row, l.offset)),
-        _ => None,
-    }
+/// A GEMM's `b` operand `[…, k, f]` through its layout (rows and columns
+/// views, as [`gemm_a`]) where that keeps the kernel's line size (`spec` of
+/// the views is the GEMM), else a row-major copy: a transposed weight or
+/// merged heads are read in place, a layout that would make the kernel
+/// scalar is copied.
+pub(super) fn read_gemm_b(
+    pl: &mut Planner,
+    b: NodeId,
+    spec: &impl Fn((View, View)) -> KernelSpec,
+) -> (usize, (View, View)) {
+    let best = spec(gemm_a(&Layout::contiguous(&pl.shapes[b.0 as usize]))).line_size();
+    pl.read(b, |l| {
+        let views = gemm_a(l);
+        (spec(views.clone()).line_size() >= best).then_some(views)
+    })
 }
 
 /// The GEMM of node `mm` (its operands read through their layouts) with an
@@ -40,9 +46,21 @@ pub(super) fn plan_gemm(
     let (sa, sb) = (pl.shapes[a.0 as usize].clone(), pl.shapes[b.0 as usize].clone());
     let k = *sa.last().unwrap();
     let (ba, (a_rows, a_cols)) = pl.read(a, |l| Some(gemm_a(l)));
-    let (bb, (b_row, b_offset)) = pl.read(b, gemm_b);
     let rows = sa.iter().product::<usize>() / k;
-    let spec = KernelSpec::MatMul { rows, k, f: sb[1], a_rows, a_cols, b_row, b_offset, mix, scale, add };
+    let spec = |(b_rows, b_cols)| KernelSpec::MatMul {
+        rows,
+        k,
+        f: sb[1],
+        a_rows: a_rows.clone(),
+        a_cols: a_cols.clone(),
+        b_rows,
+        b_cols,
+        mix,
+        scale,
+        add,
+    };
+    let (bb, b_views) = read_gemm_b(pl, b, &spec);
+    let spec = spec(b_views);
     let work = op_cost(&p.nodes[mm].op, &pl.shapes[mm], &[sa, sb]);
     (spec, vec![ba, bb], work)
 }

@@ -1,6 +1,7 @@
 //! GEMM tiling: units, rows and columns a cube, shared-memory stages, and
 //! the head-mixing epilogue's shape.
 
+use super::View;
 use serde::Serialize;
 
 /// A GEMM epilogue that mixes heads: the product's `f = m·d` columns are
@@ -51,5 +52,34 @@ pub fn gemm_col_cap(lanes: usize) -> usize {
         GEMM_COLS / lanes
     } else {
         GEMM_COLS / 2 / lanes
+    }
+}
+
+/// How a GEMM's kernel reads `b` (`[k, f]`, element `(t, c)` at
+/// `rows(t) + cols(c)` floats) in vectors of `lanes` floats: along its rows
+/// (a vector is `lanes` columns of one row: `b` row-major, or any layout
+/// whose columns step by 1 within a vector) or, `transposed`, down its
+/// columns (a vector is `lanes` rows of one column: a transposed weight,
+/// which the kernel turns into row vectors in registers). Views in vectors:
+/// row `t` and column vector `c` at `rows(t) + cols(c)`; transposed, the
+/// vector of rows `t·lanes..` of column `c` at `rows(t) + cols(c)`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GemmB {
+    pub rows: View,
+    pub cols: View,
+    pub transposed: bool,
+}
+
+impl GemmB {
+    /// `b`'s views in vectors of `lanes`, if either form reads it.
+    pub fn of(rows: &View, cols: &View, lanes: usize) -> Option<GemmB> {
+        let whole = |v: &View| v.offset.is_multiple_of(lanes) && v.terms.iter().all(|t| t.2.is_multiple_of(lanes));
+        if let (Some(c), true) = (cols.in_vectors(lanes), whole(rows)) {
+            return Some(GemmB { rows: rows.scaled_down(lanes), cols: c, transposed: false });
+        }
+        match (rows.in_vectors(lanes), whole(cols)) {
+            (Some(r), true) => Some(GemmB { rows: r, cols: cols.scaled_down(lanes), transposed: true }),
+            _ => None,
+        }
     }
 }

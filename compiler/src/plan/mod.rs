@@ -27,7 +27,7 @@ pub use view::*;
 
 use crate::cost::{op_cost, weight_only};
 use crate::ir::{concrete, AttnArg, AttnFns, DimValues, NodeId, Op, OpClass, Program};
-use gemm::{addend_of, gemm_a, plan_gemm, scale_of};
+use gemm::{addend_of, gemm_a, plan_gemm, read_gemm_b, scale_of};
 pub use reads::{Lines, SUM_UNROLL};
 use serde::Serialize;
 pub use split::{KvSplit, SPLIT_KEYS};

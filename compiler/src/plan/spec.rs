@@ -40,7 +40,9 @@ pub enum KernelSpec {
     Thresholds { len: usize, levels: usize },
     /// Tiled `out[rows, f] = a[rows, k] · b[k, f]`: row `r`, column `c` of
     /// `a` at `a_rows(r) + a_cols(c)` (so merged heads, slices and other
-    /// layouts are read in place), row `t` of `b` at `b_offset + t·b_row`.
+    /// layouts are read in place), element `(t, c)` of `b` at
+    /// `b_rows(t) + b_cols(c)` (row-major, transposed or merged heads, in
+    /// place where [`GemmB`] reads it in vectors).
     /// With `mix`, the epilogue mixes heads instead of storing the product
     /// (see [`MixEpilogue`]); `alpha` is bound after `b`. With `add`, it
     /// stores the product plus an addend of the output's shape, bound after
@@ -51,8 +53,8 @@ pub enum KernelSpec {
         f: usize,
         a_rows: View,
         a_cols: View,
-        b_row: usize,
-        b_offset: usize,
+        b_rows: View,
+        b_cols: View,
         #[serde(skip_serializing_if = "Option::is_none")]
         mix: Option<MixEpilogue>,
         /// The epilogue multiplies by this constant (`f64` bits): `(a @ b) * c`
@@ -69,8 +71,10 @@ pub enum KernelSpec {
     /// at `y(index of [r, e]) + m·y_m`.
     MixCols { rows: usize, m: usize, h: usize, p: usize, d: usize, y: View, y_m: usize },
     /// `out[b,h,s,e] = Σ_c r[h,c] · x[b,c,s,e]` (x's heads and pseudo-heads
-    /// flattened to c), `x[b,c,s,e]` at `x(index of [b,0,s,e]) + c·x_c`.
-    Collapse { batch: usize, h: usize, c: usize, s: usize, d: usize, x: View, x_c: usize },
+    /// flattened to c), `x[b,c,s,e]` at `x(index of [b,0,s,e]) + x_c(c)`
+    /// (the flattened heads and pseudo-heads of a deinterleaved attention
+    /// output step by two strides: read in place).
+    Collapse { batch: usize, h: usize, c: usize, s: usize, d: usize, x: View, x_c: View },
     /// `out[r, h·d+e] = Σ_c r[h,c] · y[r, c·d+e]`, `y[r, c·d+e]` at `y(index of [r, e]) + c·y_c`.
     CollapseCols { rows: usize, h: usize, c: usize, d: usize, y: View, y_c: usize },
     /// `out[c·d+e, f] = Σ_h r[h,c] · w[h·d+e, f]`.
@@ -213,12 +217,13 @@ pub enum KernelSpec {
         #[serde(skip_serializing_if = "MixPass::is_forward")]
         pass: MixPass,
     },
-    /// `out[x, y] = Σ_{r,i} a[r, x, i] · b[r, y, i]` for row-major
-    /// `a: [rows, o1, inner]`, `b: [rows, o2, inner]`: the gradients of
+    /// `out[x, y] = Σ_{r,i} a[r, x, i] · b[r, y, i]` for `a: [rows, o1, inner]`
+    /// and `b: [rows, o2, inner]` read through their views (of the row-major
+    /// index: head splits and interleaving in place): the gradients of
     /// mixing and collapse coefficients, reductions over batch and tokens.
     /// A cube per output element; its units sum strided shares, then a tree
     /// in shared memory (a fixed order: deterministic, no atomics).
-    Contract { rows: usize, o1: usize, o2: usize, inner: usize },
+    Contract { rows: usize, o1: usize, o2: usize, inner: usize, a: View, b: View },
     /// `out[o] = reduce_r x[base(o) + inner(r)]` over `count` elements.
     Reduce { len: usize, op: ReduceKind, count: usize, base: View, inner: View },
     /// `out[i] = (Σ_r x[base(i) + r·stride] − x[i]) / (n − 1)`.
@@ -503,10 +508,11 @@ impl KernelSpec {
     /// The vector width (floats) of the kernel's loads and stores.
     pub fn line_size(&self) -> usize {
         match *self {
-            KernelSpec::MatMul { k, f, ref a_rows, ref a_cols, b_row, b_offset, mix, .. } => [4, 2, 1]
+            KernelSpec::MatMul { k, f, ref a_rows, ref a_cols, ref b_rows, ref b_cols, mix, .. } => [4, 2, 1]
                 .into_iter()
                 .find(|&l| {
-                    line_size(&[k, f, b_row, b_offset, a_rows.offset, mix.map_or(f, |m| m.d)]) >= l
+                    line_size(&[k, f, a_rows.offset, mix.map_or(f, |m| m.d)]) >= l
+                        && GemmB::of(b_rows, b_cols, l).is_some()
                         && a_rows.terms.iter().all(|t| t.2 % l == 0)
                         && a_cols.in_vectors(l).is_some()
                 })

@@ -12,7 +12,9 @@ use super::{
 };
 use attnc_compiler::ir::{AttnArg, BinaryOp, MaskKind, ReduceKind};
 use attnc_compiler::plan::group::{GroupStep, MapOp};
-use attnc_compiler::plan::{value_elements, AttnShape, Dtype, KernelFns, KernelSpec, Lines, RowView, GROUP_UNITS};
+use attnc_compiler::plan::{
+    value_elements, AttnShape, Dtype, GemmB, KernelFns, KernelSpec, Lines, RowView, GROUP_UNITS,
+};
 use cubecl::prelude::*;
 use std::sync::Arc;
 
@@ -218,15 +220,25 @@ impl IrKernel {
         let nonempty = k::has_vectors::expand::<N>(scope, &out);
         if_expand(scope, nonempty, |scope| {
             in_grid(scope, &self.spec, |scope| match self.spec {
-                KernelSpec::MatMul { rows, k: kk, f, ref a_rows, ref a_cols, b_row, b_offset, mix, scale, add } => {
+                KernelSpec::MatMul {
+                    rows,
+                    k: kk,
+                    f,
+                    ref a_rows,
+                    ref a_cols,
+                    ref b_rows,
+                    ref b_cols,
+                    mix,
+                    scale,
+                    add,
+                } => {
                     let shape = gemm::Shape {
                         rows,
                         kdim: kk,
                         f,
                         a_rows: a_rows.scaled_down(lanes),
                         a_cols: a_cols.in_vectors(lanes).expect("the line size divides the GEMM's columns"),
-                        b_row: b_row / lanes,
-                        b_offset: b_offset / lanes,
+                        b: GemmB::of(b_rows, b_cols, lanes).expect("the line size reads b in vectors"),
                         mix: mix.map(|m| (m, scalars.pop().expect("the mixing coefficients"))),
                         scale: scale.map(|bits| f64::from_bits(bits) as f32),
                         fold: self.spec.fold_x(),
@@ -373,8 +385,8 @@ impl IrKernel {
         let fold = spec.fold_x();
         if let KernelSpec::Group { len, groups, scratch, ref steps, .. } = *spec {
             group_body(scope, bufs, out, steps, scratch, len / groups, fold);
-        } else if let KernelSpec::Contract { rows, o1, o2, inner } = *spec {
-            k::contract::expand(scope, &bufs[0], &bufs[1], &mut out, rows, o1, o2, inner, fold);
+        } else if let KernelSpec::Contract { rows, o1, o2, inner, ref a, ref b } = *spec {
+            k::contract(scope, (&bufs[0], &bufs[1]), &mut out, (rows, o1, o2, inner), (a, b), fold);
         } else if let KernelSpec::AttentionLse { ref shape, q, k: kv, tile, .. } = *spec {
             let g = grad_dims(spec, shape, tile, fold);
             let hook = hook(shape, &bufs[2..], self.dtype);
@@ -520,7 +532,7 @@ impl IrKernel {
                 KernelSpec::Collapse { batch, h, c, s, d, x, x_c } => {
                     let src = k::head_source::expand(scope, i, *h, *c, *s, *d);
                     let x0 = k::view(scope, src, x, batch * c * s * d);
-                    k::collapse::expand(scope, &bufs[0], &bufs[1], &mut out, i, x0, *h, *c, *s, *d, *x_c)
+                    k::collapse(scope, (&bufs[0], &bufs[1]), &mut out, i, x0, (*h, *c, *s, *d), x_c)
                 }
                 KernelSpec::CollapseCols { rows, h, c, d, y, y_c } => {
                     let src = k::head_source::expand(scope, i, *h, *c, 1, *d);

@@ -17,25 +17,26 @@
 //!   barrier per stage. The runtime loop walks the stages.
 //!
 //! Prologue and epilogue: `a` is read through row and column views (merged
-//! heads, slices of a merged projection), `b` at any row stride, and the
+//! heads, slices of a merged projection), `b` through its views too, along
+//! its rows or, transposed (a weight's transpose in a gradient), in
+//! `lanes` × `lanes` blocks down its columns that registers transpose
+//! ([`GemmB`]), and the
 //! epilogue either stores the tile or mixes heads ([`MixEpilogue`]), for which
 //! a cube's columns are `ce` channel vectors of each of the `m` heads.
 
 use super::kernels::{self as k, Stored};
-use attnc_compiler::plan::{gemm_cols, MixEpilogue, View, GEMM_ROWS, GEMM_STAGE_K, GEMM_UNITS};
+use attnc_compiler::plan::{gemm_cols, GemmB, MixEpilogue, View, GEMM_ROWS, GEMM_STAGE_K, GEMM_UNITS};
 use cubecl::prelude::*;
 
 /// A GEMM's sizes (floats) and its operands' addressing (vectors): row `r`,
-/// column vector `c` of `a` at `a_rows(r) + a_cols(c)`, row `t` of `b` at
-/// `b_offset + t·b_row`.
+/// column vector `c` of `a` at `a_rows(r) + a_cols(c)`, `b` as [`GemmB`] says.
 pub struct Shape {
     pub rows: usize,
     pub kdim: usize,
     pub f: usize,
     pub a_rows: View,
     pub a_cols: View,
-    pub b_row: usize,
-    pub b_offset: usize,
+    pub b: GemmB,
     /// A mixing epilogue and its coefficients.
     pub mix: Option<(MixEpilogue, NativeExpand<[Stored]>)>,
     /// A constant the epilogue multiplies by.
@@ -125,10 +126,92 @@ pub(super) fn tile_col(
     col
 }
 
-/// Where row `t` of `b` starts (vectors).
-#[cube]
-pub(super) fn b_row_start(t: usize, #[comptime] b_row: usize, #[comptime] b_offset: usize) -> usize {
-    t * b_row + b_offset
+/// Where the vectors of `b` that column vector `col` needs start within a
+/// row (or, transposed, a block of rows): one, or `lanes` columns' each.
+fn b_col_starts(scope: &Scope, col: NativeExpand<usize>, shape: &Shape, lanes: usize) -> Vec<NativeExpand<usize>> {
+    let fl = shape.f / lanes;
+    if !shape.b.transposed {
+        return vec![k::view(scope, col, &shape.b.cols, fl)];
+    }
+    (0..lanes)
+        .map(|j| {
+            let c = k::add_index::expand(
+                scope,
+                k::idx_mul::expand(scope, col.clone(), lanes),
+                k::const_index::expand(scope, j),
+            );
+            k::view(scope, c, &shape.b.cols, shape.f)
+        })
+        .collect()
+}
+
+/// One unit's item of a cooperative copy of `b` into a shared stage of
+/// `stage_rows` rows of `k` by `pitch` vectors: the row-major vector `idx`
+/// of the stage, or transposed the block of `lanes` rows `r·lanes..` at
+/// column vector `c`; `starts` as [`b_col_starts`].
+pub(super) struct BItem {
+    pub(super) idx: NativeExpand<usize>,
+    r: NativeExpand<usize>,
+    c: NativeExpand<usize>,
+    starts: Vec<NativeExpand<usize>>,
+}
+
+/// A unit's items of a stage copy of `b` (see [`BItem`]) and how many the cube has.
+pub(super) fn b_items(
+    scope: &Scope,
+    shape: &Shape,
+    tile: Tile,
+    (stage_rows, pitch): (usize, usize),
+    lanes: usize,
+) -> (Vec<BItem>, usize) {
+    let block = if shape.b.transposed { lanes } else { 1 };
+    let count = stage_rows / block * pitch;
+    let items = (0..count.div_ceil(GEMM_UNITS))
+        .map(|i| {
+            let idx = coop::expand(scope, i);
+            let c = k::idx_mod::expand(scope, idx.clone(), pitch);
+            let r = k::idx_div::expand(scope, idx.clone(), pitch);
+            let col = tile_col::expand(scope, c.clone(), tile.cols, tile.fl, tile.ce, tile.dl, shape.fold);
+            BItem { idx, r, c, starts: b_col_starts(scope, col, shape, lanes) }
+        })
+        .collect();
+    (items, count)
+}
+
+/// Item `it`'s vectors of stage `s`, as `(place in the stage, vector)`:
+/// `load(at, inside)` reads `b` (zero past `k`); a transposed block is
+/// turned into the stage's row vectors.
+pub(super) fn b_item_vectors<E: Scalar, N: Size>(
+    scope: &Scope,
+    it: &BItem,
+    s: &NativeExpand<usize>,
+    shape: &Shape,
+    (stage_rows, pitch): (usize, usize),
+    lanes: usize,
+    load: impl Fn(&Scope, NativeExpand<usize>, NativeExpand<bool>) -> NativeExpand<Vector<E, N>>,
+) -> Vec<(NativeExpand<usize>, NativeExpand<Vector<E, N>>)> {
+    let kl = shape.kdim / lanes;
+    if !shape.b.transposed {
+        let krow = k::add_index::expand(scope, k::idx_mul::expand(scope, s.clone(), stage_rows), it.r.clone());
+        let inside = k::below::expand(scope, krow.clone(), shape.kdim);
+        let start = k::view(scope, krow, &shape.b.rows, shape.kdim);
+        return vec![(it.idx.clone(), load(scope, k::add_index::expand(scope, start, it.starts[0].clone()), inside))];
+    }
+    let kvec = k::add_index::expand(scope, k::idx_mul::expand(scope, s.clone(), stage_rows / lanes), it.r.clone());
+    let inside = k::below::expand(scope, kvec.clone(), kl);
+    let start = k::view(scope, kvec, &shape.b.rows, kl);
+    let block: Vec<_> = it
+        .starts
+        .iter()
+        .map(|x| load(scope, k::add_index::expand(scope, start.clone(), x.clone()), inside.clone()))
+        .collect();
+    let first = k::idx_mul::expand(scope, it.r.clone(), lanes * pitch);
+    (0..lanes)
+        .map(|kk| {
+            let row = k::add_index::expand(scope, first.clone(), k::const_index::expand(scope, kk * pitch));
+            (k::add_index::expand(scope, row, it.c.clone()), k::transposed::<E, N>(scope, &block, kk))
+        })
+        .collect()
 }
 
 /// Row `kt·lanes + kk` of `b`'s start, for the broadcast variant.
@@ -277,9 +360,13 @@ pub fn build<N: Size>(
         .iter()
         .map(|r| k::view(scope, clamp_row::expand(scope, r.clone(), rows), &shape.a_rows, rows))
         .collect();
-    // The columns of `b` this lane loads (fixed for the whole product).
+    // Where the columns of `b` this lane loads start (fixed for the whole product).
     let b_cols: Vec<_> = (0..per)
-        .map(|r| tile_col::expand(scope, lane_col::expand(scope, lane.clone(), per, r), cols, fl, ce, dl, shape.fold))
+        .map(|r| {
+            let col =
+                tile_col::expand(scope, lane_col::expand(scope, lane.clone(), per, r), cols, fl, ce, dl, shape.fold);
+            b_col_starts(scope, col, shape, lanes)
+        })
         .collect();
     let acc = k::vzeros::expand::<N>(scope, GEMM_ROWS * cols);
     // A plane whose rows all lie past the end (a short `a`, as at decode)
@@ -295,15 +382,24 @@ pub fn build<N: Size>(
                     .iter()
                     .map(|r| load::expand::<Stored, N>(scope, a, k::add_index::expand(scope, r.clone(), col.clone())))
                     .collect();
+                let load_b = |start: &NativeExpand<usize>, at: &NativeExpand<usize>| {
+                    load::expand::<Stored, N>(scope, b, k::add_index::expand(scope, start.clone(), at.clone()))
+                };
+                // Transposed, each column's block of `lanes` rows, loaded once per step.
+                let blocks: Vec<Vec<_>> = if shape.b.transposed {
+                    let start = k::view(scope, kt.clone(), &shape.b.rows, kl);
+                    b_cols.iter().map(|starts| starts.iter().map(|x| load_b(&start, x)).collect()).collect()
+                } else {
+                    vec![]
+                };
                 for kk in 0..lanes {
-                    let row = b_step_row::expand(scope, kt.clone(), lanes, kk);
-                    let start = b_row_start::expand(scope, row, shape.b_row, shape.b_offset);
-                    let held: Vec<_> = b_cols
-                        .iter()
-                        .map(|c| {
-                            load::expand::<Stored, N>(scope, b, k::add_index::expand(scope, start.clone(), c.clone()))
-                        })
-                        .collect();
+                    let held: Vec<_> = if shape.b.transposed {
+                        blocks.iter().map(|blk| k::transposed::<f32, N>(scope, blk, kk)).collect()
+                    } else {
+                        let row = b_step_row::expand(scope, kt.clone(), lanes, kk);
+                        let start = k::view(scope, row, &shape.b.rows, shape.kdim);
+                        b_cols.iter().map(|starts| load_b(&start, &starts[0])).collect()
+                    };
                     rank_one::<N>(scope, sums, &av, kk, cols, |c| {
                         if plane > 1 {
                             k::from_lane::expand::<N>(scope, held[c % per].clone(), (c / per) as u32)
@@ -336,8 +432,8 @@ pub fn build_staged<N: Size>(
     lanes: usize,
 ) {
     let tile = Tile::new(shape, lanes);
-    let Tile { cols, ce, dl, fl } = tile;
-    let (rows, kdim, kl) = (shape.rows, shape.kdim, shape.kdim / lanes);
+    let cols = tile.cols;
+    let (rows, kl) = (shape.rows, shape.kdim / lanes);
     let kv = GEMM_STAGE_K / lanes; // vectors of `k` per stage and row of `a`
     let stages = kl.div_ceil(kv);
     let cube_rows = GEMM_UNITS * GEMM_ROWS;
@@ -354,14 +450,7 @@ pub fn build_staged<N: Size>(
             (idx.clone(), k::view(scope, row, &shape.a_rows, rows), k::idx_mod::expand(scope, idx, kv))
         })
         .collect();
-    let b_copy: Vec<_> = (0..b_len.div_ceil(GEMM_UNITS))
-        .map(|i| {
-            let idx = coop::expand(scope, i);
-            let c = k::idx_mod::expand(scope, idx.clone(), cols);
-            let kr = k::idx_div::expand(scope, idx.clone(), cols);
-            (idx, kr, tile_col::expand(scope, c, cols, fl, ce, dl, shape.fold))
-        })
-        .collect();
+    let (b_copy, b_count) = b_items(scope, shape, tile, (GEMM_STAGE_K, cols), lanes);
     // Copy stage `s` into the buffer of its parity.
     let copy = |scope: &Scope, s: NativeExpand<usize>| {
         let mut stage = shared.clone_unchecked();
@@ -374,14 +463,15 @@ pub fn build_staged<N: Size>(
             put::expand::<N>(scope, &mut stage, k::add_index::expand(scope, base_a.clone(), idx.clone()), v);
         }
         let base_b = b_stage_base::expand(scope, s.clone(), a_len, b_len);
-        for (idx, kr, col) in &b_copy {
-            let krow = k::add_index::expand(scope, k::idx_mul::expand(scope, s.clone(), GEMM_STAGE_K), kr.clone());
-            let inside = k::below::expand(scope, krow.clone(), kdim);
-            let start = b_row_start::expand(scope, krow, shape.b_row, shape.b_offset);
-            let v = load_or_zero::expand::<N>(scope, b, k::add_index::expand(scope, start, col.clone()), inside);
-            let exists = k::below::expand(scope, idx.clone(), b_len);
-            let at = k::add_index::expand(scope, base_b.clone(), idx.clone());
-            if_expand(scope, exists, |scope| put::expand::<N>(scope, &mut stage, at, v));
+        let load_b = |scope: &Scope, at, inside| load_or_zero::expand::<N>(scope, b, at, inside);
+        for it in &b_copy {
+            let vectors = b_item_vectors::<f32, N>(scope, it, &s, shape, (GEMM_STAGE_K, cols), lanes, load_b);
+            let exists = k::below::expand(scope, it.idx.clone(), b_count);
+            if_expand(scope, exists, |scope| {
+                for (at, v) in vectors {
+                    put::expand::<N>(scope, &mut stage, k::add_index::expand(scope, base_b.clone(), at), v);
+                }
+            });
         }
     };
     copy(scope, NativeExpand::from_lit(scope, 0usize));

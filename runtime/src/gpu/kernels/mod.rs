@@ -172,25 +172,50 @@ pub fn mix_cols(
 }
 
 /// `out[b,h,s,e] = Σ_c r[h,c] · x[b,c,s,e]`.
-#[cube]
+#[allow(clippy::too_many_arguments)]
 pub fn collapse(
+    scope: &Scope,
+    (x, r): (&NativeExpand<[Stored]>, &NativeExpand<[Stored]>),
+    out: &mut NativeExpand<[Stored]>,
+    i: NativeExpand<usize>,
+    x0: NativeExpand<usize>,
+    (h, c, s, d): (usize, usize, usize, usize),
+    x_c: &View,
+) {
+    let acc = zeros::expand(scope, 1);
+    let hi = collapse_head::expand(scope, i, h, s, d);
+    let range = RangeExpand::new(NativeExpand::from_lit(scope, 0usize), NativeExpand::from_lit(scope, c));
+    for_expand(scope, range, false, |scope, ci| {
+        let at = add_index::expand(scope, x0, view(scope, ci, x_c, c));
+        let mut acc = acc;
+        collapse_step::expand(scope, &mut acc, x, r, hi, ci, at, c);
+    });
+    collapse_store::expand(scope, &acc, out, i);
+}
+
+/// The head `(i / (d·s)) % h` of output element `i`.
+#[cube]
+fn collapse_head(i: usize, #[comptime] h: usize, #[comptime] s: usize, #[comptime] d: usize) -> usize {
+    (i / (d * s)) % h
+}
+
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn collapse_step(
+    acc: &mut Array<f32>,
     x: &[Stored],
     r: &[Stored],
-    out: &mut [Stored],
-    i: usize,
-    x0: usize,
-    #[comptime] h: usize,
+    hi: usize,
+    ci: usize,
+    at: usize,
     #[comptime] c: usize,
-    #[comptime] s: usize,
-    #[comptime] d: usize,
-    #[comptime] x_c: usize,
 ) {
-    let hi = (i / (d * s)) % h;
-    let mut acc = f32::new(0.0);
-    for ci in 0..c {
-        acc += f32::cast_from(r[hi * c + ci]) * f32::cast_from(x[x0 + ci * x_c]);
-    }
-    out[i] = Stored::cast_from(acc);
+    acc[0] += f32::cast_from(r[hi * c + ci]) * f32::cast_from(x[at]);
+}
+
+#[cube]
+fn collapse_store(acc: &Array<f32>, out: &mut [Stored], i: usize) {
+    out[i] = Stored::cast_from(acc[0]);
 }
 
 /// `out[r, h·d+e] = Σ_c r[h,c] · y[r, c·d+e]`.
@@ -423,36 +448,82 @@ pub fn loo_mean<X: Float, O: Float>(
 }
 
 /// `out[o] = Σ_{r,i} a[r, o / o2, i] · b[r, o % o2, i]` for the cube's
-/// output `o` (`KernelSpec::Contract`): each of the cube's 256 units sums a
-/// strided share, then a tree in shared memory halves them in a fixed
-/// order (deterministic, no atomics).
-#[cube]
+/// output `o` (`KernelSpec::Contract`), the operands read through views of
+/// their row-major index: each of the cube's 256 units sums a strided share,
+/// then a tree in shared memory halves them in a fixed order
+/// (deterministic, no atomics).
 #[allow(clippy::too_many_arguments)]
 pub fn contract(
+    scope: &Scope,
+    (a, b): (&NativeExpand<[Stored]>, &NativeExpand<[Stored]>),
+    out: &mut NativeExpand<[Stored]>,
+    (rows, o1, o2, inner): (usize, usize, usize, usize),
+    (va, vb): (&View, &View),
+    fold: usize,
+) {
+    let o = cube_x::expand(scope, fold);
+    let acc = zeros::expand(scope, 1);
+    let range = RangeExpand::new(
+        NativeExpand::from_lit(scope, 0usize),
+        NativeExpand::from_lit(scope, (rows * inner).div_ceil(256)),
+    );
+    for_expand(scope, range, false, |scope, t| {
+        let idx = contract_element::expand(scope, t);
+        let ia = contract_index::expand(scope, idx, o, o2, true, o1, inner);
+        let ib = contract_index::expand(scope, idx, o, o2, false, o2, inner);
+        let (ia, ib) = (view(scope, ia, va, rows * o1 * inner), view(scope, ib, vb, rows * o2 * inner));
+        let mut acc = acc;
+        contract_step::expand(scope, &mut acc, a, b, idx, ia, ib, rows * inner);
+    });
+    contract_finish::expand(scope, &acc, out, o);
+}
+
+/// Element `t·256 + unit` of the `rows · inner` a unit sums.
+#[cube]
+fn contract_element(t: usize) -> usize {
+    t * 256 + UNIT_POS as usize
+}
+
+/// The row-major index of `a[r, o / o2, i]` (`first`) or `b[r, o % o2, i]`
+/// for element `idx = r·inner + i`, in an operand of `n` rows of `inner`.
+#[cube]
+fn contract_index(
+    idx: usize,
+    o: usize,
+    #[comptime] o2: usize,
+    #[comptime] first: bool,
+    #[comptime] n: usize,
+    #[comptime] inner: usize,
+) -> usize {
+    let mut x = o % o2;
+    if comptime![first] {
+        x = o / o2;
+    }
+    (idx / inner * n + x) * inner + idx % inner
+}
+
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn contract_step(
+    acc: &mut Array<f32>,
     a: &[Stored],
     b: &[Stored],
-    out: &mut [Stored],
-    #[comptime] rows: usize,
-    #[comptime] o1: usize,
-    #[comptime] o2: usize,
-    #[comptime] inner: usize,
-    #[comptime] fold: usize,
+    idx: usize,
+    ia: usize,
+    ib: usize,
+    #[comptime] count: usize,
 ) {
-    let o = cube_x(fold);
-    let x = o / o2;
-    let y = o % o2;
-    let unit = UNIT_POS as usize;
-    let mut acc = f32::new(0.0);
-    for t in 0..comptime![(rows * inner).div_ceil(256)] {
-        let idx = t * 256 + unit;
-        if idx < comptime![rows * inner] {
-            let r = idx / inner;
-            let i = idx % inner;
-            acc += f32::cast_from(a[(r * o1 + x) * inner + i]) * f32::cast_from(b[(r * o2 + y) * inner + i]);
-        }
+    if idx < count {
+        acc[0] += f32::cast_from(a[ia]) * f32::cast_from(b[ib]);
     }
+}
+
+/// The tree over the cube's partial sums; unit 0 stores the total at `o`.
+#[cube]
+fn contract_finish(acc: &Array<f32>, out: &mut [Stored], o: usize) {
+    let unit = UNIT_POS as usize;
     let mut partial = Shared::<[f32]>::new_slice(256usize);
-    partial[unit] = acc;
+    partial[unit] = acc[0];
     sync_cube();
     #[unroll]
     for level in 0..8 {

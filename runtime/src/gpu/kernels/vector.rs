@@ -92,6 +92,33 @@ pub fn vscale<N: Size>(v: Vector<f32, N>, s: f32) -> Vector<f32, N> {
     v * Vector::new(s)
 }
 
+/// `v` with component `c` set to component `c2` of `w`.
+#[cube]
+fn take_component<E: Scalar, N: Size>(
+    v: Vector<E, N>,
+    w: Vector<E, N>,
+    #[comptime] c: usize,
+    #[comptime] c2: usize,
+) -> Vector<E, N> {
+    let mut out = v;
+    out.insert(c, w.extract(c2));
+    out
+}
+
+/// Vector `kk` of the transpose of the square block whose vectors are
+/// `rows` (one per component): component `j` is component `kk` of `rows[j]`.
+pub fn transposed<E: Scalar, N: Size>(
+    scope: &Scope,
+    rows: &[NativeExpand<Vector<E, N>>],
+    kk: usize,
+) -> NativeExpand<Vector<E, N>> {
+    let mut out = rows[kk];
+    for (j, r) in rows.iter().enumerate().filter(|&(j, _)| j != kk) {
+        out = take_component::expand::<E, N>(scope, out, *r, j, kk);
+    }
+    out
+}
+
 /// Component `c` of `v`.
 #[cube]
 pub fn component<N: Size>(v: Vector<f32, N>, #[comptime] c: usize) -> f32 {

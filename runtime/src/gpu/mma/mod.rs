@@ -429,15 +429,8 @@ pub fn build_gemm<N: Size>(
     } else {
         vec![]
     };
-    let bwl = bw / lanes;
-    let b_copy: Vec<_> = (0..b_len.div_ceil(GEMM_UNITS))
-        .map(|i| {
-            let idx = gemm::coop::expand(scope, i);
-            let c = k::idx_mod::expand(scope, idx.clone(), bwl);
-            let kr = k::idx_div::expand(scope, idx.clone(), bwl);
-            (idx, kr, gemm::tile_col::expand(scope, c, cols, fl, ce, dl, shape.fold))
-        })
-        .collect();
+    let tile = gemm::Tile { cols, ce, dl, fl };
+    let (b_copy, b_count) = gemm::b_items(scope, shape, tile, (F, bw / lanes), lanes);
     // TF32 operands are rounded on their way to shared memory (on the device; software fragments multiply in f32).
     let rounded =
         |scope: &Scope, v| if hardware && dtype == Dtype::Tf32 { to_operand::expand::<N>(scope, v) } else { v };
@@ -466,17 +459,16 @@ pub fn build_gemm<N: Size>(
                 }
             });
         }
-        for (idx, kr, col) in &b_copy {
-            let krow = k::add_index::expand(scope, k::idx_mul::expand(scope, s.clone(), F), kr.clone());
-            let inside = k::below::expand(scope, krow.clone(), kdim);
-            let start = gemm::b_row_start::expand(scope, krow, shape.b_row, shape.b_offset);
-            let v = rounded(
-                scope,
-                load_or_zero::expand::<N>(scope, b, k::add_index::expand(scope, start, col.clone()), inside),
-            );
-            let exists = k::below::expand(scope, idx.clone(), b_len);
-            let at = k::add_index::expand(scope, k::const_index::expand(scope, a_len), idx.clone());
-            if_expand(scope, exists, |scope| put::expand::<N>(scope, &mut stage, at, v));
+        let load_b = |scope: &Scope, at, inside| load_or_zero::expand::<N>(scope, b, at, inside);
+        for it in &b_copy {
+            let vectors = gemm::b_item_vectors::<Stored, N>(scope, it, &s, shape, (F, bw / lanes), lanes, load_b);
+            let exists = k::below::expand(scope, it.idx.clone(), b_count);
+            if_expand(scope, exists, |scope| {
+                for (at, v) in vectors {
+                    let at = k::add_index::expand(scope, k::const_index::expand(scope, a_len), at);
+                    put::expand::<N>(scope, &mut stage, at, rounded(scope, v));
+                }
+            });
         }
         k::barrier::expand(scope);
         for (i, acc) in accs.iter_mut().enumerate() {
