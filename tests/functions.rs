@@ -567,6 +567,20 @@ fn kernels_compute_the_gradients_of_read_tensors() {
         ),
         ("per-key bias".into(), compile(&inline("s - 0.5 * t[b, j] * t[b, j]", "[2, N]", 130, 1030)), "t"),
         ("two indices".into(), compile(&inline("s * t[h % 2, 0] + tanh(t[1, j % 3])", "[2, 3]", 100, 300)), "t"),
+        // Wide heads: the read kernels' dot products in chunks of d = 128 and 256.
+        (
+            "relative_bias, d = 128".into(),
+            compile_stdlib(
+                "relative_bias",
+                &sets(&[("H", "2"), ("H_kv", "1"), ("d", "128"), ("M", "150"), ("N", "260"), ("R", "20")]),
+            ),
+            "bias",
+        ),
+        (
+            "alibi, d = 256".into(),
+            compile_stdlib("alibi", &sets(&[("H", "2"), ("H_kv", "2"), ("d", "256"), ("M", "70"), ("N", "300")])),
+            "slopes",
+        ),
     ];
     for (seed, (name, c, read)) in cases.iter().enumerate() {
         // q, k and v's kernels are held to the interpreter elsewhere (the interpreter's time).
