@@ -4,7 +4,7 @@
 //! rules of `elementwise`; int and bool sub-expressions do not depend on `s`.
 
 use super::elementwise::{pow_partials, unary_derivative, Algebra};
-use crate::ir::{BinaryOp, FBin, FExpr, FType, Func, UnaryOp};
+use crate::ir::{BinaryOp, FBin, FExpr, FType, Func, HeadMix, UnaryOp};
 use serde::Serialize;
 use std::convert::Infallible;
 
@@ -160,6 +160,18 @@ pub enum Lines {
 }
 
 impl Lines {
+    /// The lines the kernels walk to differentiate the reads of capture
+    /// `capture` by attention's score function: `None` where the kernels
+    /// refuse it (no score function, head mixing inside the softmax, or an
+    /// index no line walks; the interpreter computes it). The one rule for
+    /// the gradient's default inputs and the plan.
+    pub fn on_kernels(score: Option<&Func>, mix: HeadMix, capture: usize) -> Option<Lines> {
+        if !mix.is_identity() {
+            return None;
+        }
+        Lines::of(score?, capture)
+    }
+
     /// The lines for the reads of capture `capture` in score function
     /// `score`: `None` when some index depends on `i` and `j` otherwise than
     /// through `i − j`.

@@ -66,20 +66,17 @@ pub fn differentiable_inputs(program: &Program) -> Vec<String> {
 /// The tensors attention's score and mask functions read (head-mixing
 /// matrices aside) that are differentiated only when asked for by name
 /// (`--wrt`): every one but a `weight` (a learned table such as a relative
-/// bias) whose reads the kernels differentiate ([`Lines::of`], without head
-/// mixing). An `input` a function reads, such as ALiBi's fixed slopes, is
-/// a constant of the model more often than a parameter, and the kernels
-/// refuse the rest (the interpreter computes them).
+/// bias) whose reads the kernels differentiate ([`Lines::on_kernels`]). An
+/// `input` a function reads, such as ALiBi's fixed slopes, is a constant of
+/// the model more often than a parameter, and the kernels refuse the rest
+/// (the interpreter computes them).
 fn asked_for_by_name(program: &Program) -> Vec<NodeId> {
     let weight = |id: &NodeId| program.inputs.iter().any(|i| i.node == *id && i.weight);
     let fns = program.nodes.iter().filter_map(|n| match &n.op {
         Op::Attention { fns: Some(f), .. } => Some(
             (f.captures.iter().enumerate())
                 .filter(|(c, _)| !f.mix.reads(*c))
-                .filter(|(c, id)| {
-                    let lines = f.score.as_ref().and_then(|s| Lines::of(s, *c));
-                    !weight(id) || f.mixes() || lines.is_none()
-                })
+                .filter(|(c, id)| !weight(id) || Lines::on_kernels(f.score.as_ref(), f.mix, *c).is_none())
                 .map(|(_, id)| *id)
                 .collect::<Vec<_>>(),
         ),

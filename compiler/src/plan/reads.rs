@@ -34,9 +34,9 @@ pub const SUM_UNROLL: usize = 8;
 /// and their lines, where the kernels compute its gradient.
 fn read_lines(spec: &KernelSpec, capture: usize) -> Option<(usize, Lines)> {
     let KernelSpec::AttentionGrad { shape, .. } = spec else { return None };
-    let f = shape.fns.as_ref().filter(|f| f.mix.is_identity())?;
-    let score = f.score.as_ref()?;
-    Some((read_partials(score, capture).len(), Lines::of(score, capture)?))
+    let f = shape.fns.as_ref()?;
+    let lines = Lines::on_kernels(f.score.as_ref(), f.mix, capture)?;
+    Some((read_partials(f.score.as_ref()?, capture).len(), lines))
 }
 
 impl Planner {
