@@ -244,12 +244,13 @@ fn optimized_runs_match_and_explain_reports_the_choice() {
 /// Gradient programs planned as forward ones (issue 29): every layout a
 /// view (a transposed weight, merged or split heads, a deinterleaved
 /// attention output), so no copy launch; the forward attention writes the
-/// log-sum-exp, so no separate launch for it; IHA within 28 launches and
-/// MHA within 18 at the issue's sizes.
+/// log-sum-exp, so no separate launch for it; IHA's projections mix in
+/// their GEMMs' epilogue. At the issue's sizes MHA takes 15 launches and
+/// IHA 24 (the issue asks at most 18 and 28; held at today's counts).
 #[test]
 fn gradient_programs_compile_without_copies_in_few_launches() {
     let dir = scratch("grad-launches");
-    for (spec, p, most) in [("mha", None, 18), ("iha", Some("P=2"), 28)] {
+    for (spec, p, most) in [("mha", None, 15), ("iha", Some("P=2"), 24)] {
         let out = dir.join(spec);
         let mut args = vec!["compile", "--grad", "--target", "cuda", "-q", "--out", s(&out)];
         let file = format!("stdlib/{spec}.attn");
@@ -263,6 +264,10 @@ fn gradient_programs_compile_without_copies_in_few_launches() {
             manifest["launches"].as_array().unwrap().iter().map(|l| l["kernel"].as_str().unwrap()).collect();
         for needed in ["attention", "attention_grad_q", "attention_grad_kv", "matmul"] {
             assert!(kinds.contains(&needed), "{spec}: no {needed} launch in {kinds:?}");
+        }
+        if spec == "iha" {
+            let mixed = kinds.iter().filter(|k| **k == "matmul_mix").count();
+            assert_eq!(mixed, 3, "{spec}: q, k and v not mixed in their GEMMs: {kinds:?}");
         }
         assert!(kinds.len() <= most, "{spec}: {} launches (at most {most}): {kinds:?}", kinds.len());
         for refused in ["gather", "attention_lse"] {

@@ -496,6 +496,7 @@ fn gemms(make: Make, dtype: Dtype) {
             check_spec(&gpu, &c, &seeded(&c, 5), false, &format!("{a} {b}: {expr}, staged: {staged}"));
         }
         gemms_reading_b_in_place(&gpu, &staged);
+        gemms_keeping_their_product(&gpu, &staged);
         let specs: Vec<(&str, Vec<(&'static str, String)>)> = vec![
             ("mha", sets(&[("H", "3"), ("d", "10"), ("N", "150")])),
             ("iha", sets(&[("H", "4"), ("P", "3"), ("d", "16"), ("N", "70"), ("B", "2")])),
@@ -557,6 +558,28 @@ fn gemms_reading_b_in_place(dev: &Dev, path: &str) {
         assert_eq!(da.0, lanes, "{what}: dA's line size");
         assert_eq!(da.1.transposed, lanes > 1, "{what}: dA reads w transposed");
         check_gradients(dev, &grad, &tensors, &dims, &["matmul"], &what);
+    }
+}
+
+/// IHA's gradient program mixes its projections in the GEMMs' epilogue as
+/// inference does, the GEMM also storing the product that the mixing
+/// coefficients' gradients read (`MixEpilogue::keep`): one launch each
+/// instead of a GEMM and a `mix_heads`. Both collapses, B = 2, odd sizes.
+fn gemms_keeping_their_product(dev: &Dev, path: &str) {
+    for s in [
+        sets(&[("H", "4"), ("P", "3"), ("d", "16"), ("N", "70"), ("B", "2")]),
+        sets(&[("H", "2"), ("P", "2"), ("d", "8"), ("N", "45"), ("collapse", "per_head")]),
+    ] {
+        let c = compile_stdlib("iha", &s);
+        let grad = attnc_compiler::grad::differentiate(&c.program, &[]).unwrap();
+        let (tensors, dims) = bind::generate_inputs(&grad, 13).unwrap();
+        let plan = dev.plan(&grad, &dims);
+        let kept = |l: &&plan::Launch| {
+            matches!(l.spec, plan::KernelSpec::MatMul { mix: Some(plan::MixEpilogue { keep: true, .. }), .. })
+        };
+        let what = format!("iha {s:?} gradient, {path}");
+        assert_eq!(plan.launches.iter().filter(kept).count(), 3, "{what}: q, k and v not mixed in their GEMMs");
+        check_gradients(dev, &grad, &tensors, &dims, &["matmul_mix", "contract"], &what);
     }
 }
 
@@ -1139,6 +1162,7 @@ fn tf32_gemms_on_fragments_match_the_interpreter() {
     cases.push(compile_stdlib("iha", &sets(&[("H", "4"), ("P", "3"), ("d", "16"), ("N", "70"), ("B", "2")])));
     cases.push(compile_stdlib("mha", &sets(&[("H", "3"), ("d", "40"), ("N", "150")])));
     gemms_reading_b_in_place(&dev, "tf32 fragments");
+    gemms_keeping_their_product(&dev, "tf32 fragments");
     for c in &cases {
         let name = &c.program.name;
         let inputs = seeded(c, 8);

@@ -14,16 +14,18 @@ pub(super) fn plan(pl: &mut Planner, site: &mut Site) -> (KernelSpec, Vec<usize>
             let (spec, bindings, _) = plan_gemm(pl, p, i, None, None, false);
             (spec, bindings)
         }
-        Op::MixHeads { x, alpha } if matches!(pl.vals[x.0 as usize], Val::InEpilogue) => {
+        Op::MixHeads { x, alpha } if matches!(pl.vals[x.0 as usize], Val::InEpilogue) || pl.kept.contains_key(&i) => {
             let (sx, al) = (sh(0), sh(1));
             let Op::SplitHeads { x: y, .. } = p.nodes[x.0 as usize].op else { unreachable!("a fused head split") };
-            let mix = MixEpilogue { m: sx[1], h: al[1], p: al[2], s: sx[2], d: sx[3] };
+            // A kept product is stored beside the mixed output (its buffer bound before it).
+            let kept = pl.kept.remove(&i);
+            let mix = MixEpilogue { m: sx[1], h: al[1], p: al[2], s: sx[2], d: sx[3], keep: kept.is_some() };
             let (spec, bindings, gemm) = plan_gemm(pl, p, y.0 as usize, Some(mix), None, false);
-            // The product never reaches memory: its write and read are not paid.
+            // The product is not read back; unless kept, it never reaches memory.
             let mixing = op_cost(&node.op, shape, &[sx.clone(), al.clone()]);
-            let saved = 8.0 * sx.iter().product::<usize>() as f64;
+            let saved = if kept.is_some() { 4.0 } else { 8.0 } * sx.iter().product::<usize>() as f64;
             site.fused_work = Some((gemm.flops + mixing.flops, gemm.bytes + mixing.bytes - saved));
-            (spec, [bindings, vec![pl.contiguous(*alpha)]].concat())
+            (spec, [bindings, vec![pl.contiguous(*alpha)], kept.into_iter().collect()].concat())
         }
         Op::MixHeads { x, alpha } => {
             let (sx, al) = (sh(0), sh(1));

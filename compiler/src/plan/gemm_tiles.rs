@@ -9,7 +9,9 @@ use serde::Serialize;
 /// `out[b, h, j, t, e] = Σ_m alpha[m, h, j] · y[b·s + t, m·d + e]`, row-major
 /// `[rows / s, h, p, s, d]` — `mix_heads(split_heads(x @ w, m), alpha)` in one
 /// launch. A cube's columns are `channels` vectors of each of the `m` heads,
-/// so every unit holds all heads of the channels it mixes.
+/// so every unit holds all heads of the channels it mixes. With `keep`, it
+/// also stores the product (row-major `[rows, f]`, bound before the output):
+/// a gradient program's forward, whose coefficient gradient reads it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 pub struct MixEpilogue {
     pub m: usize,
@@ -17,6 +19,8 @@ pub struct MixEpilogue {
     pub p: usize,
     pub s: usize,
     pub d: usize,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub keep: bool,
 }
 
 impl MixEpilogue {

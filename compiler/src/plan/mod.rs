@@ -153,6 +153,27 @@ fn reader_layout(p: &Program, readers: &[Vec<usize>], shapes: &[Vec<usize>], i: 
     Some((shapes[c].clone(), written))
 }
 
+/// For GEMM node `mm` read by a head split (one the mixing epilogue can
+/// hold) that `mix_heads` reads, where the product or the split has other
+/// readers, every one after the mixing: the mixing node, whose launch can
+/// be the GEMM storing both the product and the mixed heads.
+fn kept_gemm(p: &Program, readers: &[Vec<usize>], shapes: &[Vec<usize>], mm: usize) -> Option<usize> {
+    let Op::MatMul { .. } = p.nodes[mm].op else { return None };
+    if shapes[mm].len() != 3 {
+        return None;
+    }
+    let split = readers[mm]
+        .iter()
+        .copied()
+        .find(|&r| matches!(p.nodes[r].op, Op::SplitHeads { heads, .. } if heads as usize <= MixEpilogue::MAX_HEADS))?;
+    let mix = readers[split]
+        .iter()
+        .copied()
+        .find(|&r| matches!(p.nodes[r].op, Op::MixHeads { x, .. } if x.0 as usize == split))?;
+    let mut others = readers[mm].iter().chain(&readers[split]).filter(|&&r| r != split && r != mix);
+    others.all(|&r| r > mix).then_some(mix)
+}
+
 /// Where a node's value is.
 #[derive(Clone, Debug)]
 enum Val {
@@ -176,6 +197,8 @@ struct Planner {
     vals: Vec<Val>,
     /// Nodes copied to a row-major buffer because a reader could not read their layout.
     copies: BTreeMap<usize, usize>,
+    /// Mixing nodes whose GEMM also stores its product, to the buffer given.
+    kept: BTreeMap<usize, usize>,
     /// Which nodes depend on weights and constants alone.
     weight_only: Vec<bool>,
     /// The node being planned.
@@ -343,6 +366,7 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
         launches: vec![],
         vals: Vec::with_capacity(p.nodes.len()),
         copies: BTreeMap::new(),
+        kept: BTreeMap::new(),
         weight_only: weight_only(p),
         node: 0,
     };
@@ -387,6 +411,15 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
         };
         if mixed_gemm(i).is_some() || scaled_gemm(i).is_some() || added_gemm(i).is_some() {
             pl.vals.push(Val::InEpilogue);
+            continue;
+        }
+        // The same where the product has other readers, all after the
+        // mixing (a gradient program's coefficient gradients): the GEMM
+        // stores the product too, at the mixing's place in the order.
+        if let Some(mix) = kept_gemm(p, &readers, &shapes, i) {
+            let buf = pl.buffer(&shape, BufferRole::Temp);
+            pl.kept.insert(mix, buf);
+            pl.vals.push(Val::At { buf, layout: Layout::contiguous(&shape) });
             continue;
         }
         if matches!(node.op, Op::Paged { .. }) && paged::in_place(p, &readers, i) {

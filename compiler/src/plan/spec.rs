@@ -553,10 +553,12 @@ impl KernelSpec {
     }
 
     /// How many bindings the launch writes, the last ones: its output and,
-    /// before it, a second one (attention's log-sum-exp, `dV` beside `dK`).
+    /// before it, a second one (attention's log-sum-exp, `dV` beside `dK`, a
+    /// mixing GEMM's kept product).
     pub fn outputs(&self) -> usize {
         match self {
             KernelSpec::Attention { lse: true, .. } | KernelSpec::AttentionGrad { dv: Some(_), .. } => 2,
+            KernelSpec::MatMul { mix: Some(m), .. } if m.keep => 2,
             _ => 1,
         }
     }

@@ -84,6 +84,7 @@ impl IrKernel {
                 3 + captures(shape) + usize::from(paged.is_some()) + usize::from(lse)
             }
             KernelSpec::Where { .. } => 3,
+            KernelSpec::MatMul { mix: Some(m), .. } if m.keep => 4,
             KernelSpec::MatMul { mix: Some(_), .. } | KernelSpec::MatMul { add: true, .. } => 3,
             KernelSpec::Group { inputs, .. } => inputs,
             KernelSpec::AttentionGrad { wrt: AttnArg::V, ref shape, .. } => 4 + captures(shape),
@@ -243,16 +244,17 @@ impl IrKernel {
                         scale: scale.map(|bits| f64::from_bits(bits) as f32),
                         fold: self.spec.fold_x(),
                     };
-                    // `x @ w + y`: the addend, bound after `b`.
-                    let addend = add.then(|| &bufs[2]);
+                    // The side buffer, bound after `b`: `x @ w + y`'s addend, or where a
+                    // mixing epilogue keeps the product.
+                    let side = (add || mix.is_some_and(|m| m.keep)).then(|| &bufs[2]);
                     let ab = (&bufs[0], &bufs[1]);
                     if self.mma != Mma::Off {
                         let hardware = self.mma == Mma::Hardware;
-                        mma::build_gemm::<N>(scope, ab, addend, &mut out, &shape, lanes, hardware, self.dtype)
+                        mma::build_gemm::<N>(scope, ab, side, &mut out, &shape, lanes, hardware, self.dtype)
                     } else if self.staged {
-                        gemm::build_staged::<N>(scope, ab, addend, &mut out, &shape, lanes)
+                        gemm::build_staged::<N>(scope, ab, side, &mut out, &shape, lanes)
                     } else {
-                        gemm::build::<N>(scope, ab, addend, &mut out, &shape, lanes, self.plane)
+                        gemm::build::<N>(scope, ab, side, &mut out, &shape, lanes, self.plane)
                     }
                 }
                 KernelSpec::AttentionGrad {

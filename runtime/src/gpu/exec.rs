@@ -427,7 +427,8 @@ impl Gpu {
             scope.register_type::<Stored>(super::device::elem_type(plan.dtype));
         });
         for (slot, id) in bindings.iter().enumerate() {
-            let io = if slot + 1 == bindings.len() { BufferIOAttr::ReadWrite } else { BufferIOAttr::ReadOnly };
+            let written = slot + spec.outputs() >= bindings.len();
+            let io = if written { BufferIOAttr::ReadWrite } else { BufferIOAttr::ReadOnly };
             launcher.declare_io(io);
             let handle = handles[*id].clone().expect("operands are alive");
             let len = plan.buffers[*id].len;

@@ -254,6 +254,27 @@ fn store<N: Size>(
     }
 }
 
+/// Store product vector `v` of row `row`, the cube's column `c` of a mixing
+/// tile (channel `c % ce` of head `c / ce`), to the kept product `[rows, fl]`, if both exist.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn store_kept<N: Size>(
+    out: &mut [Vector<Stored, N>],
+    row: usize,
+    v: Vector<f32, N>,
+    #[comptime] c: usize,
+    #[comptime] ce: usize,
+    #[comptime] dl: usize,
+    #[comptime] fl: usize,
+    #[comptime] rows: usize,
+    #[comptime] fold: usize,
+) {
+    let channel = k::cube_x(fold) * ce + comptime![c % ce];
+    if row < rows && channel < dl {
+        out[row * fl + comptime![c / ce * dl] + channel] = Vector::<Stored, N>::cast_from(v);
+    }
+}
+
 /// Where row `row`'s first output vector goes in the mixing epilogue's
 /// `[B, targets, s, dl]` output (vectors).
 #[cube]
@@ -340,7 +361,7 @@ pub(super) fn cube_row(local: usize, #[comptime] rows: usize, #[comptime] fold: 
 pub fn build<N: Size>(
     scope: &Scope,
     (a, b): (&NativeExpand<[Vector<Stored, N>]>, &NativeExpand<[Vector<Stored, N>]>),
-    addend: Option<&NativeExpand<[Vector<Stored, N>]>>,
+    side: Option<&NativeExpand<[Vector<Stored, N>]>>,
     out: &mut NativeExpand<[Vector<Stored, N>]>,
     shape: &Shape,
     lanes: usize,
@@ -411,7 +432,7 @@ pub fn build<N: Size>(
             });
         });
     });
-    epilogue::<N>(scope, out, addend, &acc, &unit_rows, shape, tile);
+    epilogue::<N>(scope, out, side, &acc, &unit_rows, shape, tile);
 }
 
 /// Whether this unit's plane of `plane` units owns a row below `rows`
@@ -426,7 +447,7 @@ fn plane_has_rows(#[comptime] plane: u32, #[comptime] rows: usize, #[comptime] f
 pub fn build_staged<N: Size>(
     scope: &Scope,
     (a, b): (&NativeExpand<[Vector<Stored, N>]>, &NativeExpand<[Vector<Stored, N>]>),
-    addend: Option<&NativeExpand<[Vector<Stored, N>]>>,
+    side: Option<&NativeExpand<[Vector<Stored, N>]>>,
     out: &mut NativeExpand<[Vector<Stored, N>]>,
     shape: &Shape,
     lanes: usize,
@@ -506,7 +527,7 @@ pub fn build_staged<N: Size>(
         k::barrier::expand(scope);
     });
     let unit_rows: Vec<_> = (0..GEMM_ROWS).map(|m| unit_row::expand(scope, m, shape.fold)).collect();
-    epilogue::<N>(scope, out, addend, &acc, &unit_rows, shape, tile);
+    epilogue::<N>(scope, out, side, &acc, &unit_rows, shape, tile);
 }
 
 /// Update `n` accumulators held in registers: `f` changes their values.
@@ -544,13 +565,14 @@ fn rank_one<N: Size>(
     }
 }
 
-/// Store the accumulators (plus the addend's entries, with one), or mix
-/// heads from them: one runtime loop over the h·p targets, each mixing the
-/// unit's heads of every row and channel it holds.
+/// Store the accumulators (plus the addend's entries, with one: `side`),
+/// or mix heads from them: one runtime loop over the h·p targets, each
+/// mixing the unit's heads of every row and channel it holds (a kept
+/// product stored to `side` first).
 fn epilogue<N: Size>(
     scope: &Scope,
     out: &mut NativeExpand<[Vector<Stored, N>]>,
-    addend: Option<&NativeExpand<[Vector<Stored, N>]>>,
+    side: Option<&NativeExpand<[Vector<Stored, N>]>>,
     acc: &NativeExpand<Array<Vector<f32, N>>>,
     unit_rows: &[NativeExpand<usize>],
     shape: &Shape,
@@ -564,19 +586,28 @@ fn epilogue<N: Size>(
     };
     let Some((mix, alpha)) = &shape.mix else {
         // Without an addend, `store` reads none: the output stands in.
-        let y = match addend {
-            Some(y) => y.clone_unchecked(),
-            None => (*out).clone_unchecked(),
+        let (addend, y) = match side {
+            Some(y) => (true, y.clone_unchecked()),
+            None => (false, (*out).clone_unchecked()),
         };
         for (m, row) in unit_rows.iter().enumerate() {
             for c in 0..cols {
                 let v = scaled(scope, k::vget::expand::<N>(scope, acc, m * cols + c));
-                let (row, add) = (row.clone(), addend.is_some());
+                let (row, add) = (row.clone(), addend);
                 store::expand::<N>(scope, out, &y, row, v, c, rows, cols, fl, shape.fold, add);
             }
         }
         return;
     };
+    if mix.keep {
+        let mut kept = side.expect("a kept product's buffer").clone_unchecked();
+        for (m, row) in unit_rows.iter().enumerate() {
+            for c in 0..cols {
+                let v = k::vget::expand::<N>(scope, acc, m * cols + c);
+                store_kept::expand::<N>(scope, &mut kept, row.clone(), v, c, ce, dl, fl, rows, shape.fold);
+            }
+        }
+    }
     let targets = mix.h * mix.p;
     let starts: Vec<_> = unit_rows.iter().map(|r| mixed_row::expand(scope, r.clone(), mix.s, dl, targets)).collect();
     let range = RangeExpand::new(NativeExpand::from_lit(scope, 0usize), NativeExpand::from_lit(scope, targets));

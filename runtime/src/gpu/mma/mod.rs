@@ -377,6 +377,37 @@ fn mix_row<N: Size>(
     }
 }
 
+/// A kept product's row `row` (at `at` of the scratch, `ce` channel vectors
+/// of each of the `m` heads): the channels of parity `half` stored to the
+/// product `[rows, fl]` (`gemm::store_kept`'s places), if they exist.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn keep_row<N: Size>(
+    out: &mut [Vector<Stored, N>],
+    scratch: &[f32],
+    row: usize,
+    at: usize,
+    half: usize,
+    #[comptime] m: usize,
+    #[comptime] ce: usize,
+    #[comptime] dl: usize,
+    #[comptime] fl: usize,
+    #[comptime] rows: usize,
+    #[comptime] fold: usize,
+) {
+    #[unroll]
+    for h in 0..m {
+        #[unroll]
+        for ch in 0..ce {
+            let channel = k::cube_x(fold) * ce + ch;
+            if comptime![ch % 2] == half && row < rows && channel < dl {
+                let v = scratch_f32::<N>(scratch, at + comptime![(h * ce + ch) * N::value()]);
+                out[row * fl + comptime![h * dl] + channel] = Vector::<Stored, N>::cast_from(v);
+            }
+        }
+    }
+}
+
 /// The GEMM on matrix fragments, for a cube of `plan::GEMM_UNITS` (two
 /// planes) over `GEMM_UNITS · GEMM_ROWS` = 256 rows and the scalar GEMM's
 /// columns (so the plan's grid serves both): per stage of 16 of `k`, the
@@ -389,7 +420,7 @@ fn mix_row<N: Size>(
 pub fn build_gemm<N: Size>(
     scope: &Scope,
     (a, b): (&NativeExpand<[Vector<Stored, N>]>, &NativeExpand<[Vector<Stored, N>]>),
-    addend: Option<&NativeExpand<[Vector<Stored, N>]>>,
+    side: Option<&NativeExpand<[Vector<Stored, N>]>>,
     out: &mut NativeExpand<[Vector<Stored, N>]>,
     shape: &gemm::Shape,
     lanes: usize,
@@ -493,14 +524,14 @@ pub fn build_gemm<N: Size>(
             }
             k::barrier::expand(scope);
             let row = gemm_row::expand(scope, warp.clone(), i.clone(), r, shape.fold);
-            let (ra, h) = (row_at.clone(), half.clone());
+            let (ra, h, row_) = (row_at.clone(), half.clone(), row.clone());
             let (m, targets, s) = (mix.m, mix.h * mix.p, mix.s);
             mix_row::expand::<N>(
                 scope,
                 out,
                 &scratch,
                 alpha,
-                row,
+                row_,
                 ra,
                 h,
                 scale.clone(),
@@ -512,15 +543,20 @@ pub fn build_gemm<N: Size>(
                 rows,
                 shape.fold,
             );
+            if mix.keep {
+                let mut kept = side.expect("a kept product's buffer").clone_unchecked();
+                let (ra, h) = (row_at.clone(), half.clone());
+                keep_row::expand::<N>(scope, &mut kept, &scratch, row, ra, h, m, ce, dl, fl, rows, shape.fold);
+            }
             k::barrier::expand(scope);
         }
         return;
     }
     let i = k::idx_div::expand(scope, lane.clone(), 2);
     // Without an addend, `store_out` reads none: the output stands in.
-    let y = match addend {
-        Some(y) => y.clone_unchecked(),
-        None => (*out).clone_unchecked(),
+    let (addend, y) = match side {
+        Some(y) => (true, y.clone_unchecked()),
+        None => (false, (*out).clone_unchecked()),
     };
     for (n, acc) in accs.iter().enumerate() {
         let (r, c) = (n / (bw / F), n % (bw / F));
@@ -530,7 +566,7 @@ pub fn build_gemm<N: Size>(
         for v in 0..8 / lanes {
             let (row, lane, tc) = (row.clone(), lane.clone(), c * F + v * lanes);
             let val = scratch_vector::expand::<N>(scope, &scratch, at.clone(), lane.clone(), v, scale.clone());
-            store_out::expand::<N>(scope, out, &y, val, row, lane, tc, rows, cw, f, shape.fold, addend.is_some());
+            store_out::expand::<N>(scope, out, &y, val, row, lane, tc, rows, cw, f, shape.fold, addend);
         }
         k::barrier::expand(scope);
     }
