@@ -153,11 +153,13 @@ fn reader_layout(p: &Program, readers: &[Vec<usize>], shapes: &[Vec<usize>], i: 
     Some((shapes[c].clone(), written))
 }
 
-/// For GEMM node `mm` read by a head split (one the mixing epilogue can
-/// hold) that `mix_heads` reads, where the product or the split has other
-/// readers, every one after the mixing: the mixing node, whose launch can
-/// be the GEMM storing both the product and the mixed heads.
-fn kept_gemm(p: &Program, readers: &[Vec<usize>], shapes: &[Vec<usize>], mm: usize) -> Option<usize> {
+/// `mix_heads(split_heads(x @ w, m), alpha)` at GEMM node `mm` (a split
+/// the mixing epilogue can hold), every other reader of the product or the
+/// split after the mixing: the mixing node, whose launch is the GEMM mixing
+/// in its epilogue, and whether that GEMM also keeps (stores) the product,
+/// because something else reads it (a gradient's coefficient contraction)
+/// or it is an output.
+fn mixing_gemm(p: &Program, readers: &[Vec<usize>], shapes: &[Vec<usize>], mm: usize) -> Option<(usize, bool)> {
     let Op::MatMul { .. } = p.nodes[mm].op else { return None };
     if shapes[mm].len() != 3 {
         return None;
@@ -170,8 +172,10 @@ fn kept_gemm(p: &Program, readers: &[Vec<usize>], shapes: &[Vec<usize>], mm: usi
         .iter()
         .copied()
         .find(|&r| matches!(p.nodes[r].op, Op::MixHeads { x, .. } if x.0 as usize == split))?;
-    let mut others = readers[mm].iter().chain(&readers[split]).filter(|&&r| r != split && r != mix);
-    others.all(|&r| r > mix).then_some(mix)
+    let mut others = readers[mm].iter().chain(&readers[split]).filter(|&&r| r != split && r != mix).peekable();
+    let is_output = |n: usize| p.outputs.iter().any(|(_, o)| o.0 as usize == n);
+    let keep = others.peek().is_some() || is_output(mm) || is_output(split);
+    others.all(|&r| r > mix).then_some((mix, keep))
 }
 
 /// Where a node's value is.
@@ -385,19 +389,13 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
             pl.vals.push(Val::InGroup);
             continue;
         }
-        // `mix_heads(split_heads(x @ w, m), alpha)`: one GEMM mixing in its epilogue.
         let only_reader = |n: usize| match readers[n][..] {
             [r] if !is_output(n) => Some(r),
             _ => None,
         };
-        let mixed_gemm = |n: usize| -> Option<usize> {
-            let Op::MatMul { .. } = node.op else { return None };
-            let split = only_reader(n).filter(|&r| {
-                matches!(p.nodes[r].op, Op::SplitHeads { heads, .. }
-                if heads as usize <= MixEpilogue::MAX_HEADS && shapes[n].len() == 3)
-            })?;
-            only_reader(split).filter(|&r| matches!(p.nodes[r].op, Op::MixHeads { x, .. } if x.0 as usize == split))
-        };
+        // `mix_heads(split_heads(x @ w, m), alpha)`: one GEMM mixing in its
+        // epilogue, which stores the product too where it is read again.
+        let mixing = mixing_gemm(p, &readers, &shapes, i);
         // `(x @ w) * c` or `(x @ w) / c` with a constant `c`: one GEMM scaling in its epilogue.
         let scaled_gemm = |n: usize| -> Option<usize> {
             let Op::MatMul { .. } = node.op else { return None };
@@ -409,14 +407,13 @@ pub fn plan(p: &Program, dims: &DimValues) -> Plan {
             let Op::MatMul { .. } = node.op else { return None };
             only_reader(n).filter(|&r| !local[r] && addend_of(p, &shapes, r).is_some_and(|(mm, _)| mm == n))
         };
-        if mixed_gemm(i).is_some() || scaled_gemm(i).is_some() || added_gemm(i).is_some() {
+        if mixing.is_some_and(|(_, keep)| !keep) || scaled_gemm(i).is_some() || added_gemm(i).is_some() {
             pl.vals.push(Val::InEpilogue);
             continue;
         }
-        // The same where the product has other readers, all after the
-        // mixing (a gradient program's coefficient gradients): the GEMM
-        // stores the product too, at the mixing's place in the order.
-        if let Some(mix) = kept_gemm(p, &readers, &shapes, i) {
+        // A kept product gets its buffer now and is written at the mixing's
+        // place in the order (its other readers all come after).
+        if let Some((mix, true)) = mixing {
             let buf = pl.buffer(&shape, BufferRole::Temp);
             pl.kept.insert(mix, buf);
             pl.vals.push(Val::At { buf, layout: Layout::contiguous(&shape) });
