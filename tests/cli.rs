@@ -23,6 +23,16 @@ fn scratch(name: &str) -> PathBuf {
     dir
 }
 
+/// The manifest `attnc compile` wrote to `dir`.
+fn manifest_in(dir: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).unwrap()).unwrap()
+}
+
+/// The kernel kind of each launch in `manifest`.
+fn kernel_kinds(manifest: &serde_json::Value) -> Vec<&str> {
+    manifest["launches"].as_array().unwrap().iter().map(|l| l["kernel"].as_str().unwrap()).collect()
+}
+
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
@@ -258,10 +268,8 @@ fn gradient_programs_compile_without_copies_in_few_launches() {
         args.extend(p.iter().flat_map(|p| ["--set", *p]));
         let o = attnc(&args);
         assert!(o.status.success(), "{spec}: {}", stderr(&o));
-        let manifest: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap()).unwrap();
-        let kinds: Vec<&str> =
-            manifest["launches"].as_array().unwrap().iter().map(|l| l["kernel"].as_str().unwrap()).collect();
+        let manifest = manifest_in(&out);
+        let kinds = kernel_kinds(&manifest);
         for needed in ["attention", "attention_grad_q", "attention_grad_kv", "matmul"] {
             assert!(kinds.contains(&needed), "{spec}: no {needed} launch in {kinds:?}");
         }
@@ -288,8 +296,7 @@ fn compile_writes_kernels_and_a_manifest_without_a_device() {
     for target in ["cuda", "wgsl"] {
         let out = dir.join(target);
         compile(target, &out);
-        let manifest: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap()).unwrap();
+        let manifest = manifest_in(&out);
         let launches = manifest["launches"].as_array().unwrap();
         assert!(launches.iter().any(|l| l["kernel"] == "attention"));
         for l in launches {
@@ -403,15 +410,13 @@ fn half_precision_dtypes_run_compile_or_refuse_clearly() {
     let o =
         attnc(&["compile", "stdlib/mha.attn", "--set", "N=8", "--target", "cuda", "--dtype", "bf16", "--out", s(&k)]);
     assert!(o.status.success(), "{}", stderr(&o));
-    let manifest: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(k.join("manifest.json")).unwrap()).unwrap();
+    let manifest = manifest_in(&k);
     assert_eq!(manifest["dtype"], "bf16");
     let t = dir.join("t");
     let o =
         attnc(&["compile", "stdlib/mha.attn", "--set", "N=8", "--target", "cuda", "--dtype", "tf32", "--out", s(&t)]);
     assert!(o.status.success(), "{}", stderr(&o));
-    let manifest: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(t.join("manifest.json")).unwrap()).unwrap();
+    let manifest = manifest_in(&t);
     assert_eq!(manifest["dtype"], "tf32");
     std::fs::remove_dir_all(&dir).ok();
 }
@@ -475,10 +480,8 @@ fn grad_writes_gradients_or_refuses_clearly() {
     let k = dir.join("kernels");
     let o = attnc(&[&["compile", "stdlib/iha.attn", "--grad", "--target", "wgsl", "--out", s(&k)][..], &sets].concat());
     assert!(o.status.success(), "{}", stderr(&o));
-    let manifest: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(k.join("manifest.json")).unwrap()).unwrap();
-    let kinds: Vec<&str> =
-        manifest["launches"].as_array().unwrap().iter().map(|l| l["kernel"].as_str().unwrap()).collect();
+    let manifest = manifest_in(&k);
+    let kinds = kernel_kinds(&manifest);
     // The forward writes the log-sum-exp; dK and dV come from one launch.
     for kind in ["attention", "attention_grad_q", "attention_grad_kv", "contract"] {
         assert!(kinds.contains(&kind), "no {kind} kernel in {kinds:?}");
