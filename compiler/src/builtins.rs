@@ -474,6 +474,25 @@ mod tests {
         }
     }
 
+    /// Every binary operation but the infix operators (`+ - * /`, the
+    /// comparisons) is a listed pairwise builtin, and every reduction of the
+    /// IR is one a listed reduction builtin computes.
+    #[test]
+    fn every_pairwise_function_and_reduction_is_listed() {
+        let infix =
+            [BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Ge, BinaryOp::Gt, BinaryOp::Eq];
+        for op in BinaryOp::ALL {
+            let listed = Builtin::ALL.iter().any(|b| matches!(b, Builtin::Pairwise(p) if p.op() == op));
+            assert_eq!(listed, !infix.contains(&op), "{op:?}");
+        }
+        for kind in ReduceKind::ALL {
+            let listed = Builtin::ALL
+                .iter()
+                .any(|b| matches!(b, Builtin::Reduce(r) if [false, true].iter().any(|bessel| r.kind(*bessel) == kind)));
+            assert!(listed, "{}", kind.name());
+        }
+    }
+
     #[test]
     fn choices_list_their_names_in_order() {
         assert_eq!(MaskName::NAMES.len(), MaskName::ALL.len());

@@ -177,7 +177,21 @@ impl UnaryOp {
     };
 }
 
+impl BinaryOp {
+    /// Every binary operation, in declaration order.
+    pub const ALL: [BinaryOp; 10] = {
+        use BinaryOp::*;
+        [Add, Sub, Mul, Div, Max, Min, Ge, Gt, Eq, Pow]
+    };
+}
+
 impl ReduceKind {
+    /// Every reduction.
+    pub const ALL: [ReduceKind; 7] = {
+        use ReduceKind::*;
+        [Sum, Mean, Max, Min, Count, Var { bessel: false }, Var { bessel: true }]
+    };
+
     pub fn name(self) -> &'static str {
         match self {
             ReduceKind::Sum => "sum",
