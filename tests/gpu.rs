@@ -583,6 +583,25 @@ fn gemms_keeping_their_product(dev: &Dev, path: &str) {
     }
 }
 
+/// [`gemms_keeping_their_product`] at a user's length: IHA's gradient at
+/// N = 1030 (2060 pseudo-tokens, past many GEMM and attention tiles and no
+/// multiple of any), its three kept products read by the coefficients'
+/// gradients, against the interpreter on the device's default path.
+#[test]
+fn gemms_keeping_their_product_at_a_thousand_tokens() {
+    let dev = device(Gpu::wgpu, Dtype::F32);
+    let s = sets(&[("H", "2"), ("P", "2"), ("d", "32"), ("N", "1030")]);
+    let c = compile_stdlib("iha", &s);
+    let grad = attnc_compiler::grad::differentiate(&c.program, &[]).unwrap();
+    let (tensors, dims) = bind::generate_inputs(&grad, 17).unwrap();
+    let plan = dev.plan(&grad, &dims);
+    let kept = |l: &&plan::Launch| {
+        matches!(l.spec, plan::KernelSpec::MatMul { mix: Some(plan::MixEpilogue { keep: true, .. }), .. })
+    };
+    assert_eq!(plan.launches.iter().filter(kept).count(), 3, "q, k and v not mixed in their GEMMs");
+    check_gradients(&dev, &grad, &tensors, &dims, &["matmul_mix", "contract"], &format!("iha {s:?} gradient"));
+}
+
 /// Weights prepared once serve many calls: the optimized MHA (projections
 /// merged on concatenated weights, the concatenation prepared) and IHA with
 /// per-head collapse (its block-diagonal prepared) run on fresh activations
@@ -1266,6 +1285,46 @@ fn fragment_attention_matches_the_interpreter_on_cuda_bf16() {
 #[test]
 fn fragment_attention_matches_the_interpreter_on_wgpu_f16() {
     fragment_attention(Gpu::wgpu, Dtype::F16);
+}
+
+/// Attention's backward on matrix fragments (`mma/flash_grad.rs`; 16-bit
+/// heads up to 64 wide), the fragments computed in software: dQ, dK and dV
+/// against the same-dtype reference past several tiles each way (query and
+/// key rows past 64-row cubes and 16-row tiles, unequal lengths), with
+/// masks, windows, blocks, GQA, and head widths that are not multiples of
+/// 16 (zero-padded fragments) read in vectors of 4, 2 and 1.
+fn fragment_attention_gradients(make: Make, dtype: Dtype) {
+    let dev = device(make, dtype).map(|g| g.with_software_fragments());
+    let s = |h, hk, m, n, d, mask, window, block| Sized { h, hk, m, n, d, mask, window, block };
+    let cases = [
+        s(2, 1, 300, 1000, 64, "causal", None, 1),
+        s(1, 1, 1100, 1100, 32, "none", Some(100), 1),
+        s(3, 1, 200, 200, 24, "token_causal", Some(5), 4),
+        s(2, 2, 130, 70, 40, "none", None, 1),
+        s(1, 1, 92, 260, 6, "token_causal", Some(3), 4),
+        s(4, 2, 333, 333, 48, "causal", Some(90), 1),
+    ];
+    for c in &cases {
+        let spec = sized_spec(c);
+        let grad = attnc_compiler::grad::differentiate(&spec.program, &[]).unwrap();
+        let dims = bind::default_dims(&grad).unwrap();
+        let p = dev.plan(&grad, &dims);
+        let backward = p.launches.iter().filter(|l| matches!(l.spec, plan::KernelSpec::AttentionGrad { .. }));
+        assert!(backward.clone().count() == 2, "d = {}: {} backward launches", c.d, backward.count());
+        assert!(backward.clone().all(|l| l.spec.fragments()), "d = {}: backward not tiled for fragments", c.d);
+    }
+    attention_gradient_cases(&dev, &cases);
+}
+
+#[test]
+fn fragment_attention_gradients_match_the_interpreter_on_wgpu_f16() {
+    fragment_attention_gradients(Gpu::wgpu, Dtype::F16);
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+fn fragment_attention_gradients_match_the_interpreter_on_cuda_bf16() {
+    fragment_attention_gradients(Gpu::cuda, Dtype::Bf16);
 }
 
 #[test]

@@ -4,7 +4,8 @@
 //! upload and read-back. `tf32` is f32 storage whose GEMMs multiply on
 //! TF32 tensor cores (operands with f16's 10-bit mantissa, f32's range).
 
-use super::{frag_key_tile, value_elements, AttnShape, BufferRole, KernelSpec, Plan};
+use super::{frag_grad_tile, frag_key_tile, value_elements, AttnShape, BufferRole, KernelSpec, Plan};
+use crate::ir::AttnArg;
 use serde::Serialize;
 use std::fmt;
 use std::str::FromStr;
@@ -81,11 +82,19 @@ impl Plan {
         for l in &mut self.launches {
             l.bytes *= ratio;
             let lanes = l.spec.line_size();
-            if let KernelSpec::Attention { shape: AttnShape { d, e, .. }, ref mut fragments, kv, .. } = l.spec {
-                // Split keys run on the scalar kernels; score and mask functions
-                // (lengths among them) and paged caches on fragments too.
-                let scalar = kv.is_some();
-                *fragments = dtype.is_half() && frag_key_tile(d, e, lanes).is_some() && !scalar;
+            match l.spec {
+                KernelSpec::Attention { shape: AttnShape { d, e, .. }, ref mut fragments, kv, .. } => {
+                    // Split keys run on the scalar kernels; score and mask functions
+                    // (lengths among them) and paged caches on fragments too.
+                    let scalar = kv.is_some();
+                    *fragments = dtype.is_half() && frag_key_tile(d, e, lanes).is_some() && !scalar;
+                }
+                // dQ, dK and dV (a read tensor's gradient stays scalar).
+                KernelSpec::AttentionGrad { shape: AttnShape { d, e, .. }, wrt, ref mut fragments, .. } => {
+                    let rows = matches!(wrt, AttnArg::Q | AttnArg::K | AttnArg::V);
+                    *fragments = dtype.is_half() && rows && frag_grad_tile(d, e).is_some();
+                }
+                _ => {}
             }
         }
         self.dtype = dtype;

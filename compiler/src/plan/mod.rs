@@ -16,6 +16,7 @@ mod reads;
 mod spec;
 mod split;
 mod tiles;
+mod trips;
 mod view;
 mod visited;
 

@@ -113,6 +113,38 @@ pub fn frag_key_tile(d: usize, e: usize, lanes: usize) -> Option<usize> {
     [tile, 16].into_iter().find(|t| t * width <= 2048).filter(|_| d.max(e) <= FRAG_MAX_HEAD)
 }
 
+/// Rows of the other side's tiles in attention's backward on matrix
+/// fragments (dQ walks key tiles, dK and dV query tiles) for 16-bit heads of
+/// `d` and `e`, if it takes them: its shared arrays must fit in
+/// [`FRAG_SHARED`] (see [`frag_grad_shared`]), which holds heads up to 64
+/// wide. A cube holds its own 64 rows of two operands (`q` and `dO`, or `k`
+/// and `v`) and one tile of the other two, the tile's two f32 score
+/// products (`S` and `dP`, which also serve as the fragments' scratch) and
+/// its 16-bit probabilities or score gradients.
+pub fn frag_grad_tile(d: usize, e: usize) -> Option<usize> {
+    let tile = F_GRAD_TILE;
+    (frag_grad_shared(d, e, 2, tile) <= FRAG_SHARED).then_some(tile)
+}
+
+/// Rows of the other side a tile of the fragment backward ([`frag_grad_tile`]).
+const F_GRAD_TILE: usize = 16;
+
+/// Bytes of shared memory the fragment backward takes for heads of `d` and
+/// `e` (padded to 16) in elements of `bytes`, tiles of `tile` rows: 64 rows
+/// and a tile of both heads' operands and the tile's 16-bit products in the
+/// storage type, two f32 products of 64 × `tile`, each tile row's
+/// log-sum-exp and `D_i`, a word a row (dQ's parked output rows), and 128
+/// bytes of alignment slack.
+pub fn frag_grad_shared(d: usize, e: usize, bytes: usize, tile: usize) -> usize {
+    let (dp, ep) = (d.next_multiple_of(16), e.next_multiple_of(16));
+    let rows = ATTN_ROWS + tile;
+    bytes * (rows * (dp + ep) + ATTN_ROWS * tile) + 4 * (2 * ATTN_ROWS * tile.max(16) + 2 * tile + ATTN_ROWS) + 128
+}
+
+/// Shared memory the fragment kernels fit in: 32 KiB, the least of the
+/// devices they run on (Metal, lavapipe; CUDA's static limit is 48 KiB).
+pub const FRAG_SHARED: usize = 32 * 1024;
+
 /// The widest head (`d` and `e`) attention on matrix fragments takes.
 pub const FRAG_MAX_HEAD: usize = 128;
 
@@ -399,6 +431,12 @@ impl KernelSpec {
             KernelSpec::Attention { fragments: true, .. } => format!(
                 "matrix fragments: one query row a unit, {} a cube (two planes); key tiles of {} rows, \
                  scores and probabilities through shared memory",
+                t.cube_rows(),
+                t.key_tile
+            ),
+            KernelSpec::AttentionGrad { fragments: true, .. } => format!(
+                "matrix fragments: one row a unit, {} a cube (two planes); {other} tiles of {} rows, \
+                 scores, their gradients and the probabilities through shared memory",
                 t.cube_rows(),
                 t.key_tile
             ),

@@ -29,7 +29,7 @@ use cubecl::prelude::*;
 
 /// What the log-sum-exp of a row that saw no key becomes: every
 /// `exp(score − lse)` is then 0.
-const DEAD_ROW: f32 = 3.0e38;
+pub(super) const DEAD_ROW: f32 = 3.0e38;
 
 /// The buffers of a `dQ` launch (in vectors, but the log-sum-exp).
 pub struct GradBuffers<'a, N: Size> {
@@ -183,7 +183,7 @@ impl<N: Size> GradTile<'_, N> {
 
 /// `dS = p · (dp − D)`.
 #[cube]
-fn grad_weight(p: f32, dp: f32, delta: f32) -> f32 {
+pub(super) fn grad_weight(p: f32, dp: f32, delta: f32) -> f32 {
     p * (dp - delta)
 }
 
@@ -201,7 +201,7 @@ fn row_dot<N: Size>(a: &Array<Vector<f32, N>>, b: &Array<Vector<f32, N>>, #[comp
 /// The log-sum-exp of the unit's query row (`rows`: its `ROW_*` slots),
 /// [`DEAD_ROW`] where the row saw no key.
 #[cube]
-fn row_lse(lse: &[Stored], rows: &Array<usize>, #[comptime] s: usize, #[comptime] fold: usize) -> f32 {
+pub(super) fn row_lse(lse: &[Stored], rows: &Array<usize>, #[comptime] s: usize, #[comptime] fold: usize) -> f32 {
     let bh = k::cube_y(fold);
     let i = min(rows[ROW_I], comptime![s - 1]);
     let l = f32::cast_from(lse[bh * comptime![s] + i]);
@@ -450,19 +450,19 @@ impl<N: Size> KeyTileGrad<'_, N> {
 
 /// This unit's `r`-th key row (past the last for a unit with none).
 #[cube]
-fn key_unit_row(#[comptime] r: usize, #[comptime] cube_rows: usize, #[comptime] fold: usize) -> usize {
+pub(super) fn key_unit_row(#[comptime] r: usize, #[comptime] cube_rows: usize, #[comptime] fold: usize) -> usize {
     k::cube_x(fold) * cube_rows + UNIT_POS as usize + comptime![r * ATTN_ROWS]
 }
 
 /// Row `i` clamped to the last of `n`.
 #[cube]
-fn last_row(i: usize, #[comptime] n: usize) -> usize {
+pub(super) fn last_row(i: usize, #[comptime] n: usize) -> usize {
     min(i, comptime![n - 1])
 }
 
 /// The cube's first and last key rows.
 #[cube]
-fn cube_keys(#[comptime] cube_rows: usize, #[comptime] sk: usize, #[comptime] fold: usize) -> Array<usize> {
+pub(super) fn cube_keys(#[comptime] cube_rows: usize, #[comptime] sk: usize, #[comptime] fold: usize) -> Array<usize> {
     let mut a = Array::<usize>::new(2usize);
     let j0 = k::cube_x(fold) * cube_rows;
     a[0] = j0;
@@ -473,7 +473,14 @@ fn cube_keys(#[comptime] cube_rows: usize, #[comptime] sk: usize, #[comptime] fo
 /// The log-sum-exp of query row `i` of head `(b, hi)`, [`DEAD_ROW`] past the
 /// last row or where the row saw no key.
 #[cube]
-fn query_lse(lse: &[Stored], b: usize, hi: usize, i: usize, #[comptime] h: usize, #[comptime] s: usize) -> f32 {
+pub(super) fn query_lse(
+    lse: &[Stored],
+    b: usize,
+    hi: usize,
+    i: usize,
+    #[comptime] h: usize,
+    #[comptime] s: usize,
+) -> f32 {
     let mut l = f32::new(DEAD_ROW);
     if i < s {
         let x = f32::cast_from(lse[(b * comptime![h] + hi) * comptime![s] + i]);

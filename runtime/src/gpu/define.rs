@@ -274,25 +274,23 @@ impl IrKernel {
                         lse: &scalars[0],
                     };
                     let views = [o, dout].map(|view| view.in_vectors(lanes));
-                    let (scale, plane) = (sh.scale(), self.plane);
-                    if wrt == AttnArg::Q {
-                        attention_tiled_grad::build_grad_q::<N>(scope, &b, &mut out, scale, &shape, views, lanes, plane)
-                    } else {
-                        // dK and dV in one launch: dV's buffer is the last vector binding before dK's.
-                        let mut dv = dv_view
-                            .map(|view| (bufs.last().expect("dV's binding").clone_unchecked(), view.in_vectors(lanes)));
-                        attention_tiled_grad::build_grad_kv::<N>(
-                            scope,
-                            &b,
-                            &mut out,
-                            scale,
-                            &shape,
-                            views,
-                            lanes,
-                            plane,
-                            wrt == AttnArg::K,
-                            dv.as_mut().map(|(buf, view)| (buf, *view)),
-                        )
+                    let (scale, plane, wrt_k) = (sh.scale(), self.plane, wrt == AttnArg::K);
+                    // dK and dV in one launch: dV's buffer is the last vector binding before dK's.
+                    let mut dv = dv_view
+                        .map(|view| (bufs.last().expect("dV's binding").clone_unchecked(), view.in_vectors(lanes)));
+                    let dv = dv.as_mut().map(|(buf, view)| (buf, *view));
+                    let (o, sh) = (&mut out, &shape);
+                    match (wrt, self.frag_device()) {
+                        (AttnArg::Q, Some(dev)) => mma::build_grad_q::<N>(scope, &b, o, scale, sh, views, lanes, dev),
+                        (AttnArg::Q, None) => {
+                            attention_tiled_grad::build_grad_q::<N>(scope, &b, o, scale, sh, views, lanes, plane)
+                        }
+                        (_, Some(dev)) => {
+                            mma::build_grad_kv::<N>(scope, &b, o, scale, sh, views, lanes, dev, wrt_k, dv)
+                        }
+                        (_, None) => attention_tiled_grad::build_grad_kv::<N>(
+                            scope, &b, o, scale, sh, views, lanes, plane, wrt_k, dv,
+                        ),
                     }
                 }
                 KernelSpec::AttentionLse { shape: ref sh, q, k: kv, .. } => {
@@ -319,21 +317,9 @@ impl IrKernel {
                         shape.lse = Some(scalars.last().expect("the log-sum-exp binding").clone_unchecked());
                     }
                     let scale = scale.expect("attention takes a scale");
-                    if self.mma != Mma::Off {
-                        let (q, kb, v, hardware) = (&bufs[0], &bufs[1], &bufs[2], self.mma == Mma::Hardware);
-                        return mma::build_attention::<N>(
-                            scope,
-                            q,
-                            kb,
-                            v,
-                            &mut out,
-                            scale,
-                            &shape,
-                            lanes,
-                            hardware,
-                            self.dtype,
-                            self.props.hardware.max_shared_memory_size,
-                        );
+                    if let Some(dev) = self.frag_device() {
+                        let (q, kb, v) = (&bufs[0], &bufs[1], &bufs[2]);
+                        return mma::build_attention::<N>(scope, q, kb, v, &mut out, scale, &shape, lanes, dev);
                     }
                     if matches!(self.spec, KernelSpec::Attention { split: 1.., .. }) {
                         return attention_split::build::<N>(
@@ -348,6 +334,15 @@ impl IrKernel {
                 _ => unreachable!("only GEMM and attention are vectorised"),
             })
         });
+    }
+
+    /// The fragment kernels' device settings, where this kernel multiplies fragments.
+    fn frag_device(&self) -> Option<mma::FragDevice> {
+        (self.mma != Mma::Off).then(|| mma::FragDevice {
+            hardware: self.mma == Mma::Hardware,
+            dtype: self.dtype,
+            shared_limit: self.props.hardware.max_shared_memory_size,
+        })
     }
 
     /// An attention launch's shape for the host-assembled kernels, `views`

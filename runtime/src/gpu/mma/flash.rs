@@ -14,7 +14,7 @@ fn key_row(k0: usize, j: usize, base: usize, #[comptime] sk: usize, #[comptime] 
 /// `key_row(k0, j, base)`; the cube's units share the copy.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn copy_rows<N: Size>(
+pub(super) fn copy_rows<N: Size>(
     x: &[Vector<Stored, N>],
     sh: &mut [Vector<Stored, N>],
     k0: usize,
@@ -79,7 +79,7 @@ fn copy_paged_rows<N: Size>(
 
 /// This unit's query row (`width` vectors, `used` real) into the shared array at `dst + UNIT_POS · width`.
 #[cube]
-fn copy_query<N: Size>(
+pub(super) fn copy_query<N: Size>(
     q: &[Vector<Stored, N>],
     sh: &mut [Vector<Stored, N>],
     at: usize,
@@ -177,13 +177,13 @@ fn softmax_tile<N: Size>(
 /// Where column `c` of the shared rest of this unit's output row is:
 /// column-major, `c · 64 + UNIT_POS`.
 #[cube]
-fn rest_at(#[comptime] c: usize) -> usize {
+pub(super) fn rest_at(#[comptime] c: usize) -> usize {
     comptime![c * ATTN_ROWS] + UNIT_POS as usize
 }
 
 /// Zeroes this unit's column of the shared rest of the output rows.
 #[cube]
-fn zero_rest(o_rest: &mut [f32], #[comptime] rest: usize) {
+pub(super) fn zero_rest(o_rest: &mut [f32], #[comptime] rest: usize) {
     #[unroll]
     for c in 0..rest {
         o_rest[rest_at(c)] = f32::new(0.0);
@@ -194,23 +194,24 @@ fn zero_rest(o_rest: &mut [f32], #[comptime] rest: usize) {
 /// least; the rest of a wider row lives in shared memory, column-major
 /// (`[c · 64 + UNIT_POS]`, each unit its own column of banks): with 128
 /// floats held a unit needed more than CUDA's 255 registers a thread.
-const HELD: usize = 64;
+pub(super) const HELD: usize = 64;
 
 /// Output columns held in registers for rows of `ep` columns, the kernel's
 /// other shared arrays taking `base` bytes of the device's `limit`: all
-/// past [`HELD`] that do not fit in shared memory (64 on CUDA at d = 128,
-/// 46 KB in all; on lavapipe's 32 KB, 7 of 128 columns go to shared memory).
-fn held_columns(ep: usize, base: usize, limit: usize) -> usize {
+/// past `most` ([`HELD`] for the forward) that do not fit in shared memory
+/// (64 on CUDA at d = 128, 46 KB in all; on lavapipe's 32 KB, 7 of 128
+/// columns go to shared memory).
+pub(super) fn held_columns(ep: usize, base: usize, limit: usize, most: usize) -> usize {
     // Slack for each shared array's alignment.
     let room = limit.saturating_sub(base + 128) / (4 * ATTN_ROWS);
-    ep - ep.saturating_sub(HELD).min(room)
+    ep - ep.saturating_sub(most).min(room)
 }
 
 /// Output column `c` of this unit's row += `scratch[at + c - c0]` for the
 /// 16 columns of a fragment from `c0`: in registers below `held`, else in
 /// the shared rest.
 #[cube]
-fn add_fragment_row(
+pub(super) fn add_fragment_row(
     o: &mut Array<f32>,
     o_rest: &mut [f32],
     scratch: &[f32],
@@ -236,12 +237,13 @@ fn unit_scores(#[comptime] bk: usize) -> usize {
 
 /// Where this unit's row sits in its plane's 32×16 scratch tile: `warp · 512 + lane · 16`.
 #[cube]
-fn scratch_row() -> usize {
+pub(super) fn scratch_row() -> usize {
     UNIT_POS as usize / 32 * 512 + UNIT_POS as usize % 32 * 16
 }
 
 /// `out = o / l` for this unit's row, if it exists (a row that saw no key is 0).
 #[cube]
+#[allow(clippy::too_many_arguments)]
 fn store_row<N: Size>(
     out: &mut [Vector<Stored, N>],
     o: &Array<f32>,
@@ -252,21 +254,39 @@ fn store_row<N: Size>(
     #[comptime] el: usize,
     #[comptime] held: usize,
 ) {
-    if slots[ROW_I] < s {
-        let inv = att::inverse_sum(state);
+    let inv = att::inverse_sum(state);
+    store_columns::<N>(out, o, o_rest, inv, slots[ROW_OUT], slots[ROW_I] < s, 0usize, el, held);
+}
+
+/// `out[at ..]`: `n` vectors of this unit's row from column `c0` (in
+/// registers below `held`, else in the shared rest), times `factor`, if `inside`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn store_columns<N: Size>(
+    out: &mut [Vector<Stored, N>],
+    o: &Array<f32>,
+    o_rest: &[f32],
+    factor: f32,
+    at: usize,
+    inside: bool,
+    #[comptime] c0: usize,
+    #[comptime] n: usize,
+    #[comptime] held: usize,
+) {
+    if inside {
         #[unroll]
-        for c in 0..el {
+        for c in 0..n {
             let mut v = Vector::<f32, N>::empty();
             #[unroll]
             for x in 0..N::value() {
-                let col = comptime![c * N::value() + x];
+                let col = comptime![c0 + c * N::value() + x];
                 if comptime![col < held] {
-                    v.insert(x, o[col] * inv);
+                    v.insert(x, o[col] * factor);
                 } else {
-                    v.insert(x, o_rest[rest_at(comptime![col - held])] * inv);
+                    v.insert(x, o_rest[rest_at(comptime![col - held])] * factor);
                 }
             }
-            out[slots[ROW_OUT] + c] = Vector::<Stored, N>::cast_from(v);
+            out[at + c] = Vector::<Stored, N>::cast_from(v);
         }
     }
 }
@@ -288,10 +308,9 @@ pub fn build_attention<N: Size>(
     scale: NativeExpand<f32>,
     a: &att::Shape,
     lanes: usize,
-    hardware: bool,
-    dtype: Dtype,
-    shared_limit: usize,
+    dev: FragDevice,
 ) {
+    let FragDevice { hardware, dtype, shared_limit } = dev;
     let (bq, bk) = (ATTN_ROWS, a.tiles.key_tile);
     assert_eq!(a.tiles.unit_rows, 1, "fragment attention owns one row per unit");
     assert!(bk % F == 0, "key tiles of whole fragments");
@@ -310,7 +329,7 @@ pub fn build_attention<N: Size>(
     let slots = att::row_slots::expand(scope, a.h, a.s, bq, a.kind, 0, a.views, a.fold, 0);
     let i = k::uget::expand(scope, &slots, ROW_I);
     copy_query::expand::<N>(scope, q, &mut x, k::uget::expand(scope, &slots, ROW_Q), q_off, dpl, dl);
-    let held = held_columns(ep, len * lanes * dtype.storage().size() + (bq * bk).max(bq * F) * 4, shared_limit);
+    let held = held_columns(ep, len * lanes * dtype.storage().size() + (bq * bk).max(bq * F) * 4, shared_limit, HELD);
     let o = k::zeros::expand(scope, held);
     // The rest of each row's output, zeroed by its own unit (no barrier:
     // only that unit touches it).
@@ -490,17 +509,17 @@ pub fn build_attention<N: Size>(
 
 #[cfg(test)]
 mod tests {
-    use super::held_columns;
+    use super::{held_columns, HELD};
 
     /// Fragment attention at d = 128 in f16 (30 KiB of other shared arrays):
     /// CUDA's 48 KiB take the 64 columns past `HELD`; lavapipe's 32 KiB take
     /// 7, so the software-fragment tests there run the shared path too.
     #[test]
     fn output_columns_past_the_register_budget_go_to_shared_memory() {
-        assert_eq!(held_columns(128, 30720, 49152), 64);
-        assert_eq!(held_columns(128, 30720, 32768), 121);
-        assert_eq!(held_columns(128, 30720, 16384), 128);
-        assert_eq!(held_columns(64, 28672, 49152), 64);
-        assert_eq!(held_columns(96, 24576, 49152), 64);
+        assert_eq!(held_columns(128, 30720, 49152, HELD), 64);
+        assert_eq!(held_columns(128, 30720, 32768, HELD), 121);
+        assert_eq!(held_columns(128, 30720, 16384, HELD), 128);
+        assert_eq!(held_columns(64, 28672, 49152, HELD), 64);
+        assert_eq!(held_columns(96, 24576, 49152, HELD), 64);
     }
 }

@@ -16,8 +16,10 @@
 //! 16×16 and each unit reads back row `lane / 2`, columns `8·(lane % 2)..+8`.
 
 mod flash;
+mod flash_grad;
 
 pub use flash::build_attention;
+pub use flash_grad::{build_grad_kv, build_grad_q};
 
 use super::attention::{self as att, ROW_I, ROW_OUT, ROW_Q, SET_K, SET_V};
 use super::gemm;
@@ -33,6 +35,15 @@ pub const F: usize = 16;
 pub const WARP: usize = 32;
 
 type HwAcc = <cmma::Matrix<f32> as CubeType>::ExpandType;
+
+/// The fragment kernels' settings (attention's, forward and backward): hardware or software fragments, the
+/// storage type and the shared memory it has.
+#[derive(Clone, Copy)]
+pub struct FragDevice {
+    pub hardware: bool,
+    pub dtype: Dtype,
+    pub shared_limit: usize,
+}
 
 /// An f32 accumulator fragment.
 pub enum Acc {

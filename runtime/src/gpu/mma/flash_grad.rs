@@ -1,0 +1,532 @@
+//! Attention's backward on matrix fragments ([`build_grad_q`],
+//! [`build_grad_kv`]), FlashAttention-2's products on the forward's
+//! fragment layout (`flash.rs`): a cube of 64 units holds 64 rows of its
+//! own side in shared memory, one a unit, and walks tiles of the other
+//! side's rows (`plan::frag_grad_tile`).
+//!
+//! - `dQ`: a cube's query rows `Q` and output gradients `dO`; per key tile,
+//!   `S = Q·Kᵀ` and `dP = dO·Vᵀ` on fragments into shared f32, then each
+//!   unit, for its row, `P = exp(S·scale − lse)` (masked, through the score
+//!   function), `dS = P ∘ (dP − D)` (times the score function's slope) in
+//!   the storage type, and `dQ += dS·K` on fragments.
+//! - `dK`, `dV`: a cube's key rows `K` and values `V`; per query tile of
+//!   each query head reading them, `Sᵀ = K·Qᵀ` and `dPᵀ = V·dOᵀ`, each unit
+//!   its key row's `Pᵀ` and `dSᵀ`, then `dV += Pᵀ·dO` and `dK += dSᵀ·Q`.
+//!
+//! `D_i = dO_i · O_i` and the log-sum-exp are read per row as by the scalar
+//! kernels (`attention_tiled_grad`). Accumulators are f32, each unit's row
+//! in registers up to `flash::HELD` columns and the rest in shared memory;
+//! every sum runs in a fixed order, so results are deterministic.
+
+use super::flash::{
+    add_fragment_row, copy_query, copy_rows, held_columns, scratch_row, store_columns, zero_rest, HELD,
+};
+use super::*;
+use crate::gpu::attention_grad::{query_tiles, Dims};
+use crate::gpu::attention_tiled_grad::{
+    cube_keys, grad_weight, key_unit_row, last_row, query_lse, row_lse, GradBuffers,
+};
+use crate::gpu::func::Indices;
+
+/// Columns `c0 .. c0 + n` of this unit's row (of `cols` elements) of the
+/// shared array at `dst` (storage type), from `vals` (f32).
+#[cube]
+fn put_row<N: Size>(
+    sh: &mut [Vector<Stored, N>],
+    vals: &Array<f32>,
+    #[comptime] dst: usize,
+    #[comptime] cols: usize,
+    #[comptime] c0: usize,
+    #[comptime] n: usize,
+) {
+    let at = comptime![dst + c0 / N::value()] + UNIT_POS as usize * comptime![cols / N::value()];
+    #[unroll]
+    for v in 0..comptime![n / N::value()] {
+        let mut p = Vector::<f32, N>::empty();
+        #[unroll]
+        for c in 0..N::value() {
+            p.insert(c, vals[comptime![v * N::value() + c]]);
+        }
+        sh[at + v] = Vector::<Stored, N>::cast_from(p);
+    }
+}
+
+/// `D_i = dO_i · O_i` for this unit's row: `dO_i` from its shared row at
+/// `dst` (`width` vectors, `used` real), `O_i` at `o_at` of `o`.
+#[cube]
+fn row_delta<N: Size>(
+    sh: &[Vector<Stored, N>],
+    o: &[Vector<Stored, N>],
+    o_at: usize,
+    #[comptime] dst: usize,
+    #[comptime] width: usize,
+    #[comptime] used: usize,
+) -> f32 {
+    let row = comptime![dst] + UNIT_POS as usize * width;
+    let mut acc = f32::new(0.0);
+    #[unroll]
+    for c in 0..used {
+        acc += Vector::<f32, N>::cast_from(sh[row + c]).dot(Vector::<f32, N>::cast_from(o[o_at + c]));
+    }
+    acc
+}
+
+/// A parked row past the queries ([`park_row`]).
+const NO_ROW: u32 = u32::MAX;
+
+#[cube]
+fn shared_words(#[comptime] n: usize) -> Shared<[u32]> {
+    Shared::<[u32]>::new_slice(n)
+}
+
+/// This unit's output row `at` ([`NO_ROW`] for a row `i` past the `s` queries) into `parked`.
+#[cube]
+fn park_row(parked: &mut [u32], at: usize, i: usize, #[comptime] s: usize) {
+    let mut v = u32::new(NO_ROW as i64);
+    if i < s {
+        v = u32::cast_from(at);
+    }
+    parked[UNIT_POS as usize] = v;
+}
+
+#[cube]
+fn parked_at(parked: &[u32]) -> u32 {
+    parked[UNIT_POS as usize]
+}
+
+#[cube]
+fn word_index(w: u32) -> usize {
+    w as usize
+}
+
+#[cube]
+fn is_row(w: u32) -> bool {
+    w != u32::new(NO_ROW as i64)
+}
+
+/// This unit's parked output row ([`park_row`]) and whether it has one.
+fn parked_row(scope: &Scope, parked: &NativeExpand<[u32]>) -> (NativeExpand<usize>, NativeExpand<bool>) {
+    let w = parked_at::expand(scope, parked);
+    (word_index::expand(scope, w), is_row::expand(scope, w))
+}
+
+/// Element `at` of a shared f32 array, times `factor`.
+#[cube]
+fn scaled_float(x: &[f32], at: usize, factor: f32) -> f32 {
+    x[at] * factor
+}
+
+/// Where this unit's row of a `cols`-wide shared f32 array starts.
+#[cube]
+fn unit_row(#[comptime] cols: usize) -> usize {
+    UNIT_POS as usize * cols
+}
+
+/// `c[plane's 32 rows, tile] = A·Bᵀ` for each of `cols / 16` column
+/// fragments: A's rows at vector `a_off` of `x` (this plane's 32 of them,
+/// `a_width` elements each, `depth` of them multiplied), Bᵀ's columns the
+/// rows at `b_off` (as wide). Stored row-major at `out`, rows `cols` apart.
+#[allow(clippy::too_many_arguments)]
+fn products_t<N: Size>(
+    scope: &Scope,
+    frags: &Frags,
+    x: &NativeExpand<[Vector<Stored, N>]>,
+    out: &mut NativeExpand<[f32]>,
+    warp: &NativeExpand<usize>,
+    a_off: usize,
+    b_off: usize,
+    a_width: usize,
+    cols: usize,
+    lanes: usize,
+) {
+    let wl = a_width / lanes;
+    for rf in 0..2 {
+        for cf in 0..cols / F {
+            let mut acc = frags.zero(scope);
+            for ks in 0..a_width / F {
+                let a_at = scaled_add::expand(scope, warp.clone(), 32 * wl, a_off + rf * F * wl + ks * F / lanes);
+                let b_at = k::const_index::expand(scope, b_off + cf * F * wl + ks * F / lanes);
+                frags.mma::<N>(scope, &mut acc, x, a_at, a_width, b_at, a_width, true);
+            }
+            let at = scaled_add::expand(scope, warp.clone(), 32 * cols, rf * F * cols + cf * F);
+            frags.store(scope, &acc, out, at, cols);
+        }
+    }
+}
+
+/// Each unit's row `+= W·B`, 16 columns at a time through the f32 scratch
+/// `sf`: W the plane's 32 rows of `depth` elements at vector `w_off` of
+/// `x`, B `depth` rows of `b_width` elements at `b_off` (row-major); the
+/// columns land at `c0 ..` of the unit's row (`o`, and `o_rest` past `held`).
+#[allow(clippy::too_many_arguments)]
+fn accumulate<N: Size>(
+    scope: &Scope,
+    frags: &Frags,
+    x: &NativeExpand<[Vector<Stored, N>]>,
+    sf: &NativeExpand<[f32]>,
+    o: &mut NativeExpand<Array<f32>>,
+    o_rest: &mut NativeExpand<[f32]>,
+    warp: &NativeExpand<usize>,
+    (w_off, depth): (usize, usize),
+    (b_off, b_width): (usize, usize),
+    c0: usize,
+    held: usize,
+    lanes: usize,
+) {
+    let row = scratch_row::expand(scope);
+    for cf in 0..b_width / F {
+        for rf in 0..2 {
+            let mut acc = frags.zero(scope);
+            for ks in 0..depth / F {
+                let a_at = scaled_add::expand(
+                    scope,
+                    warp.clone(),
+                    32 * depth / lanes,
+                    w_off + (rf * F * depth + ks * F) / lanes,
+                );
+                let b_at = k::const_index::expand(scope, b_off + ks * F * b_width / lanes + cf * F / lanes);
+                frags.mma::<N>(scope, &mut acc, x, a_at, depth, b_at, b_width, false);
+            }
+            let at = scaled_add::expand(scope, warp.clone(), 32 * F, rf * F * F);
+            frags.store(scope, &acc, &mut sf.clone_unchecked(), at, F);
+        }
+        k::barrier::expand(scope);
+        add_fragment_row::expand(scope, o, o_rest, sf, row.clone(), c0 + cf * F, held);
+        k::barrier::expand(scope);
+    }
+}
+
+/// The accumulator of each unit's row (`width` columns): registers up to
+/// `held`, the rest in shared memory, zeroed by its own unit.
+fn accumulators(
+    scope: &Scope,
+    width: usize,
+    held: usize,
+    spare: &NativeExpand<[f32]>,
+) -> (NativeExpand<Array<f32>>, NativeExpand<[f32]>) {
+    let o = k::zeros::expand(scope, held);
+    let rest = if width > held {
+        let mut r: NativeExpand<[f32]> = (*shared_floats::expand(scope, (width - held) * ATTN_ROWS)).clone_unchecked();
+        zero_rest::expand(scope, &mut r, width - held);
+        r
+    } else {
+        spare.clone_unchecked()
+    };
+    (o, rest)
+}
+
+/// dQ's columns a unit holds in registers at least, the rest in shared
+/// memory where there is room: at 64, ptxas held the kernel to 128
+/// registers and spilled a few bytes (IHA's and ALiBi's f16 backward).
+const DQ_HELD: usize = 48;
+
+/// Keys of a dQ row whose `dS` is computed at once.
+const DS_CHUNK: usize = 8;
+
+/// `dQ` on fragments (`KernelSpec::AttentionGrad` with `wrt` Q and
+/// `fragments`): see the module doc. `views`: the layouts of `o` and `dout`.
+#[allow(clippy::too_many_arguments)]
+pub fn build_grad_q<N: Size>(
+    scope: &Scope,
+    b: &GradBuffers<N>,
+    out: &mut NativeExpand<[Vector<Stored, N>]>,
+    scale: f32,
+    a: &att::Shape,
+    [ov, dov]: [RowView; 2],
+    lanes: usize,
+    dev: FragDevice,
+) {
+    let (bq, bk) = (ATTN_ROWS, a.tiles.key_tile);
+    assert_eq!(a.tiles.unit_rows, 1, "fragment kernels own one row per unit");
+    assert!(bk % F == 0, "key tiles of whole fragments");
+    let (dp, ep) = (a.d.next_multiple_of(F), a.e.next_multiple_of(F));
+    let (dpl, epl, dl, el) = (dp / lanes, ep / lanes, a.d / lanes, a.e / lanes);
+    let q_off = 0;
+    let do_off = q_off + bq * dpl;
+    let k_off = do_off + bq * epl;
+    let v_off = k_off + bk * dpl;
+    let ds_off = v_off + bk * epl;
+    let len = ds_off + bq * bk / lanes;
+    let mut x: NativeExpand<[Vector<Stored, N>]> = (*shared_vectors::expand::<N>(scope, len)).clone_unchecked();
+    let floats = (bq * bk).max(bq * F);
+    let sf: NativeExpand<[f32]> = (*shared_floats::expand(scope, floats)).clone_unchecked();
+    let dpf: NativeExpand<[f32]> = (*shared_floats::expand(scope, bq * bk)).clone_unchecked();
+    let frags = Frags::new(scope, dev.hardware, dev.dtype);
+    let warp = warp_of::expand(scope);
+    let set = att::setup::expand(scope, a.h, a.hk, a.s, a.sk, bq, bk, a.kind, a.window, a.block, a.views, a.fold, 0);
+    let slots = att::row_slots::expand(scope, a.h, a.s, bq, a.kind, 0, a.views, a.fold, 0);
+    // `row_slots` of these views: the rows of `o` (ROW_Q) and `dout` (ROW_OUT).
+    let side = att::row_slots::expand(scope, a.h, a.s, bq, a.kind, 0, [ov, a.views[1], a.views[2], dov], a.fold, 0);
+    let i = k::uget::expand(scope, &slots, ROW_I);
+    copy_query::expand::<N>(scope, b.q, &mut x, k::uget::expand(scope, &slots, ROW_Q), q_off, dpl, dl);
+    copy_query::expand::<N>(scope, b.dout, &mut x, k::uget::expand(scope, &side, ROW_OUT), do_off, epl, el);
+    let delta = row_delta::expand::<N>(scope, &x, b.o, k::uget::expand(scope, &side, ROW_Q), do_off, epl, el);
+    let lse = row_lse::expand(scope, b.lse, &slots, a.s, a.fold);
+    // The vectors, the two f32 products and the parked rows.
+    let base = len * lanes * dev.dtype.storage().size() + (floats + bq * bk + bq) * 4;
+    let held = held_columns(dp, base, dev.shared_limit, DQ_HELD);
+    let (o, o_rest) = accumulators(scope, dp, held, &sf);
+    let (k_base, v_base) = (k::uget::expand(scope, &set, SET_K), k::uget::expand(scope, &set, SET_V));
+    let scale_c = k::fconst::expand(scope, scale);
+    let slope_fns = a.fns.as_ref().filter(|f| f.score.is_some());
+    let head = slope_fns.map(|_| att::cube_head(scope, a));
+    let prep = tiles::prepare_tiles(scope, &set, a);
+    let tile = |scope: &Scope,
+                kt: NativeExpand<usize>,
+                masked: Option<NativeExpand<bool>>,
+                hidden: Option<NativeExpand<bool>>| {
+        let k0 = k::mul_const::expand(scope, kt, bk);
+        let mut xs = x.clone_unchecked();
+        copy_rows::expand::<N>(scope, b.k, &mut xs, k0, k_base, k_off, bk, dpl, dl, a.sk, a.views[1]);
+        copy_rows::expand::<N>(scope, b.v, &mut xs, k0, v_base, v_off, bk, epl, el, a.sk, a.views[2]);
+        k::barrier::expand(scope);
+        // S = Q·Kᵀ and dP = dO·Vᵀ, each plane its 32 rows by the tile's keys.
+        products_t::<N>(scope, &frags, &x, &mut sf.clone_unchecked(), &warp, q_off, k_off, dp, bk, lanes);
+        products_t::<N>(scope, &frags, &x, &mut dpf.clone_unchecked(), &warp, do_off, v_off, ep, bk, lanes);
+        k::barrier::expand(scope);
+        // This unit's row: P, dS = P (dP − D) (times the slope), in the
+        // storage type, 8 keys at a time (fewer live registers; the logits
+        // are read again for the slope).
+        let row = unit_row::expand(scope, bk);
+        let at = |jj: usize| k::add_index::expand(scope, row, k::const_index::expand(scope, jj));
+        let logit = |jj: usize| scaled_float::expand(scope, &sf, at(jj), scale_c);
+        for c0 in (0..bk).step_by(DS_CHUNK) {
+            let kc = k::add_index::expand(scope, k0, k::const_index::expand(scope, c0));
+            let logits = (c0..c0 + DS_CHUNK).map(logit).collect();
+            let scores = att::mask_scores(scope, logits, &masked, hidden, i, kc, a);
+            let mut ds_row = k::zeros::expand(scope, DS_CHUNK);
+            for (jc, score) in scores.into_iter().enumerate() {
+                let jj = c0 + jc;
+                let p = k::exp_diff::expand(scope, score, lse);
+                let dp = k::read::expand::<f32>(scope, &dpf, at(jj));
+                let mut ds = grad_weight::expand(scope, p, dp, delta);
+                if let (Some(fns), Some((b, h))) = (slope_fns, head) {
+                    let j = k::add_index::expand(scope, k0, k::const_index::expand(scope, jj));
+                    let slope = fns.slope(scope, logit(jj), &Indices { b, h, i, j }).expect("a score function");
+                    ds = k::fmul::expand(scope, ds, slope);
+                }
+                k::fset::expand(scope, &mut ds_row, jc, ds);
+            }
+            put_row::expand::<N>(scope, &mut xs, &ds_row, ds_off, bk, c0, DS_CHUNK);
+        }
+        k::barrier::expand(scope);
+        // dQ += dS·K.
+        let (mut ov, mut orest) = (o.clone(), o_rest.clone_unchecked());
+        accumulate::<N>(scope, &frags, &x, &sf, &mut ov, &mut orest, &warp, (ds_off, bk), (k_off, dp), 0, held, lanes);
+    };
+    // Where the row's dQ goes waits in shared memory: kept in a register
+    // across the walk, used only after it, ptxas spilled it to reach an
+    // occupancy the kernel's shared memory rules out anyway.
+    let mut parked: NativeExpand<[u32]> = (*shared_words::expand(scope, bq)).clone_unchecked();
+    park_row::expand(scope, &mut parked, k::uget::expand(scope, &slots, ROW_OUT), i, a.s);
+    tiles::visit_tiles(scope, &set, a, bk, &prep, tile);
+    let (at, inside) = parked_row(scope, &parked);
+    store_columns::expand::<N>(scope, out, &o, &o_rest, scale_c, at, inside, 0, dl, held);
+}
+
+/// A query tile's log-sum-exp (`stats[u]`) and `D_i` (`stats[bq + u]`, with
+/// `delta`), one row a unit of the first `bq`: query row `i0 + u` of head
+/// `(b, hi)`; `dO_i` from the shared tile at `do_off`, `O_i` from `o`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn tile_stats<N: Size>(
+    stats: &mut [f32],
+    lse: &[Stored],
+    sh: &[Vector<Stored, N>],
+    o: &[Vector<Stored, N>],
+    b: usize,
+    hi: usize,
+    i0: usize,
+    #[comptime] do_off: usize,
+    #[comptime] ov: RowView,
+    #[comptime] bq: usize,
+    #[comptime] epl: usize,
+    #[comptime] el: usize,
+    #[comptime] h: usize,
+    #[comptime] s: usize,
+    #[comptime] delta: bool,
+) {
+    let u = UNIT_POS as usize;
+    if u < bq {
+        let i = i0 + u;
+        stats[u] = query_lse(lse, b, hi, i, h, s);
+        if comptime![delta] {
+            let at = att::view_row(b, hi, min(i, comptime![s - 1]), ov);
+            let row = comptime![do_off] + u * epl;
+            let mut acc = f32::new(0.0);
+            #[unroll]
+            for c in 0..el {
+                acc += Vector::<f32, N>::cast_from(sh[row + c]).dot(Vector::<f32, N>::cast_from(o[at + c]));
+            }
+            stats[comptime![bq] + u] = acc;
+        }
+    }
+}
+
+/// `dK` (`wrt_k`) or `dV`, or both (`dv`: `dV`'s buffer and layout beside
+/// `dK`'s), on fragments: see the module doc. Bindings as
+/// `attention_tiled_grad::build_grad_kv`'s.
+#[allow(clippy::too_many_arguments)]
+pub fn build_grad_kv<N: Size>(
+    scope: &Scope,
+    b: &GradBuffers<N>,
+    out: &mut NativeExpand<[Vector<Stored, N>]>,
+    scale: f32,
+    a: &att::Shape,
+    [ov, dov]: [RowView; 2],
+    lanes: usize,
+    dev: FragDevice,
+    wrt_k: bool,
+    mut dv: Option<(&mut NativeExpand<[Vector<Stored, N>]>, RowView)>,
+) {
+    let (rows, bq) = (ATTN_ROWS, a.tiles.key_tile);
+    assert_eq!(a.tiles.unit_rows, 1, "fragment kernels own one row per unit");
+    assert!(bq % F == 0, "query tiles of whole fragments");
+    let with_v = dv.is_some() || !wrt_k;
+    let (dp, ep) = (a.d.next_multiple_of(F), a.e.next_multiple_of(F));
+    let (dpl, epl, dl, el) = (dp / lanes, ep / lanes, a.d / lanes, a.e / lanes);
+    // Own keys and (for dK) values, the query and output-gradient tile, the tile's P or dS.
+    let k_off = 0;
+    let v_off = k_off + rows * dpl;
+    let q_off = v_off + if wrt_k { rows * epl } else { 0 };
+    let do_off = q_off + bq * dpl;
+    let pd_off = do_off + bq * epl;
+    let len = pd_off + rows * bq / lanes;
+    let mut x: NativeExpand<[Vector<Stored, N>]> = (*shared_vectors::expand::<N>(scope, len)).clone_unchecked();
+    let floats = (rows * bq).max(rows * F);
+    let sf: NativeExpand<[f32]> = (*shared_floats::expand(scope, floats)).clone_unchecked();
+    let dpf: NativeExpand<[f32]> = (*shared_floats::expand(scope, if wrt_k { rows * bq } else { 1 })).clone_unchecked();
+    let stats: NativeExpand<[f32]> = (*shared_floats::expand(scope, 2 * bq)).clone_unchecked();
+    let frags = Frags::new(scope, dev.hardware, dev.dtype);
+    let warp = warp_of::expand(scope);
+    let bh = k::cube_y::expand(scope, a.fold);
+    let (bb, kh) = (k::idx_div::expand(scope, bh, a.hk), k::idx_mod::expand(scope, bh, a.hk));
+    let j = key_unit_row::expand(scope, 0, rows, a.fold);
+    let jc = last_row::expand(scope, j, a.sk);
+    let key_at = att::view_row::expand(scope, bb, kh, jc, a.views[1]);
+    copy_query::expand::<N>(scope, b.k, &mut x, key_at, k_off, dpl, dl);
+    if wrt_k {
+        let value_at = att::view_row::expand(scope, bb, kh, jc, a.views[2]);
+        copy_query::expand::<N>(scope, b.v, &mut x, value_at, v_off, epl, el);
+    }
+    // Accumulator columns: dK's `dp`, then dV's `ep`.
+    let k_cols = if wrt_k { dp } else { 0 };
+    let width = k_cols + if with_v { ep } else { 0 };
+    let base = len * lanes * dev.dtype.storage().size() + (floats + if wrt_k { rows * bq } else { 1 } + 2 * bq) * 4;
+    let held = held_columns(width, base, dev.shared_limit, HELD);
+    let (o, o_rest) = accumulators(scope, width, held, &sf);
+    let keys = cube_keys::expand(scope, rows, a.sk, a.fold);
+    let dims = Dims {
+        h: a.h,
+        hk: a.hk,
+        s: a.s,
+        sk: a.sk,
+        d: a.d,
+        e: a.e,
+        kind: a.kind,
+        window: a.window,
+        block: a.block,
+        tile: bq,
+        fold: a.fold,
+        lanes: 1,
+        rows,
+    };
+    let (j0, j1) = (k::uget::expand(scope, &keys, 0), k::uget::expand(scope, &keys, 1));
+    let band = query_tiles::expand(scope, j0, j1, dims);
+    let scale_c = k::fconst::expand(scope, scale);
+    let heads = RangeExpand::new(NativeExpand::from_lit(scope, 0usize), NativeExpand::from_lit(scope, a.h / a.hk));
+    for_expand(scope, heads, false, |scope, hq| {
+        let hi = k::add_index::expand(scope, k::mul_const::expand(scope, kh, a.h / a.hk), hq);
+        let tiles = RangeExpand::new(band.lo.clone(), band.hi.clone());
+        for_expand(scope, tiles, false, |scope, t| {
+            let i0 = k::mul_const::expand(scope, t, bq);
+            let mut xs = x.clone_unchecked();
+            let q_base = att::view_row::expand(scope, bb, hi, k::const_index::expand(scope, 0), a.views[0]);
+            let do_base = att::view_row::expand(scope, bb, hi, k::const_index::expand(scope, 0), dov);
+            copy_rows::expand::<N>(scope, b.q, &mut xs, i0, q_base, q_off, bq, dpl, dl, a.s, a.views[0]);
+            copy_rows::expand::<N>(scope, b.dout, &mut xs, i0, do_base, do_off, bq, epl, el, a.s, dov);
+            k::barrier::expand(scope);
+            let mut st = stats.clone_unchecked();
+            tile_stats::expand::<N>(
+                scope, &mut st, b.lse, &x, b.o, bb, hi, i0, do_off, ov, bq, epl, el, a.h, a.s, wrt_k,
+            );
+            // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ, each plane its 32 key rows by the tile's queries.
+            products_t::<N>(scope, &frags, &x, &mut sf.clone_unchecked(), &warp, k_off, q_off, dp, bq, lanes);
+            if wrt_k {
+                products_t::<N>(scope, &frags, &x, &mut dpf.clone_unchecked(), &warp, v_off, do_off, ep, bq, lanes);
+            }
+            k::barrier::expand(scope);
+            // This unit's key row against the tile's queries: P and dS.
+            let row = unit_row::expand(scope, bq);
+            let at = |jj: usize| k::add_index::expand(scope, row, k::const_index::expand(scope, jj));
+            let fns = a.fns.as_ref();
+            let mut p_row = k::zeros::expand(scope, bq);
+            let mut ds_row = k::zeros::expand(scope, bq);
+            for ii in 0..bq {
+                let i = k::add_index::expand(scope, i0, k::const_index::expand(scope, ii));
+                let ic = last_row::expand(scope, i, a.s);
+                let logit = scaled_float::expand(scope, &sf, at(ii), scale_c);
+                let pair = Indices { b: bb, h: hi, i: ic, j: jc };
+                let score = fns.map_or(logit, |f| f.score(scope, logit, &pair));
+                let mut score = att::mask_score::expand(scope, score, i, j, 0, a.s, a.sk, a.kind, a.window, a.block);
+                if let Some(seen) = fns.and_then(|f| f.visible(scope, &pair)) {
+                    score = att::seen_or_masked::expand(scope, seen, score);
+                }
+                let lse = k::read::expand::<f32>(scope, &stats, k::const_index::expand(scope, ii));
+                let p = k::exp_diff::expand(scope, score, lse);
+                k::fset::expand(scope, &mut p_row, ii, p);
+                if wrt_k {
+                    let delta = k::read::expand::<f32>(scope, &stats, k::const_index::expand(scope, bq + ii));
+                    let dp = k::read::expand::<f32>(scope, &dpf, at(ii));
+                    let mut ds = grad_weight::expand(scope, p, dp, delta);
+                    if let Some(slope) = fns.and_then(|f| f.slope(scope, logit, &pair)) {
+                        ds = k::fmul::expand(scope, ds, slope);
+                    }
+                    k::fset::expand(scope, &mut ds_row, ii, ds);
+                }
+            }
+            let (mut ov, mut orest) = (o.clone(), o_rest.clone_unchecked());
+            if with_v {
+                // dV += Pᵀ·dO.
+                put_row::expand::<N>(scope, &mut xs, &p_row, pd_off, bq, 0, bq);
+                k::barrier::expand(scope);
+                let b_do = (do_off, ep);
+                accumulate::<N>(
+                    scope,
+                    &frags,
+                    &x,
+                    &sf,
+                    &mut ov,
+                    &mut orest,
+                    &warp,
+                    (pd_off, bq),
+                    b_do,
+                    k_cols,
+                    held,
+                    lanes,
+                );
+            }
+            if wrt_k {
+                // dK += dSᵀ·Q (after dV's reads of P: `accumulate` ends on a barrier).
+                put_row::expand::<N>(scope, &mut xs, &ds_row, pd_off, bq, 0, bq);
+                k::barrier::expand(scope);
+                let b_q = (q_off, dp);
+                accumulate::<N>(scope, &frags, &x, &sf, &mut ov, &mut orest, &warp, (pd_off, bq), b_q, 0, held, lanes);
+            }
+        });
+    });
+    let inside = k::below::expand(scope, j, a.sk);
+    let out_at = att::view_row::expand(scope, bb, kh, j, a.views[3]);
+    if wrt_k {
+        store_columns::expand::<N>(scope, out, &o, &o_rest, scale_c, out_at, inside, 0, dl, held);
+    }
+    let one = k::fconst::expand(scope, 1.0);
+    match dv.as_mut() {
+        Some((dv, view)) => {
+            let dv_at = att::view_row::expand(scope, bb, kh, j, *view);
+            store_columns::expand::<N>(scope, dv, &o, &o_rest, one, dv_at, inside, k_cols, el, held);
+        }
+        None if !wrt_k => store_columns::expand::<N>(scope, out, &o, &o_rest, one, out_at, inside, 0, el, held),
+        None => {}
+    }
+}
