@@ -270,24 +270,6 @@ pub fn build_grad_kv<N: Size>(
         let acc_v = with_v.then(|| k::vzeros::expand::<N>(scope, el));
         rows.push(KeyRow { j, jc, kr, vr, acc, acc_v });
     }
-    let keys = cube_keys::expand(scope, cube_rows, a.sk, a.fold);
-    let dims = Dims {
-        h: a.h,
-        hk: a.hk,
-        s: a.s,
-        sk: a.sk,
-        d: a.d,
-        e: a.e,
-        kind: a.kind,
-        window: a.window,
-        block: a.block,
-        tile: bq,
-        fold: a.fold,
-        lanes: 1,
-        rows: cube_rows,
-    };
-    let (j0, j1) = (k::uget::expand(scope, &keys, 0), k::uget::expand(scope, &keys, 1));
-    let band = query_tiles::expand(scope, j0, j1, dims);
     let lane = k::plane_lane::expand(scope, plane.max(1));
     let part = a.tiles.unrolled_rows(
         match (wrt_k, with_v) {
@@ -297,32 +279,13 @@ pub fn build_grad_kv<N: Size>(
         },
         a.half,
     );
-    let heads = RangeExpand::new(NativeExpand::from_lit(scope, 0usize), NativeExpand::from_lit(scope, a.h / a.hk));
-    for_expand(scope, heads, false, |scope, hq| {
-        let hi = k::add_index::expand(scope, k::mul_const::expand(scope, kh, a.h / a.hk), hq);
-        let tiles = RangeExpand::new(band.lo.clone(), band.hi.clone());
-        for_expand(scope, tiles, false, |scope, t| {
-            let i0 = k::mul_const::expand(scope, t, bq);
-            let tile = |scope: &Scope, i0| {
-                let t = KeyTileGrad {
-                    a,
-                    b,
-                    rows: &rows,
-                    bb,
-                    hi,
-                    i0,
-                    bq: part,
-                    dl,
-                    el,
-                    lane,
-                    plane,
-                    views: [ov, dov],
-                    wrt_k,
-                };
-                t.emit(scope)
-            };
-            in_parts(scope, i0, bq, part, tile);
-        });
+    walk_query_tiles(scope, a, kh, bq, cube_rows, |scope, hi, i0| {
+        let tile = |scope: &Scope, i0| {
+            let t =
+                KeyTileGrad { a, b, rows: &rows, bb, hi, i0, bq: part, dl, el, lane, plane, views: [ov, dov], wrt_k };
+            t.emit(scope)
+        };
+        in_parts(scope, i0, bq, part, tile);
     });
     let width = if wrt_k { dl } else { el };
     let factor = if wrt_k { scale } else { 1.0 };
@@ -446,6 +409,35 @@ impl<N: Size> KeyTileGrad<'_, N> {
             }
         }
     }
+}
+
+/// Runs `tile(scope, hi, i0)` for every query head `hi` reading key/value
+/// head `kh` and every query tile (of `tile` rows, from row `i0`) holding a
+/// query row that sees one of the cube's `rows` key rows (the dK and dV
+/// kernels' walk: this one and `mma::flash_grad`'s).
+pub(super) fn walk_query_tiles(
+    scope: &Scope,
+    a: &Shape,
+    kh: NativeExpand<usize>,
+    tile: usize,
+    rows: usize,
+    mut body: impl FnMut(&Scope, NativeExpand<usize>, NativeExpand<usize>),
+) {
+    let keys = cube_keys::expand(scope, rows, a.sk, a.fold);
+    let (h, hk, s, sk, d, e) = (a.h, a.hk, a.s, a.sk, a.d, a.e);
+    let (kind, window, block, fold) = (a.kind, a.window, a.block, a.fold);
+    let dims = Dims { h, hk, s, sk, d, e, kind, window, block, tile, fold, lanes: 1, rows };
+    let (j0, j1) = (k::uget::expand(scope, &keys, 0), k::uget::expand(scope, &keys, 1));
+    let band = query_tiles::expand(scope, j0, j1, dims);
+    let heads = RangeExpand::new(NativeExpand::from_lit(scope, 0usize), NativeExpand::from_lit(scope, a.h / a.hk));
+    for_expand(scope, heads, false, |scope, hq| {
+        let hi = k::add_index::expand(scope, k::mul_const::expand(scope, kh, a.h / a.hk), hq);
+        let tiles = RangeExpand::new(band.lo.clone(), band.hi.clone());
+        for_expand(scope, tiles, false, |scope, t| {
+            let i0 = k::mul_const::expand(scope, t, tile);
+            body(scope, hi, i0)
+        });
+    });
 }
 
 /// This unit's `r`-th key row (past the last for a unit with none).

@@ -291,6 +291,80 @@ pub(super) fn store_columns<N: Size>(
     }
 }
 
+/// `c[plane's 32 rows, tile] = A·Bᵀ` for each of `cols / 16` column
+/// fragments: A's rows at vector `a_off` of `x` (this plane's 32 of them,
+/// `a_width` elements each, `depth` of them multiplied), Bᵀ's columns the
+/// rows at `b_off` (as wide). Stored row-major at `out`, rows `cols` apart.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn products_t<N: Size>(
+    scope: &Scope,
+    frags: &Frags,
+    x: &NativeExpand<[Vector<Stored, N>]>,
+    out: &mut NativeExpand<[f32]>,
+    warp: &NativeExpand<usize>,
+    a_off: usize,
+    b_off: usize,
+    a_width: usize,
+    cols: usize,
+    lanes: usize,
+) {
+    let wl = a_width / lanes;
+    for rf in 0..2 {
+        for cf in 0..cols / F {
+            let mut acc = frags.zero(scope);
+            for ks in 0..a_width / F {
+                let a_at = scaled_add::expand(scope, warp.clone(), 32 * wl, a_off + rf * F * wl + ks * F / lanes);
+                let b_at = k::const_index::expand(scope, b_off + cf * F * wl + ks * F / lanes);
+                frags.mma::<N>(scope, &mut acc, x, a_at, a_width, b_at, a_width, true);
+            }
+            let at = scaled_add::expand(scope, warp.clone(), 32 * cols, rf * F * cols + cf * F);
+            frags.store(scope, &acc, out, at, cols);
+        }
+    }
+}
+
+/// Each unit's row `+= W·B`, 16 columns at a time through the f32 scratch
+/// `sf`: W the plane's 32 rows of `depth` elements at vector `w_off` of
+/// `x`, B `depth` rows of `b_width` elements at `b_off` (row-major); the
+/// columns land at `c0 ..` of the unit's row (`o`, and `o_rest` past `held`).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn accumulate<N: Size>(
+    scope: &Scope,
+    frags: &Frags,
+    x: &NativeExpand<[Vector<Stored, N>]>,
+    sf: &NativeExpand<[f32]>,
+    o: &mut NativeExpand<Array<f32>>,
+    o_rest: &mut NativeExpand<[f32]>,
+    warp: &NativeExpand<usize>,
+    (w_off, depth): (usize, usize),
+    (b_off, b_width): (usize, usize),
+    c0: usize,
+    held: usize,
+    lanes: usize,
+) {
+    let row = scratch_row::expand(scope);
+    for cf in 0..b_width / F {
+        for rf in 0..2 {
+            let mut acc = frags.zero(scope);
+            for ks in 0..depth / F {
+                let a_at = scaled_add::expand(
+                    scope,
+                    warp.clone(),
+                    32 * depth / lanes,
+                    w_off + (rf * F * depth + ks * F) / lanes,
+                );
+                let b_at = k::const_index::expand(scope, b_off + ks * F * b_width / lanes + cf * F / lanes);
+                frags.mma::<N>(scope, &mut acc, x, a_at, depth, b_at, b_width, false);
+            }
+            let at = scaled_add::expand(scope, warp.clone(), 32 * F, rf * F * F);
+            frags.store(scope, &acc, &mut sf.clone_unchecked(), at, F);
+        }
+        k::barrier::expand(scope);
+        add_fragment_row::expand(scope, o, o_rest, sf, row.clone(), c0 + cf * F, held);
+        k::barrier::expand(scope);
+    }
+}
+
 /// Attention on matrix fragments for a cube of `ATTN_ROWS` units (two
 /// planes) and as many query rows, one per unit, over key tiles of
 /// `plan::frag_key_tile`: the queries, each key and value tile and the tile's
@@ -423,19 +497,7 @@ pub fn build_attention<N: Size>(
         }
         k::barrier::expand(scope);
         // Scores: plane `warp`'s 32 rows (2 fragments) by the tile's keys.
-        let mut sc = sf.clone_unchecked();
-        for rf in 0..2 {
-            for cf in 0..bk / F {
-                let mut acc = frags.zero(scope);
-                for ks in 0..dp / F {
-                    let a_at = scaled_add::expand(scope, warp.clone(), 32 * dpl, q_off + rf * F * dpl + ks * F / lanes);
-                    let b_at = k::const_index::expand(scope, k_off + cf * F * dpl + ks * F / lanes);
-                    frags.mma::<N>(scope, &mut acc, &x, a_at, dp, b_at, dp, true);
-                }
-                let at = scaled_add::expand(scope, warp.clone(), 32 * bk, rf * F * bk + cf * F);
-                frags.store(scope, &acc, &mut sc, at, bk);
-            }
-        }
+        products_t::<N>(scope, &frags, &x, &mut sf.clone_unchecked(), &warp, q_off, k_off, dp, bk, lanes);
         k::barrier::expand(scope);
         let with_fns = a.fns.is_some();
         if with_fns {
@@ -478,27 +540,7 @@ pub fn build_attention<N: Size>(
         );
         k::barrier::expand(scope);
         // P·V, 16 output columns at a time through the scratch.
-        let row = scratch_row::expand(scope);
-        for cf in 0..ep / F {
-            for rf in 0..2 {
-                let mut acc = frags.zero(scope);
-                for ks in 0..bk / F {
-                    let a_at = scaled_add::expand(
-                        scope,
-                        warp.clone(),
-                        32 * bk / lanes,
-                        p_off + (rf * F * bk + ks * F) / lanes,
-                    );
-                    let b_at = k::const_index::expand(scope, v_off + ks * F * epl + cf * F / lanes);
-                    frags.mma::<N>(scope, &mut acc, &x, a_at, bk, b_at, ep, false);
-                }
-                let at = scaled_add::expand(scope, warp.clone(), 32 * F, rf * F * F);
-                frags.store(scope, &acc, &mut sc, at, F);
-            }
-            k::barrier::expand(scope);
-            add_fragment_row::expand(scope, &mut ov, &mut orest, &sf, row.clone(), cf * F, held);
-            k::barrier::expand(scope);
-        }
+        accumulate::<N>(scope, &frags, &x, &sf, &mut ov, &mut orest, &warp, (p_off, bk), (v_off, ep), 0, held, lanes);
     };
     tiles::visit_tiles(scope, &set, a, bk, &prep, tile);
     store_row::expand::<N>(scope, out, &o, &o_rest, &state, &slots, a.s, el, held);

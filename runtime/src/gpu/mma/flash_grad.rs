@@ -18,13 +18,10 @@
 //! in registers up to `flash::HELD` columns and the rest in shared memory;
 //! every sum runs in a fixed order, so results are deterministic.
 
-use super::flash::{
-    add_fragment_row, copy_query, copy_rows, held_columns, scratch_row, store_columns, zero_rest, HELD,
-};
+use super::flash::{accumulate, copy_query, copy_rows, held_columns, products_t, store_columns, zero_rest, HELD};
 use super::*;
-use crate::gpu::attention_grad::{query_tiles, Dims};
 use crate::gpu::attention_tiled_grad::{
-    cube_keys, grad_weight, key_unit_row, last_row, query_lse, row_lse, GradBuffers,
+    grad_weight, key_unit_row, last_row, query_lse, row_lse, walk_query_tiles, GradBuffers,
 };
 use crate::gpu::func::Indices;
 
@@ -120,80 +117,6 @@ fn scaled_float(x: &[f32], at: usize, factor: f32) -> f32 {
 #[cube]
 fn unit_row(#[comptime] cols: usize) -> usize {
     UNIT_POS as usize * cols
-}
-
-/// `c[plane's 32 rows, tile] = A·Bᵀ` for each of `cols / 16` column
-/// fragments: A's rows at vector `a_off` of `x` (this plane's 32 of them,
-/// `a_width` elements each, `depth` of them multiplied), Bᵀ's columns the
-/// rows at `b_off` (as wide). Stored row-major at `out`, rows `cols` apart.
-#[allow(clippy::too_many_arguments)]
-fn products_t<N: Size>(
-    scope: &Scope,
-    frags: &Frags,
-    x: &NativeExpand<[Vector<Stored, N>]>,
-    out: &mut NativeExpand<[f32]>,
-    warp: &NativeExpand<usize>,
-    a_off: usize,
-    b_off: usize,
-    a_width: usize,
-    cols: usize,
-    lanes: usize,
-) {
-    let wl = a_width / lanes;
-    for rf in 0..2 {
-        for cf in 0..cols / F {
-            let mut acc = frags.zero(scope);
-            for ks in 0..a_width / F {
-                let a_at = scaled_add::expand(scope, warp.clone(), 32 * wl, a_off + rf * F * wl + ks * F / lanes);
-                let b_at = k::const_index::expand(scope, b_off + cf * F * wl + ks * F / lanes);
-                frags.mma::<N>(scope, &mut acc, x, a_at, a_width, b_at, a_width, true);
-            }
-            let at = scaled_add::expand(scope, warp.clone(), 32 * cols, rf * F * cols + cf * F);
-            frags.store(scope, &acc, out, at, cols);
-        }
-    }
-}
-
-/// Each unit's row `+= W·B`, 16 columns at a time through the f32 scratch
-/// `sf`: W the plane's 32 rows of `depth` elements at vector `w_off` of
-/// `x`, B `depth` rows of `b_width` elements at `b_off` (row-major); the
-/// columns land at `c0 ..` of the unit's row (`o`, and `o_rest` past `held`).
-#[allow(clippy::too_many_arguments)]
-fn accumulate<N: Size>(
-    scope: &Scope,
-    frags: &Frags,
-    x: &NativeExpand<[Vector<Stored, N>]>,
-    sf: &NativeExpand<[f32]>,
-    o: &mut NativeExpand<Array<f32>>,
-    o_rest: &mut NativeExpand<[f32]>,
-    warp: &NativeExpand<usize>,
-    (w_off, depth): (usize, usize),
-    (b_off, b_width): (usize, usize),
-    c0: usize,
-    held: usize,
-    lanes: usize,
-) {
-    let row = scratch_row::expand(scope);
-    for cf in 0..b_width / F {
-        for rf in 0..2 {
-            let mut acc = frags.zero(scope);
-            for ks in 0..depth / F {
-                let a_at = scaled_add::expand(
-                    scope,
-                    warp.clone(),
-                    32 * depth / lanes,
-                    w_off + (rf * F * depth + ks * F) / lanes,
-                );
-                let b_at = k::const_index::expand(scope, b_off + ks * F * b_width / lanes + cf * F / lanes);
-                frags.mma::<N>(scope, &mut acc, x, a_at, depth, b_at, b_width, false);
-            }
-            let at = scaled_add::expand(scope, warp.clone(), 32 * F, rf * F * F);
-            frags.store(scope, &acc, &mut sf.clone_unchecked(), at, F);
-        }
-        k::barrier::expand(scope);
-        add_fragment_row::expand(scope, o, o_rest, sf, row.clone(), c0 + cf * F, held);
-        k::barrier::expand(scope);
-    }
 }
 
 /// The accumulator of each unit's row (`width` columns): registers up to
@@ -415,105 +338,79 @@ pub fn build_grad_kv<N: Size>(
     let base = len * lanes * dev.dtype.storage().size() + (floats + if wrt_k { rows * bq } else { 1 } + 2 * bq) * 4;
     let held = held_columns(width, base, dev.shared_limit, HELD);
     let (o, o_rest) = accumulators(scope, width, held, &sf);
-    let keys = cube_keys::expand(scope, rows, a.sk, a.fold);
-    let dims = Dims {
-        h: a.h,
-        hk: a.hk,
-        s: a.s,
-        sk: a.sk,
-        d: a.d,
-        e: a.e,
-        kind: a.kind,
-        window: a.window,
-        block: a.block,
-        tile: bq,
-        fold: a.fold,
-        lanes: 1,
-        rows,
-    };
-    let (j0, j1) = (k::uget::expand(scope, &keys, 0), k::uget::expand(scope, &keys, 1));
-    let band = query_tiles::expand(scope, j0, j1, dims);
     let scale_c = k::fconst::expand(scope, scale);
-    let heads = RangeExpand::new(NativeExpand::from_lit(scope, 0usize), NativeExpand::from_lit(scope, a.h / a.hk));
-    for_expand(scope, heads, false, |scope, hq| {
-        let hi = k::add_index::expand(scope, k::mul_const::expand(scope, kh, a.h / a.hk), hq);
-        let tiles = RangeExpand::new(band.lo.clone(), band.hi.clone());
-        for_expand(scope, tiles, false, |scope, t| {
-            let i0 = k::mul_const::expand(scope, t, bq);
-            let mut xs = x.clone_unchecked();
-            let q_base = att::view_row::expand(scope, bb, hi, k::const_index::expand(scope, 0), a.views[0]);
-            let do_base = att::view_row::expand(scope, bb, hi, k::const_index::expand(scope, 0), dov);
-            copy_rows::expand::<N>(scope, b.q, &mut xs, i0, q_base, q_off, bq, dpl, dl, a.s, a.views[0]);
-            copy_rows::expand::<N>(scope, b.dout, &mut xs, i0, do_base, do_off, bq, epl, el, a.s, dov);
+    walk_query_tiles(scope, a, kh, bq, rows, |scope, hi, i0| {
+        let mut xs = x.clone_unchecked();
+        let q_base = att::view_row::expand(scope, bb, hi, k::const_index::expand(scope, 0), a.views[0]);
+        let do_base = att::view_row::expand(scope, bb, hi, k::const_index::expand(scope, 0), dov);
+        copy_rows::expand::<N>(scope, b.q, &mut xs, i0, q_base, q_off, bq, dpl, dl, a.s, a.views[0]);
+        copy_rows::expand::<N>(scope, b.dout, &mut xs, i0, do_base, do_off, bq, epl, el, a.s, dov);
+        k::barrier::expand(scope);
+        let mut st = stats.clone_unchecked();
+        tile_stats::expand::<N>(scope, &mut st, b.lse, &x, b.o, bb, hi, i0, do_off, ov, bq, epl, el, a.h, a.s, wrt_k);
+        // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ, each plane its 32 key rows by the tile's queries.
+        products_t::<N>(scope, &frags, &x, &mut sf.clone_unchecked(), &warp, k_off, q_off, dp, bq, lanes);
+        if wrt_k {
+            products_t::<N>(scope, &frags, &x, &mut dpf.clone_unchecked(), &warp, v_off, do_off, ep, bq, lanes);
+        }
+        k::barrier::expand(scope);
+        // This unit's key row against the tile's queries: P and dS.
+        let row = unit_row::expand(scope, bq);
+        let at = |jj: usize| k::add_index::expand(scope, row, k::const_index::expand(scope, jj));
+        let fns = a.fns.as_ref();
+        let mut p_row = k::zeros::expand(scope, bq);
+        let mut ds_row = k::zeros::expand(scope, bq);
+        for ii in 0..bq {
+            let i = k::add_index::expand(scope, i0, k::const_index::expand(scope, ii));
+            let ic = last_row::expand(scope, i, a.s);
+            let logit = scaled_float::expand(scope, &sf, at(ii), scale_c);
+            let pair = Indices { b: bb, h: hi, i: ic, j: jc };
+            let score = fns.map_or(logit, |f| f.score(scope, logit, &pair));
+            let mut score = att::mask_score::expand(scope, score, i, j, 0, a.s, a.sk, a.kind, a.window, a.block);
+            if let Some(seen) = fns.and_then(|f| f.visible(scope, &pair)) {
+                score = att::seen_or_masked::expand(scope, seen, score);
+            }
+            let lse = k::read::expand::<f32>(scope, &stats, k::const_index::expand(scope, ii));
+            let p = k::exp_diff::expand(scope, score, lse);
+            k::fset::expand(scope, &mut p_row, ii, p);
+            if wrt_k {
+                let delta = k::read::expand::<f32>(scope, &stats, k::const_index::expand(scope, bq + ii));
+                let dp = k::read::expand::<f32>(scope, &dpf, at(ii));
+                let mut ds = grad_weight::expand(scope, p, dp, delta);
+                if let Some(slope) = fns.and_then(|f| f.slope(scope, logit, &pair)) {
+                    ds = k::fmul::expand(scope, ds, slope);
+                }
+                k::fset::expand(scope, &mut ds_row, ii, ds);
+            }
+        }
+        let (mut ov, mut orest) = (o.clone(), o_rest.clone_unchecked());
+        if with_v {
+            // dV += Pᵀ·dO.
+            put_row::expand::<N>(scope, &mut xs, &p_row, pd_off, bq, 0, bq);
             k::barrier::expand(scope);
-            let mut st = stats.clone_unchecked();
-            tile_stats::expand::<N>(
-                scope, &mut st, b.lse, &x, b.o, bb, hi, i0, do_off, ov, bq, epl, el, a.h, a.s, wrt_k,
+            let b_do = (do_off, ep);
+            accumulate::<N>(
+                scope,
+                &frags,
+                &x,
+                &sf,
+                &mut ov,
+                &mut orest,
+                &warp,
+                (pd_off, bq),
+                b_do,
+                k_cols,
+                held,
+                lanes,
             );
-            // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ, each plane its 32 key rows by the tile's queries.
-            products_t::<N>(scope, &frags, &x, &mut sf.clone_unchecked(), &warp, k_off, q_off, dp, bq, lanes);
-            if wrt_k {
-                products_t::<N>(scope, &frags, &x, &mut dpf.clone_unchecked(), &warp, v_off, do_off, ep, bq, lanes);
-            }
+        }
+        if wrt_k {
+            // dK += dSᵀ·Q (after dV's reads of P: `accumulate` ends on a barrier).
+            put_row::expand::<N>(scope, &mut xs, &ds_row, pd_off, bq, 0, bq);
             k::barrier::expand(scope);
-            // This unit's key row against the tile's queries: P and dS.
-            let row = unit_row::expand(scope, bq);
-            let at = |jj: usize| k::add_index::expand(scope, row, k::const_index::expand(scope, jj));
-            let fns = a.fns.as_ref();
-            let mut p_row = k::zeros::expand(scope, bq);
-            let mut ds_row = k::zeros::expand(scope, bq);
-            for ii in 0..bq {
-                let i = k::add_index::expand(scope, i0, k::const_index::expand(scope, ii));
-                let ic = last_row::expand(scope, i, a.s);
-                let logit = scaled_float::expand(scope, &sf, at(ii), scale_c);
-                let pair = Indices { b: bb, h: hi, i: ic, j: jc };
-                let score = fns.map_or(logit, |f| f.score(scope, logit, &pair));
-                let mut score = att::mask_score::expand(scope, score, i, j, 0, a.s, a.sk, a.kind, a.window, a.block);
-                if let Some(seen) = fns.and_then(|f| f.visible(scope, &pair)) {
-                    score = att::seen_or_masked::expand(scope, seen, score);
-                }
-                let lse = k::read::expand::<f32>(scope, &stats, k::const_index::expand(scope, ii));
-                let p = k::exp_diff::expand(scope, score, lse);
-                k::fset::expand(scope, &mut p_row, ii, p);
-                if wrt_k {
-                    let delta = k::read::expand::<f32>(scope, &stats, k::const_index::expand(scope, bq + ii));
-                    let dp = k::read::expand::<f32>(scope, &dpf, at(ii));
-                    let mut ds = grad_weight::expand(scope, p, dp, delta);
-                    if let Some(slope) = fns.and_then(|f| f.slope(scope, logit, &pair)) {
-                        ds = k::fmul::expand(scope, ds, slope);
-                    }
-                    k::fset::expand(scope, &mut ds_row, ii, ds);
-                }
-            }
-            let (mut ov, mut orest) = (o.clone(), o_rest.clone_unchecked());
-            if with_v {
-                // dV += Pᵀ·dO.
-                put_row::expand::<N>(scope, &mut xs, &p_row, pd_off, bq, 0, bq);
-                k::barrier::expand(scope);
-                let b_do = (do_off, ep);
-                accumulate::<N>(
-                    scope,
-                    &frags,
-                    &x,
-                    &sf,
-                    &mut ov,
-                    &mut orest,
-                    &warp,
-                    (pd_off, bq),
-                    b_do,
-                    k_cols,
-                    held,
-                    lanes,
-                );
-            }
-            if wrt_k {
-                // dK += dSᵀ·Q (after dV's reads of P: `accumulate` ends on a barrier).
-                put_row::expand::<N>(scope, &mut xs, &ds_row, pd_off, bq, 0, bq);
-                k::barrier::expand(scope);
-                let b_q = (q_off, dp);
-                accumulate::<N>(scope, &frags, &x, &sf, &mut ov, &mut orest, &warp, (pd_off, bq), b_q, 0, held, lanes);
-            }
-        });
+            let b_q = (q_off, dp);
+            accumulate::<N>(scope, &frags, &x, &sf, &mut ov, &mut orest, &warp, (pd_off, bq), b_q, 0, held, lanes);
+        }
     });
     let inside = k::below::expand(scope, j, a.sk);
     let out_at = att::view_row::expand(scope, bb, kh, j, a.views[3]);
