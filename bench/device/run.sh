@@ -135,6 +135,10 @@ CASES
 echo "== bench --grad stdlib/mha.attn" | tee -a "$log"
 timeout 200 "$BIN" bench stdlib/mha.attn --set H=8 --set d=64 --set N=2048 --grad --backend cuda --iters 5 --warmup 1 \
   2>&1 | tee -a "$log" || status=1
+# The backward on tensor cores (mma/flash_grad.rs: bf16, heads up to 64).
+echo "== bench --grad --dtype bf16 stdlib/mha.attn" | tee -a "$log"
+timeout 200 "$BIN" bench stdlib/mha.attn --set H=8 --set d=64 --set N=2048 --grad --backend cuda --dtype bf16 \
+  --iters 5 --warmup 1 2>&1 | tee -a "$log" || status=1
 fi
 if want functions; then
   source bench/device/functions.sh
