@@ -570,17 +570,23 @@ fn gemms_keeping_their_product(dev: &Dev, path: &str) {
         sets(&[("H", "4"), ("P", "3"), ("d", "16"), ("N", "70"), ("B", "2")]),
         sets(&[("H", "2"), ("P", "2"), ("d", "8"), ("N", "45"), ("collapse", "per_head")]),
     ] {
-        let c = compile_stdlib("iha", &s);
-        let grad = attnc_compiler::grad::differentiate(&c.program, &[]).unwrap();
-        let (tensors, dims) = bind::generate_inputs(&grad, 13).unwrap();
-        let plan = dev.plan(&grad, &dims);
-        let kept = |l: &&plan::Launch| {
-            matches!(l.spec, plan::KernelSpec::MatMul { mix: Some(plan::MixEpilogue { keep: true, .. }), .. })
-        };
-        let what = format!("iha {s:?} gradient, {path}");
-        assert_eq!(plan.launches.iter().filter(kept).count(), 3, "{what}: q, k and v not mixed in their GEMMs");
-        check_gradients(dev, &grad, &tensors, &dims, &["matmul_mix", "contract"], &what);
+        iha_keeping_products(dev, &s, 13, path);
     }
+}
+
+/// IHA's gradient at settings `s` (inputs drawn with `seed`): three GEMMs
+/// keep their product, and every gradient matches the interpreter.
+fn iha_keeping_products(dev: &Dev, s: &[(&'static str, String)], seed: u64, path: &str) {
+    let c = compile_stdlib("iha", s);
+    let grad = attnc_compiler::grad::differentiate(&c.program, &[]).unwrap();
+    let (tensors, dims) = bind::generate_inputs(&grad, seed).unwrap();
+    let plan = dev.plan(&grad, &dims);
+    let kept = |l: &&plan::Launch| {
+        matches!(l.spec, plan::KernelSpec::MatMul { mix: Some(plan::MixEpilogue { keep: true, .. }), .. })
+    };
+    let what = format!("iha {s:?} gradient, {path}");
+    assert_eq!(plan.launches.iter().filter(kept).count(), 3, "{what}: q, k and v not mixed in their GEMMs");
+    check_gradients(dev, &grad, &tensors, &dims, &["matmul_mix", "contract"], &what);
 }
 
 /// [`gemms_keeping_their_product`] at a user's length: IHA's gradient at
@@ -590,16 +596,7 @@ fn gemms_keeping_their_product(dev: &Dev, path: &str) {
 #[test]
 fn gemms_keeping_their_product_at_a_thousand_tokens() {
     let dev = device(Gpu::wgpu, Dtype::F32);
-    let s = sets(&[("H", "2"), ("P", "2"), ("d", "32"), ("N", "1030")]);
-    let c = compile_stdlib("iha", &s);
-    let grad = attnc_compiler::grad::differentiate(&c.program, &[]).unwrap();
-    let (tensors, dims) = bind::generate_inputs(&grad, 17).unwrap();
-    let plan = dev.plan(&grad, &dims);
-    let kept = |l: &&plan::Launch| {
-        matches!(l.spec, plan::KernelSpec::MatMul { mix: Some(plan::MixEpilogue { keep: true, .. }), .. })
-    };
-    assert_eq!(plan.launches.iter().filter(kept).count(), 3, "q, k and v not mixed in their GEMMs");
-    check_gradients(&dev, &grad, &tensors, &dims, &["matmul_mix", "contract"], &format!("iha {s:?} gradient"));
+    iha_keeping_products(&dev, &sets(&[("H", "2"), ("P", "2"), ("d", "32"), ("N", "1030")]), 17, "default path");
 }
 
 /// Weights prepared once serve many calls: the optimized MHA (projections

@@ -108,7 +108,7 @@ pub(super) fn walk_tiles(
         return visit_tiles(scope, set, a, bk, prep, tile);
     }
     // Unit 0 lists the tiles (a flag bit marks the mask hiding part of one), the cube waits, all walk.
-    let list = tile_list::expand(scope, tiles + 1);
+    let list = k::shared_words::expand(scope, tiles + 1);
     let first = first_unit::expand(scope);
     if_expand(scope, first, |scope| {
         let mut count = counter::expand(scope);
@@ -135,11 +135,6 @@ pub(super) fn walk_tiles(
 
 /// The flag bit of a listed tile: the mask may hide some of its keys.
 const HIDDEN_BIT: u32 = 1 << 31;
-
-#[cube]
-fn tile_list(#[comptime] n: usize) -> Shared<[u32]> {
-    Shared::<[u32]>::new_slice(n)
-}
 
 #[cube]
 fn first_unit() -> bool {

@@ -578,6 +578,12 @@ pub fn visible(i: usize, j: usize, #[comptime] kind: u32, #[comptime] window: us
 // Group kernels (`KernelSpec::Group`): one cube per group; every value of the
 // group lives in one shared array `s`, at offsets fixed by the plan.
 
+/// A shared array of `n` words (a tile list, parked row addresses).
+#[cube]
+pub fn shared_words(#[comptime] n: usize) -> Shared<[u32]> {
+    Shared::<[u32]>::new_slice(n)
+}
+
 /// The group's shared array of `n` values.
 #[cube]
 pub fn group_scratch(#[comptime] n: usize) -> Shared<[f32]> {

@@ -229,9 +229,29 @@ pub(super) fn add_fragment_row(
     }
 }
 
+/// The accumulator of each unit's row (`width` columns): registers up to
+/// `held`, the rest in shared memory, zeroed by its own unit (no barrier:
+/// only that unit touches it); `spare` stands for the rest where there is none.
+pub(super) fn accumulators(
+    scope: &Scope,
+    width: usize,
+    held: usize,
+    spare: &NativeExpand<[f32]>,
+) -> (NativeExpand<Array<f32>>, NativeExpand<[f32]>) {
+    let o = k::zeros::expand(scope, held);
+    let rest = if width > held {
+        let mut r: NativeExpand<[f32]> = (*shared_floats::expand(scope, (width - held) * ATTN_ROWS)).clone_unchecked();
+        zero_rest::expand(scope, &mut r, width - held);
+        r
+    } else {
+        spare.clone_unchecked()
+    };
+    (o, rest)
+}
+
 /// Where this unit's row of a tile's `bk` shared scores starts.
 #[cube]
-fn unit_scores(#[comptime] bk: usize) -> usize {
+pub(super) fn unit_scores(#[comptime] bk: usize) -> usize {
     UNIT_POS as usize * bk
 }
 
@@ -404,16 +424,7 @@ pub fn build_attention<N: Size>(
     let i = k::uget::expand(scope, &slots, ROW_I);
     copy_query::expand::<N>(scope, q, &mut x, k::uget::expand(scope, &slots, ROW_Q), q_off, dpl, dl);
     let held = held_columns(ep, len * lanes * dtype.storage().size() + (bq * bk).max(bq * F) * 4, shared_limit, HELD);
-    let o = k::zeros::expand(scope, held);
-    // The rest of each row's output, zeroed by its own unit (no barrier:
-    // only that unit touches it).
-    let o_rest: NativeExpand<[f32]> = if ep > held {
-        let mut r: NativeExpand<[f32]> = (*shared_floats::expand(scope, (ep - held) * bq)).clone_unchecked();
-        zero_rest::expand(scope, &mut r, ep - held);
-        r
-    } else {
-        sf.clone_unchecked()
-    };
+    let (o, o_rest) = accumulators(scope, ep, held, &sf);
     let state = att::softmax_state::expand(scope);
     let (k_base, v_base) = (k::uget::expand(scope, &set, SET_K), k::uget::expand(scope, &set, SET_V));
     // Score and mask functions: each unit applies them to its own row of the

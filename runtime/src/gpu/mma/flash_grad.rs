@@ -18,7 +18,9 @@
 //! in registers up to `flash::HELD` columns and the rest in shared memory;
 //! every sum runs in a fixed order, so results are deterministic.
 
-use super::flash::{accumulate, copy_query, copy_rows, held_columns, products_t, store_columns, zero_rest, HELD};
+use super::flash::{
+    accumulate, accumulators, copy_query, copy_rows, held_columns, products_t, store_columns, unit_scores, HELD,
+};
 use super::*;
 use crate::gpu::attention_tiled_grad::{
     grad_weight, key_unit_row, last_row, query_lse, row_lse, walk_query_tiles, GradBuffers,
@@ -48,33 +50,32 @@ fn put_row<N: Size>(
     }
 }
 
-/// `D_i = dO_i · O_i` for this unit's row: `dO_i` from its shared row at
-/// `dst` (`width` vectors, `used` real), `O_i` at `o_at` of `o`.
+/// `D_i = dO_i · O_i`: `dO_i` the shared row at vector `row`, `O_i` at
+/// `o_at` of `o`, `n` vectors each.
 #[cube]
 fn row_delta<N: Size>(
     sh: &[Vector<Stored, N>],
+    row: usize,
     o: &[Vector<Stored, N>],
     o_at: usize,
-    #[comptime] dst: usize,
-    #[comptime] width: usize,
-    #[comptime] used: usize,
+    #[comptime] n: usize,
 ) -> f32 {
-    let row = comptime![dst] + UNIT_POS as usize * width;
     let mut acc = f32::new(0.0);
     #[unroll]
-    for c in 0..used {
+    for c in 0..n {
         acc += Vector::<f32, N>::cast_from(sh[row + c]).dot(Vector::<f32, N>::cast_from(o[o_at + c]));
     }
     acc
 }
 
+/// Vector `dst + UNIT_POS · width`: this unit's row of a shared array of rows of `width` vectors.
+#[cube]
+fn unit_vectors(#[comptime] dst: usize, #[comptime] width: usize) -> usize {
+    comptime![dst] + UNIT_POS as usize * width
+}
+
 /// A parked row past the queries ([`park_row`]).
 const NO_ROW: u32 = u32::MAX;
-
-#[cube]
-fn shared_words(#[comptime] n: usize) -> Shared<[u32]> {
-    Shared::<[u32]>::new_slice(n)
-}
 
 /// This unit's output row `at` ([`NO_ROW`] for a row `i` past the `s` queries) into `parked`.
 #[cube]
@@ -105,37 +106,6 @@ fn is_row(w: u32) -> bool {
 fn parked_row(scope: &Scope, parked: &NativeExpand<[u32]>) -> (NativeExpand<usize>, NativeExpand<bool>) {
     let w = parked_at::expand(scope, parked);
     (word_index::expand(scope, w), is_row::expand(scope, w))
-}
-
-/// Element `at` of a shared f32 array, times `factor`.
-#[cube]
-fn scaled_float(x: &[f32], at: usize, factor: f32) -> f32 {
-    x[at] * factor
-}
-
-/// Where this unit's row of a `cols`-wide shared f32 array starts.
-#[cube]
-fn unit_row(#[comptime] cols: usize) -> usize {
-    UNIT_POS as usize * cols
-}
-
-/// The accumulator of each unit's row (`width` columns): registers up to
-/// `held`, the rest in shared memory, zeroed by its own unit.
-fn accumulators(
-    scope: &Scope,
-    width: usize,
-    held: usize,
-    spare: &NativeExpand<[f32]>,
-) -> (NativeExpand<Array<f32>>, NativeExpand<[f32]>) {
-    let o = k::zeros::expand(scope, held);
-    let rest = if width > held {
-        let mut r: NativeExpand<[f32]> = (*shared_floats::expand(scope, (width - held) * ATTN_ROWS)).clone_unchecked();
-        zero_rest::expand(scope, &mut r, width - held);
-        r
-    } else {
-        spare.clone_unchecked()
-    };
-    (o, rest)
 }
 
 /// dQ's columns a unit holds in registers at least, the rest in shared
@@ -183,7 +153,8 @@ pub fn build_grad_q<N: Size>(
     let i = k::uget::expand(scope, &slots, ROW_I);
     copy_query::expand::<N>(scope, b.q, &mut x, k::uget::expand(scope, &slots, ROW_Q), q_off, dpl, dl);
     copy_query::expand::<N>(scope, b.dout, &mut x, k::uget::expand(scope, &side, ROW_OUT), do_off, epl, el);
-    let delta = row_delta::expand::<N>(scope, &x, b.o, k::uget::expand(scope, &side, ROW_Q), do_off, epl, el);
+    let own = unit_vectors::expand(scope, do_off, epl);
+    let delta = row_delta::expand::<N>(scope, &x, own, b.o, k::uget::expand(scope, &side, ROW_Q), el);
     let lse = row_lse::expand(scope, b.lse, &slots, a.s, a.fold);
     // The vectors, the two f32 products and the parked rows.
     let base = len * lanes * dev.dtype.storage().size() + (floats + bq * bk + bq) * 4;
@@ -210,9 +181,9 @@ pub fn build_grad_q<N: Size>(
         // This unit's row: P, dS = P (dP − D) (times the slope), in the
         // storage type, 8 keys at a time (fewer live registers; the logits
         // are read again for the slope).
-        let row = unit_row::expand(scope, bk);
+        let row = unit_scores::expand(scope, bk);
         let at = |jj: usize| k::add_index::expand(scope, row, k::const_index::expand(scope, jj));
-        let logit = |jj: usize| scaled_float::expand(scope, &sf, at(jj), scale_c);
+        let logit = |jj: usize| k::fmul::expand(scope, k::read::expand::<f32>(scope, &sf, at(jj)), scale_c);
         for c0 in (0..bk).step_by(DS_CHUNK) {
             let kc = k::add_index::expand(scope, k0, k::const_index::expand(scope, c0));
             let logits = (c0..c0 + DS_CHUNK).map(logit).collect();
@@ -240,7 +211,7 @@ pub fn build_grad_q<N: Size>(
     // Where the row's dQ goes waits in shared memory: kept in a register
     // across the walk, used only after it, ptxas spilled it to reach an
     // occupancy the kernel's shared memory rules out anyway.
-    let mut parked: NativeExpand<[u32]> = (*shared_words::expand(scope, bq)).clone_unchecked();
+    let mut parked: NativeExpand<[u32]> = (*k::shared_words::expand(scope, bq)).clone_unchecked();
     park_row::expand(scope, &mut parked, k::uget::expand(scope, &slots, ROW_OUT), i, a.s);
     tiles::visit_tiles(scope, &set, a, bk, &prep, tile);
     let (at, inside) = parked_row(scope, &parked);
@@ -275,13 +246,7 @@ fn tile_stats<N: Size>(
         stats[u] = query_lse(lse, b, hi, i, h, s);
         if comptime![delta] {
             let at = att::view_row(b, hi, min(i, comptime![s - 1]), ov);
-            let row = comptime![do_off] + u * epl;
-            let mut acc = f32::new(0.0);
-            #[unroll]
-            for c in 0..el {
-                acc += Vector::<f32, N>::cast_from(sh[row + c]).dot(Vector::<f32, N>::cast_from(o[at + c]));
-            }
-            stats[comptime![bq] + u] = acc;
+            stats[comptime![bq] + u] = row_delta::<N>(sh, comptime![do_off] + u * epl, o, at, el);
         }
     }
 }
@@ -318,7 +283,9 @@ pub fn build_grad_kv<N: Size>(
     let mut x: NativeExpand<[Vector<Stored, N>]> = (*shared_vectors::expand::<N>(scope, len)).clone_unchecked();
     let floats = (rows * bq).max(rows * F);
     let sf: NativeExpand<[f32]> = (*shared_floats::expand(scope, floats)).clone_unchecked();
-    let dpf: NativeExpand<[f32]> = (*shared_floats::expand(scope, if wrt_k { rows * bq } else { 1 })).clone_unchecked();
+    // dPᵀ only for dK.
+    let dp_floats = if wrt_k { rows * bq } else { 1 };
+    let dpf: NativeExpand<[f32]> = (*shared_floats::expand(scope, dp_floats)).clone_unchecked();
     let stats: NativeExpand<[f32]> = (*shared_floats::expand(scope, 2 * bq)).clone_unchecked();
     let frags = Frags::new(scope, dev.hardware, dev.dtype);
     let warp = warp_of::expand(scope);
@@ -335,7 +302,7 @@ pub fn build_grad_kv<N: Size>(
     // Accumulator columns: dK's `dp`, then dV's `ep`.
     let k_cols = if wrt_k { dp } else { 0 };
     let width = k_cols + if with_v { ep } else { 0 };
-    let base = len * lanes * dev.dtype.storage().size() + (floats + if wrt_k { rows * bq } else { 1 } + 2 * bq) * 4;
+    let base = len * lanes * dev.dtype.storage().size() + (floats + dp_floats + 2 * bq) * 4;
     let held = held_columns(width, base, dev.shared_limit, HELD);
     let (o, o_rest) = accumulators(scope, width, held, &sf);
     let scale_c = k::fconst::expand(scope, scale);
@@ -355,7 +322,7 @@ pub fn build_grad_kv<N: Size>(
         }
         k::barrier::expand(scope);
         // This unit's key row against the tile's queries: P and dS.
-        let row = unit_row::expand(scope, bq);
+        let row = unit_scores::expand(scope, bq);
         let at = |jj: usize| k::add_index::expand(scope, row, k::const_index::expand(scope, jj));
         let fns = a.fns.as_ref();
         let mut p_row = k::zeros::expand(scope, bq);
@@ -363,7 +330,7 @@ pub fn build_grad_kv<N: Size>(
         for ii in 0..bq {
             let i = k::add_index::expand(scope, i0, k::const_index::expand(scope, ii));
             let ic = last_row::expand(scope, i, a.s);
-            let logit = scaled_float::expand(scope, &sf, at(ii), scale_c);
+            let logit = k::fmul::expand(scope, k::read::expand::<f32>(scope, &sf, at(ii)), scale_c);
             let pair = Indices { b: bb, h: hi, i: ic, j: jc };
             let score = fns.map_or(logit, |f| f.score(scope, logit, &pair));
             let mut score = att::mask_score::expand(scope, score, i, j, 0, a.s, a.sk, a.kind, a.window, a.block);
