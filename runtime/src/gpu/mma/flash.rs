@@ -330,8 +330,11 @@ pub(super) fn store_columns<N: Size>(
         if comptime![split < n] {
             for c in split..n {
                 let mut v = Vector::<f32, N>::empty();
-                // Rest column `c0 + c·N − held`: `split` is where it is 0 or more.
-                let col = (c - split) * N::value() + comptime![split * N::value() + c0 - held];
+                // Rest column `c0 + c·N − held`, unsigned either way round.
+                let mut col = c * N::value() + comptime![c0.saturating_sub(held)];
+                if comptime![c0 < held] {
+                    col -= comptime![held - c0.min(held)];
+                }
                 let first = col * units + UNIT_POS as usize;
                 #[unroll]
                 for x in 0..N::value() {

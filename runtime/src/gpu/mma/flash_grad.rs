@@ -256,12 +256,51 @@ fn tile_stats<N: Size>(
 }
 
 /// What a walk of [`build_grad_kv`] over the query tiles accumulates.
+#[derive(Clone)]
 enum Walk {
     /// `dK` (columns from 0) if `k`, `dV` (after dK's) if `v`.
     Fixed { k: bool, v: bool },
-    /// `dV` where the flag holds (the first pass of a runtime loop over
-    /// the two), else `dK`, both from column 0.
+    /// `dK` where the flag holds, else `dV`, both from column 0 (the walk
+    /// of a runtime loop over the two).
     Either(NativeExpand<bool>),
+}
+
+/// `a` where `c`, else `b`.
+#[cube]
+fn pick(c: bool, a: usize, b: usize) -> usize {
+    let mut r = b;
+    if c {
+        r = a;
+    }
+    r
+}
+
+#[cube]
+fn fpick(c: bool, a: f32, b: f32) -> f32 {
+    let mut r = b;
+    if c {
+        r = a;
+    }
+    r
+}
+
+#[cube]
+fn second(pass: usize) -> bool {
+    pass == 1
+}
+
+#[cube]
+fn not(c: bool) -> bool {
+    !c
+}
+
+/// Zeroes the `n` floats of `o`.
+#[cube]
+fn zero_all(o: &mut Array<f32>, #[comptime] n: usize) {
+    #[unroll]
+    for c in 0..n {
+        o[c] = f32::new(0.0);
+    }
 }
 
 /// `dK` (`wrt_k`) or `dV`, or both (`dv`: `dV`'s buffer and layout beside
@@ -351,7 +390,7 @@ pub fn build_grad_kv<N: Size>(
             };
             match walk {
                 Walk::Fixed { k: true, .. } => d_p(scope),
-                Walk::Either(v_pass) => if_else_expand(scope, v_pass.clone(), |_| {}).or_else(scope, d_p),
+                Walk::Either(flag) => if_expand(scope, flag.clone(), d_p),
                 Walk::Fixed { .. } => {}
             }
             k::barrier::expand(scope);
@@ -382,8 +421,8 @@ pub fn build_grad_kv<N: Size>(
                     if let Some(slope) = fns.and_then(|f| f.slope(scope, logit, &pair)) {
                         ds = k::fmul::expand(scope, ds, slope);
                     }
-                    if let Walk::Either(v_pass) = walk {
-                        ds = select::expand(scope, v_pass.clone(), p, ds);
+                    if let Walk::Either(flag) = walk {
+                        ds = fpick::expand(scope, flag.clone(), ds, p);
                     }
                     k::fset::expand(scope, &mut ds_row, ii, ds);
                 }
@@ -395,11 +434,11 @@ pub fn build_grad_kv<N: Size>(
                 k::barrier::expand(scope);
             });
             match walk {
-                Walk::Either(v_pass) => {
-                    // dV += Pᵀ·dO where the flag holds, else dK += dSᵀ·Q (`ds_row` holds the one).
+                Walk::Either(flag) => {
+                    // dK += dSᵀ·Q where the flag holds, else dV += Pᵀ·dO (`ds_row` holds the one).
                     pd(&mut xs, &ds_row);
                     let (qa, da) = (k::const_index::expand(scope, q_off), k::const_index::expand(scope, do_off));
-                    let b_at = (select::expand(scope, v_pass.clone(), da, qa), dp);
+                    let b_at = (pick::expand(scope, flag.clone(), qa, da), dp);
                     accumulate::<N>(scope, &frags, &x, &sf, &mut ov, &mut orest, &warp, w, b_at, 0, held, lanes);
                 }
                 Walk::Fixed { k: wk, v: wv } => {
@@ -436,15 +475,16 @@ pub fn build_grad_kv<N: Size>(
         let dv_at = att::view_row::expand(scope, bb.clone(), kh.clone(), j.clone(), *view);
         let passes = RangeExpand::new(NativeExpand::from_lit(scope, 0usize), NativeExpand::from_lit(scope, 2usize));
         for_expand(scope, passes, false, |scope, pass| {
-            let v_pass = k::below::expand(scope, pass, 1);
+            let flag = second::expand(scope, pass);
             let (mut ov, mut orest) = (o.clone(), o_rest.clone_unchecked());
-            k::zero_floats::expand(scope, &mut ov, held);
+            zero_all::expand(scope, &mut ov, held);
             if width > held {
                 zero_rest::expand(scope, &mut orest, width - held, rows);
             }
-            walk(scope, &Walk::Either(v_pass.clone()));
-            if_else_expand(scope, v_pass, |scope| store_v(scope, &mut dv.clone_unchecked(), dv_at.clone(), 0))
-                .or_else(scope, |scope| store_k(scope, &mut out.clone_unchecked()));
+            walk(scope, &Walk::Either(flag.clone()));
+            if_expand(scope, flag.clone(), |scope| store_k(scope, &mut out.clone_unchecked()));
+            let not_k = not::expand(scope, flag);
+            if_expand(scope, not_k, |scope| store_v(scope, &mut dv.clone_unchecked(), dv_at.clone(), 0));
         });
         return;
     }
