@@ -303,12 +303,31 @@ fn attention_tiles_stay_within_their_register_and_mask_bounds() {
         }
     }
     // The sizes benchmarked: d = 64 in vectors of 4, N = 1024.
-    assert_eq!(AttnTiles::new(16, 16, 1024, 1024, false, 0), AttnTiles { unit_rows: 8, key_tile: 4, lanes: 1 });
-    assert_eq!(AttnTiles::new(16, 16, 1024, 1024, true, 0), AttnTiles { unit_rows: 4, key_tile: 8, lanes: 1 });
+    assert_eq!(
+        AttnTiles::new(16, 16, 1024, 1024, false, 0),
+        AttnTiles { unit_rows: 8, key_tile: 4, lanes: 1, row_units: ATTN_ROWS }
+    );
+    assert_eq!(
+        AttnTiles::new(16, 16, 1024, 1024, true, 0),
+        AttnTiles { unit_rows: 4, key_tile: 8, lanes: 1, row_units: ATTN_ROWS }
+    );
     // Fragment tiling (one row, 32 keys at d = 64) run by the CPU kernel: in
     // 16-bit storage it unrolls 16 keys at a time (512 vector operations).
-    let frag = AttnTiles { unit_rows: 1, key_tile: 32, lanes: 1 };
+    let frag = AttnTiles { unit_rows: 1, key_tile: 32, lanes: 1, row_units: ATTN_ROWS };
     assert_eq!((frag.unrolled_rows(32, false), frag.unrolled_rows(32, true)), (32, 16));
+    // The fragment backward: cubes of 64 rows up to 64-wide heads, one plane
+    // of 32 up to 128 where both heads pad alike, none past that; its shared
+    // arrays within 32 KiB.
+    let units = |d, e| plan::frag_grad_tiles(d, e).map(|t| (t.units(), t.cube_rows(), t.key_tile));
+    assert_eq!(units(64, 64), Some((64, 64, 16)));
+    assert_eq!(units(6, 6), Some((64, 64, 16)));
+    assert_eq!(units(96, 96), Some((32, 32, 16)));
+    assert_eq!(units(128, 128), Some((32, 32, 16)));
+    assert_eq!(units(120, 128), Some((32, 32, 16)));
+    assert_eq!(units(128, 64), None);
+    assert_eq!(units(256, 256), None);
+    assert!(plan::frag_grad_shared(128, 128, 2, 16, 32) <= plan::FRAG_SHARED);
+    assert!(plan::frag_grad_shared(128, 128, 2, 16, 64) > plan::FRAG_SHARED);
 }
 
 /// The plan's layouts read exactly what the layout operations compute: a

@@ -240,11 +240,16 @@ fn every_kernel_at_users_sizes_compiles_without_spills() {
 /// The bf16 gradient programs' attention backward (dQ; dK and dV in one
 /// launch) multiplies on tensor cores: planned on fragments, with `mma` in
 /// its PTX and `HMMA` in its SASS for both architectures, and no spills
-/// (MHA at its default sizes, IHA at a user's).
+/// (MHA at its default sizes and with 128-wide heads, cubes of one plane,
+/// at N = 2048; IHA at a user's sizes).
 #[test]
 fn bf16_attention_backward_multiplies_on_tensor_cores() {
     let tools = tools();
-    let cases = [case("mha", &[], true), case("iha", &[("H", "8"), ("N", "1024"), ("P", "2"), ("d", "64")], true)];
+    let cases = [
+        case("mha", &[], true),
+        case("mha", &[("H", "8"), ("N", "2048"), ("d", "128")], true),
+        case("iha", &[("H", "8"), ("N", "1024"), ("P", "2"), ("d", "64")], true),
+    ];
     for c in &cases {
         let ks: Vec<_> = (kernels(c, Dtype::Bf16).into_iter())
             .filter(|k| ["attention_grad_q", "attention_grad_kv"].iter().any(|n| k.0.contains(n)))

@@ -1111,6 +1111,8 @@ fn half_attention_gradients_match_the_interpreter() {
         s(2, 1, 300, 1000, 64, "causal", None, 1),
         s(3, 1, 200, 200, 24, "token_causal", Some(5), 4),
         s(2, 2, 70, 45, 256, "causal", None, 1),
+        // The fragment tiling of heads past 64 (cubes of 32 rows) on the scalar kernel.
+        s(1, 1, 150, 270, 128, "none", Some(60), 1),
     ];
     attention_gradient_cases(&device(Gpu::wgpu, Dtype::F16), &cases);
 }
@@ -1285,7 +1287,7 @@ fn fragment_attention_matches_the_interpreter_on_wgpu_f16() {
 }
 
 /// Attention's backward on matrix fragments (`mma/flash_grad.rs`; 16-bit
-/// heads up to 64 wide), the fragments computed in software: dQ, dK and dV
+/// heads up to 128 wide), the fragments computed in software: dQ, dK and dV
 /// against the same-dtype reference past several tiles each way (query and
 /// key rows past 64-row cubes and 16-row tiles, unequal lengths), with
 /// masks, windows, blocks, GQA, and head widths that are not multiples of
@@ -1300,6 +1302,9 @@ fn fragment_attention_gradients(make: Make, dtype: Dtype) {
         s(2, 2, 130, 70, 40, "none", None, 1),
         s(1, 1, 92, 260, 6, "token_causal", Some(3), 4),
         s(4, 2, 333, 333, 48, "causal", Some(90), 1),
+        // Past 64 wide: cubes of one plane of 32 rows.
+        s(2, 1, 150, 400, 128, "causal", None, 1),
+        s(1, 1, 90, 70, 100, "none", Some(20), 1),
     ];
     for c in &cases {
         let spec = sized_spec(c);
@@ -1309,6 +1314,8 @@ fn fragment_attention_gradients(make: Make, dtype: Dtype) {
         let backward = p.launches.iter().filter(|l| matches!(l.spec, plan::KernelSpec::AttentionGrad { .. }));
         assert!(backward.clone().count() == 2, "d = {}: {} backward launches", c.d, backward.count());
         assert!(backward.clone().all(|l| l.spec.fragments()), "d = {}: backward not tiled for fragments", c.d);
+        let units = if c.d > 64 { 32 } else { plan::ATTN_ROWS };
+        assert!(backward.clone().all(|l| l.spec.attention_tiles().units() == units), "d = {}: cube size", c.d);
     }
     attention_gradient_cases(&dev, &cases);
 }

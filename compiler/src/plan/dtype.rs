@@ -4,7 +4,7 @@
 //! upload and read-back. `tf32` is f32 storage whose GEMMs multiply on
 //! TF32 tensor cores (operands with f16's 10-bit mantissa, f32's range).
 
-use super::{frag_grad_tile, frag_key_tile, value_elements, AttnShape, BufferRole, KernelSpec, Plan};
+use super::{frag_grad_tiles, frag_key_tile, value_elements, AttnShape, BufferRole, KernelSpec, Plan};
 use crate::ir::AttnArg;
 use serde::Serialize;
 use std::fmt;
@@ -92,7 +92,7 @@ impl Plan {
                 // dQ, dK and dV (a read tensor's gradient stays scalar).
                 KernelSpec::AttentionGrad { shape: AttnShape { d, e, .. }, wrt, ref mut fragments, .. } => {
                     let rows = matches!(wrt, AttnArg::Q | AttnArg::K | AttnArg::V);
-                    *fragments = dtype.is_half() && rows && frag_grad_tile(d, e).is_some();
+                    *fragments = dtype.is_half() && rows && frag_grad_tiles(d, e).is_some();
                 }
                 _ => {}
             }

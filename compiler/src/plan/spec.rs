@@ -171,8 +171,8 @@ pub enum KernelSpec {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         dv: Option<RowView>,
         /// Tiled for matrix fragments (half precision, heads that
-        /// [`frag_grad_tile`] takes): one row a unit, the other side's tiles
-        /// of [`frag_grad_tile`] rows, whichever kernel runs it.
+        /// [`frag_grad_tiles`] takes): one row a unit, the other side's tiles
+        /// of [`frag_grad_tiles`] rows, whichever kernel runs it.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         fragments: bool,
     },
@@ -456,13 +456,17 @@ impl KernelSpec {
     /// and key tile, unused).
     pub fn attention_tiles(&self) -> AttnTiles {
         match *self {
-            KernelSpec::Attention { split: lanes @ 1.., shape: AttnShape { sk, .. }, .. } => {
-                AttnTiles { unit_rows: 1, key_tile: REGISTER_KEY_TILE.min(sk.next_power_of_two().max(4)), lanes }
-            }
+            KernelSpec::Attention { split: lanes @ 1.., shape: AttnShape { sk, .. }, .. } => AttnTiles {
+                unit_rows: 1,
+                key_tile: REGISTER_KEY_TILE.min(sk.next_power_of_two().max(4)),
+                lanes,
+                row_units: ATTN_ROWS,
+            },
             KernelSpec::Attention { fragments: true, shape: AttnShape { d, e, .. }, .. } => AttnTiles {
                 unit_rows: 1,
                 key_tile: frag_key_tile(d, e, self.line_size()).expect("tiled for fragments where they fit"),
                 lanes: 1,
+                row_units: ATTN_ROWS,
             },
             KernelSpec::Attention { shape: AttnShape { s, sk, d, e, mask, window, block, ref fns, .. }, .. } => {
                 let l = self.line_size();
@@ -471,11 +475,9 @@ impl KernelSpec {
                     mask != MaskKind::None || window.is_some() || fns.as_ref().is_some_and(|f| f.mask.is_some());
                 AttnTiles::new(d / l, e / l, s, sk, masked, window.unwrap_or(0) * block)
             }
-            KernelSpec::AttentionGrad { shape: AttnShape { d, e, .. }, fragments: true, .. } => AttnTiles {
-                unit_rows: 1,
-                key_tile: frag_grad_tile(d, e).expect("tiled for fragments where they fit"),
-                lanes: 1,
-            },
+            KernelSpec::AttentionGrad { shape: AttnShape { d, e, .. }, fragments: true, .. } => {
+                frag_grad_tiles(d, e).expect("tiled for fragments where they fit")
+            }
             // Per pair, dQ and dK take two dot products and an update (the
             // forward's tiling at widths `2 dl + el`), dV one of each
             // (`dl + el`); dK and dV tile key rows against query tiles.
@@ -508,9 +510,9 @@ impl KernelSpec {
                 AttnTiles::new(d / l, 0, s, sk, masked, window.unwrap_or(0) * block)
             }
             KernelSpec::AttentionLse { tile, split, .. } | KernelSpec::AttentionGrad { tile, split, .. } => {
-                AttnTiles { unit_rows: 1, key_tile: tile, lanes: split.max(1) }
+                AttnTiles { unit_rows: 1, key_tile: tile, lanes: split.max(1), row_units: ATTN_ROWS }
             }
-            _ => AttnTiles { unit_rows: 1, key_tile: 1, lanes: 1 },
+            _ => AttnTiles { unit_rows: 1, key_tile: 1, lanes: 1, row_units: ATTN_ROWS },
         }
     }
 

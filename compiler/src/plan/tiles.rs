@@ -18,6 +18,10 @@ pub struct AttnTiles {
     /// Units sharing a query row, each with a slice of its channels
     /// (register tiling; 1 otherwise).
     pub lanes: usize,
+    /// Units per cube where each owns whole rows (`lanes` 1): [`ATTN_ROWS`],
+    /// or one plane of 32 for the fragment backward of heads wider than 64
+    /// ([`frag_grad_tiles`]), whose units own one row each.
+    pub row_units: usize,
 }
 
 /// Vector operations one key tile of the CPU drivers' attention unrolls at
@@ -44,7 +48,7 @@ impl AttnTiles {
         if self.lanes > 1 {
             (REGISTER_UNITS / self.lanes).min(ATTN_ROWS)
         } else {
-            ATTN_ROWS * self.unit_rows
+            self.row_units * self.unit_rows
         }
     }
 
@@ -53,7 +57,7 @@ impl AttnTiles {
         if self.lanes > 1 {
             self.cube_rows() * self.lanes
         } else {
-            ATTN_ROWS
+            self.row_units
         }
     }
 
@@ -95,7 +99,7 @@ impl AttnTiles {
             rows = rows.min(pow2_floor(window_rows / ATTN_ROWS));
         }
         let key_tile = pow2_floor((UNROLL_OPS / (rows * width)).clamp(4, 32)).min(sk.next_power_of_two().max(4));
-        AttnTiles { unit_rows: rows, key_tile, lanes: 1 }
+        AttnTiles { unit_rows: rows, key_tile, lanes: 1, row_units: ATTN_ROWS }
     }
 }
 
@@ -113,32 +117,38 @@ pub fn frag_key_tile(d: usize, e: usize, lanes: usize) -> Option<usize> {
     [tile, 16].into_iter().find(|t| t * width <= 2048).filter(|_| d.max(e) <= FRAG_MAX_HEAD)
 }
 
-/// Rows of the other side's tiles in attention's backward on matrix
-/// fragments (dQ walks key tiles, dK and dV query tiles) for 16-bit heads of
-/// `d` and `e`, if it takes them: its shared arrays must fit in
-/// [`FRAG_SHARED`] (see [`frag_grad_shared`]), which holds heads up to 64
-/// wide. A cube holds its own 64 rows of two operands (`q` and `dO`, or `k`
-/// and `v`) and one tile of the other two, the tile's two f32 score
-/// products (`S` and `dP`, which also serve as the fragments' scratch) and
-/// its 16-bit probabilities or score gradients.
-pub fn frag_grad_tile(d: usize, e: usize) -> Option<usize> {
-    let tile = F_GRAD_TILE;
-    (frag_grad_shared(d, e, 2, tile) <= FRAG_SHARED).then_some(tile)
+/// The tiling of attention's backward on matrix fragments (dQ walks key
+/// tiles, dK and dV query tiles) for 16-bit heads of `d` and `e`, if it
+/// takes them: a cube of 64 units (two planes) or, where that does not fit,
+/// one plane of 32, each unit owning one row, over tiles of 16 of the other
+/// side's rows. Its shared arrays must fit in [`FRAG_SHARED`] (see
+/// [`frag_grad_shared`]): 64 rows hold heads up to 64 wide, 32 rows up to
+/// 128 where `d` and `e` pad to the same width (dK and dV then take turns
+/// in one accumulator). A cube holds its own rows of two operands (`q` and
+/// `dO`, or `k` and `v`) and one tile of the other two, the tile's two f32
+/// score products (`S` and `dP`, which also serve as the fragments'
+/// scratch) and its 16-bit probabilities or score gradients.
+pub fn frag_grad_tiles(d: usize, e: usize) -> Option<AttnTiles> {
+    let alike = d.next_multiple_of(16) == e.next_multiple_of(16);
+    [ATTN_ROWS, 32]
+        .into_iter()
+        .filter(|&rows| rows == ATTN_ROWS || alike)
+        .find(|&rows| frag_grad_shared(d, e, 2, F_GRAD_TILE, rows) <= FRAG_SHARED)
+        .map(|row_units| AttnTiles { unit_rows: 1, key_tile: F_GRAD_TILE, lanes: 1, row_units })
 }
 
-/// Rows of the other side a tile of the fragment backward ([`frag_grad_tile`]).
+/// Rows of the other side a tile of the fragment backward ([`frag_grad_tiles`]).
 const F_GRAD_TILE: usize = 16;
 
 /// Bytes of shared memory the fragment backward takes for heads of `d` and
-/// `e` (padded to 16) in elements of `bytes`, tiles of `tile` rows: 64 rows
-/// and a tile of both heads' operands and the tile's 16-bit products in the
-/// storage type, two f32 products of 64 × `tile`, each tile row's
-/// log-sum-exp and `D_i`, a word a row (dQ's parked output rows), and 128
-/// bytes of alignment slack.
-pub fn frag_grad_shared(d: usize, e: usize, bytes: usize, tile: usize) -> usize {
+/// `e` (padded to 16) in elements of `bytes`, cubes of `rows` rows and
+/// tiles of `tile` rows: the cube's rows and a tile of both heads' operands
+/// and the tile's 16-bit products in the storage type, two f32 products of
+/// `rows` × `tile`, each tile row's log-sum-exp and `D_i`, a word a row
+/// (dQ's parked output rows), and 128 bytes of alignment slack.
+pub fn frag_grad_shared(d: usize, e: usize, bytes: usize, tile: usize, rows: usize) -> usize {
     let (dp, ep) = (d.next_multiple_of(16), e.next_multiple_of(16));
-    let rows = ATTN_ROWS + tile;
-    bytes * (rows * (dp + ep) + ATTN_ROWS * tile) + 4 * (2 * ATTN_ROWS * tile.max(16) + 2 * tile + ATTN_ROWS) + 128
+    bytes * ((rows + tile) * (dp + ep) + rows * tile) + 4 * (2 * rows * tile.max(16) + 2 * tile + rows) + 128
 }
 
 /// Shared memory the fragment kernels fit in: 32 KiB, the least of the
@@ -435,9 +445,10 @@ impl KernelSpec {
                 t.key_tile
             ),
             KernelSpec::AttentionGrad { fragments: true, .. } => format!(
-                "matrix fragments: one row a unit, {} a cube (two planes); {other} tiles of {} rows, \
+                "matrix fragments: one row a unit, {} a cube ({} plane(s)); {other} tiles of {} rows, \
                  scores, their gradients and the probabilities through shared memory",
                 t.cube_rows(),
+                t.units() / 32,
                 t.key_tile
             ),
             KernelSpec::Attention { .. } | KernelSpec::AttentionGrad { .. } if self.vectorised() => format!(

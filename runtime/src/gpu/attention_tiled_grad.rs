@@ -56,7 +56,7 @@ pub fn build_grad_q<N: Size>(
 ) {
     let (dl, el) = (a.d / lanes, a.e / lanes);
     let (bk, nr) = (a.tiles.key_tile, a.tiles.unit_rows);
-    let bq = ATTN_ROWS * nr;
+    let bq = a.tiles.cube_rows();
     let set = setup::expand(scope, a.h, a.hk, a.s, a.sk, bq, bk, a.kind, a.window, a.block, a.views, a.fold, 0);
     // `row_slots` of these views give the rows of `o` (ROW_Q) and `dout` (ROW_OUT).
     let side_views = [ov, a.views[1], a.views[2], dov];
@@ -254,7 +254,8 @@ pub fn build_grad_kv<N: Size>(
     let (dl, el) = (a.d / lanes, a.e / lanes);
     let with_v = dv.is_some();
     let (bq, nr) = (a.tiles.key_tile, a.tiles.unit_rows);
-    let cube_rows = ATTN_ROWS * nr;
+    let cube_rows = a.tiles.cube_rows();
+    assert!(nr == 1 || a.tiles.row_units == ATTN_ROWS, "rows a unit in cubes of ATTN_ROWS units (key_unit_row)");
     let bh = k::cube_y::expand(scope, a.fold);
     let (bb, kh) = (k::idx_div::expand(scope, bh, a.hk), k::idx_mod::expand(scope, bh, a.hk));
     let scaled = k::fconst::expand(scope, scale);

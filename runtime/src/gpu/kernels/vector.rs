@@ -28,11 +28,17 @@ pub fn vload_share<N: Size>(
 #[cube]
 pub fn zeros(#[comptime] n: usize) -> Array<f32> {
     let mut a = Array::<f32>::new(n);
+    zero_floats(&mut a, n);
+    a
+}
+
+/// Zeroes the first `n` floats of `a`.
+#[cube]
+pub fn zero_floats(a: &mut Array<f32>, #[comptime] n: usize) {
     #[unroll]
     for c in 0..n {
         a[c] = f32::new(0.0);
     }
-    a
 }
 
 /// A register array of `n` vectors, zeroed.

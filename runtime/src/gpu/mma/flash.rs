@@ -11,7 +11,7 @@ fn key_row(k0: usize, j: usize, base: usize, #[comptime] sk: usize, #[comptime] 
 
 /// Copy `rows` rows of `width` vectors (`used` of them real, the rest zero)
 /// into the shared array at `dst`, row `j` read from `x` at
-/// `key_row(k0, j, base)`; the cube's units share the copy.
+/// `key_row(k0, j, base)`; the cube's `units` units share the copy.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn copy_rows<N: Size>(
@@ -25,10 +25,11 @@ pub(super) fn copy_rows<N: Size>(
     #[comptime] used: usize,
     #[comptime] sk: usize,
     #[comptime] v: RowView,
+    #[comptime] units: usize,
 ) {
     #[unroll]
-    for i in 0..comptime![(rows * width).div_ceil(ATTN_ROWS)] {
-        let idx = UNIT_POS as usize + comptime![i * ATTN_ROWS];
+    for i in 0..comptime![(rows * width).div_ceil(units)] {
+        let idx = UNIT_POS as usize + comptime![i * units];
         if idx < comptime![rows * width] {
             let j = idx / width;
             let c = idx % width;
@@ -169,41 +170,41 @@ fn softmax_tile<N: Size>(
     }
     #[unroll]
     for c in 0..rest {
-        let at = rest_at(c);
+        let at = rest_at(c, ATTN_ROWS);
         o_rest[at] = o_rest[at] * alpha;
     }
 }
 
-/// Where column `c` of the shared rest of this unit's output row is:
-/// column-major, `c · 64 + UNIT_POS`.
+/// Where column `c` of the shared rest of this unit's output row is, in a
+/// cube of `units` units: column-major, `c · units + UNIT_POS`.
 #[cube]
-pub(super) fn rest_at(#[comptime] c: usize) -> usize {
-    comptime![c * ATTN_ROWS] + UNIT_POS as usize
+pub(super) fn rest_at(#[comptime] c: usize, #[comptime] units: usize) -> usize {
+    comptime![c * units] + UNIT_POS as usize
 }
 
 /// Zeroes this unit's column of the shared rest of the output rows.
 #[cube]
-pub(super) fn zero_rest(o_rest: &mut [f32], #[comptime] rest: usize) {
+pub(super) fn zero_rest(o_rest: &mut [f32], #[comptime] rest: usize, #[comptime] units: usize) {
     #[unroll]
     for c in 0..rest {
-        o_rest[rest_at(c)] = f32::new(0.0);
+        o_rest[rest_at(c, units)] = f32::new(0.0);
     }
 }
 
 /// Output columns a unit of fragment attention holds in registers at
 /// least; the rest of a wider row lives in shared memory, column-major
-/// (`[c · 64 + UNIT_POS]`, each unit its own column of banks): with 128
+/// (`[c · units + UNIT_POS]`, each unit its own column of banks): with 128
 /// floats held a unit needed more than CUDA's 255 registers a thread.
 pub(super) const HELD: usize = 64;
 
-/// Output columns held in registers for rows of `ep` columns, the kernel's
-/// other shared arrays taking `base` bytes of the device's `limit`: all
-/// past `most` ([`HELD`] for the forward) that do not fit in shared memory
-/// (64 on CUDA at d = 128, 46 KB in all; on lavapipe's 32 KB, 7 of 128
-/// columns go to shared memory).
-pub(super) fn held_columns(ep: usize, base: usize, limit: usize, most: usize) -> usize {
+/// Output columns held in registers for rows of `ep` columns in a cube of
+/// `units` rows, the kernel's other shared arrays taking `base` bytes of
+/// the device's `limit`: all past `most` ([`HELD`] for the forward) that do
+/// not fit in shared memory (the forward at d = 128: 64 on CUDA, 46 KB in
+/// all; on lavapipe's 32 KB, 7 of 128 columns go to shared memory).
+pub(super) fn held_columns(ep: usize, base: usize, limit: usize, most: usize, units: usize) -> usize {
     // Slack for each shared array's alignment.
-    let room = limit.saturating_sub(base + 128) / (4 * ATTN_ROWS);
+    let room = limit.saturating_sub(base + 128) / (4 * units);
     ep - ep.saturating_sub(most).min(room)
 }
 
@@ -218,30 +219,43 @@ pub(super) fn add_fragment_row(
     at: usize,
     #[comptime] c0: usize,
     #[comptime] held: usize,
+    #[comptime] units: usize,
 ) {
-    #[unroll]
-    for c in 0..16usize {
-        if comptime![c0 + c < held] {
-            o[comptime![c0] + c] += scratch[at + c];
-        } else {
-            o_rest[rest_at(comptime![c0 + c - held])] += scratch[at + c];
+    if comptime![c0 >= held && units < ATTN_ROWS] {
+        // All in shared memory, in the backward of wide heads: a loop (less
+        // code than 16 unrolled adds; unrolled elsewhere, where ptxas held
+        // the loop's kernels to fewer registers and spilled).
+        for c in 0..16usize {
+            let r = comptime![(c0 - held) * units] + c * units + UNIT_POS as usize;
+            o_rest[r] += scratch[at + c];
+        }
+    } else {
+        #[unroll]
+        for c in 0..16usize {
+            if comptime![c0 + c < held] {
+                o[comptime![c0] + c] += scratch[at + c];
+            } else {
+                o_rest[rest_at(comptime![c0 + c - held], units)] += scratch[at + c];
+            }
         }
     }
 }
 
-/// The accumulator of each unit's row (`width` columns): registers up to
-/// `held`, the rest in shared memory, zeroed by its own unit (no barrier:
-/// only that unit touches it); `spare` stands for the rest where there is none.
+/// The accumulator of each unit's row (`width` columns) in a cube of
+/// `units`: registers up to `held`, the rest in shared memory, zeroed by its
+/// own unit (no barrier: only that unit touches it); `spare` stands for the
+/// rest where there is none.
 pub(super) fn accumulators(
     scope: &Scope,
     width: usize,
     held: usize,
+    units: usize,
     spare: &NativeExpand<[f32]>,
 ) -> (NativeExpand<Array<f32>>, NativeExpand<[f32]>) {
     let o = k::zeros::expand(scope, held);
     let rest = if width > held {
-        let mut r: NativeExpand<[f32]> = (*shared_floats::expand(scope, (width - held) * ATTN_ROWS)).clone_unchecked();
-        zero_rest::expand(scope, &mut r, width - held);
+        let mut r: NativeExpand<[f32]> = (*shared_floats::expand(scope, (width - held) * units)).clone_unchecked();
+        zero_rest::expand(scope, &mut r, width - held, units);
         r
     } else {
         spare.clone_unchecked()
@@ -275,11 +289,12 @@ fn store_row<N: Size>(
     #[comptime] held: usize,
 ) {
     let inv = att::inverse_sum(state);
-    store_columns::<N>(out, o, o_rest, inv, slots[ROW_OUT], slots[ROW_I] < s, 0usize, el, held);
+    store_columns::<N>(out, o, o_rest, inv, slots[ROW_OUT], slots[ROW_I] < s, 0usize, el, held, ATTN_ROWS);
 }
 
 /// `out[at ..]`: `n` vectors of this unit's row from column `c0` (in
-/// registers below `held`, else in the shared rest), times `factor`, if `inside`.
+/// registers below `held`, else in the shared rest of a cube of `units`),
+/// times `factor`, if `inside`.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn store_columns<N: Size>(
@@ -292,10 +307,14 @@ pub(super) fn store_columns<N: Size>(
     #[comptime] c0: usize,
     #[comptime] n: usize,
     #[comptime] held: usize,
+    #[comptime] units: usize,
 ) {
+    // Vectors from `split` on lie wholly in the shared rest: a loop in the
+    // backward of wide heads (as in `add_fragment_row`).
+    let split = comptime![if units < ATTN_ROWS { held.saturating_sub(c0).div_ceil(N::value()).min(n) } else { n }];
     if inside {
         #[unroll]
-        for c in 0..n {
+        for c in 0..split {
             let mut v = Vector::<f32, N>::empty();
             #[unroll]
             for x in 0..N::value() {
@@ -303,10 +322,23 @@ pub(super) fn store_columns<N: Size>(
                 if comptime![col < held] {
                     v.insert(x, o[col] * factor);
                 } else {
-                    v.insert(x, o_rest[rest_at(comptime![col - held])] * factor);
+                    v.insert(x, o_rest[rest_at(comptime![col - held], units)] * factor);
                 }
             }
             out[at + c] = Vector::<Stored, N>::cast_from(v);
+        }
+        if comptime![split < n] {
+            for c in split..n {
+                let mut v = Vector::<f32, N>::empty();
+                // Rest column `c0 + c·N − held`: `split` is where it is 0 or more.
+                let col = (c - split) * N::value() + comptime![split * N::value() + c0 - held];
+                let first = col * units + UNIT_POS as usize;
+                #[unroll]
+                for x in 0..N::value() {
+                    v.insert(x, o_rest[first + comptime![x * units]] * factor);
+                }
+                out[at + c] = Vector::<Stored, N>::cast_from(v);
+            }
         }
     }
 }
@@ -345,8 +377,10 @@ pub(super) fn products_t<N: Size>(
 
 /// Each unit's row `+= W·B`, 16 columns at a time through the f32 scratch
 /// `sf`: W the plane's 32 rows of `depth` elements at vector `w_off` of
-/// `x`, B `depth` rows of `b_width` elements at `b_off` (row-major); the
-/// columns land at `c0 ..` of the unit's row (`o`, and `o_rest` past `held`).
+/// `x`, B `depth` rows of `b_width` elements at vector `b_off` (row-major,
+/// where the kernel picks it); the
+/// columns land at `c0 ..` of the unit's row (`o`, and `o_rest` past `held`
+/// in a cube of `units`).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn accumulate<N: Size>(
     scope: &Scope,
@@ -357,9 +391,9 @@ pub(super) fn accumulate<N: Size>(
     o_rest: &mut NativeExpand<[f32]>,
     warp: &NativeExpand<usize>,
     (w_off, depth): (usize, usize),
-    (b_off, b_width): (usize, usize),
+    (b_off, b_width): (NativeExpand<usize>, usize),
     c0: usize,
-    held: usize,
+    (held, units): (usize, usize),
     lanes: usize,
 ) {
     let row = scratch_row::expand(scope);
@@ -373,14 +407,18 @@ pub(super) fn accumulate<N: Size>(
                     32 * depth / lanes,
                     w_off + (rf * F * depth + ks * F) / lanes,
                 );
-                let b_at = k::const_index::expand(scope, b_off + ks * F * b_width / lanes + cf * F / lanes);
+                let b_at = k::add_index::expand(
+                    scope,
+                    b_off.clone(),
+                    k::const_index::expand(scope, ks * F * b_width / lanes + cf * F / lanes),
+                );
                 frags.mma::<N>(scope, &mut acc, x, a_at, depth, b_at, b_width, false);
             }
             let at = scaled_add::expand(scope, warp.clone(), 32 * F, rf * F * F);
             frags.store(scope, &acc, &mut sf.clone_unchecked(), at, F);
         }
         k::barrier::expand(scope);
-        add_fragment_row::expand(scope, o, o_rest, sf, row.clone(), c0 + cf * F, held);
+        add_fragment_row::expand(scope, o, o_rest, sf, row.clone(), c0 + cf * F, held, units);
         k::barrier::expand(scope);
     }
 }
@@ -423,8 +461,9 @@ pub fn build_attention<N: Size>(
     let slots = att::row_slots::expand(scope, a.h, a.s, bq, a.kind, 0, a.views, a.fold, 0);
     let i = k::uget::expand(scope, &slots, ROW_I);
     copy_query::expand::<N>(scope, q, &mut x, k::uget::expand(scope, &slots, ROW_Q), q_off, dpl, dl);
-    let held = held_columns(ep, len * lanes * dtype.storage().size() + (bq * bk).max(bq * F) * 4, shared_limit, HELD);
-    let (o, o_rest) = accumulators(scope, ep, held, &sf);
+    let base = len * lanes * dtype.storage().size() + (bq * bk).max(bq * F) * 4;
+    let held = held_columns(ep, base, shared_limit, HELD, ATTN_ROWS);
+    let (o, o_rest) = accumulators(scope, ep, held, ATTN_ROWS, &sf);
     let state = att::softmax_state::expand(scope);
     let (k_base, v_base) = (k::uget::expand(scope, &set, SET_K), k::uget::expand(scope, &set, SET_V));
     // Score and mask functions: each unit applies them to its own row of the
@@ -490,6 +529,7 @@ pub fn build_attention<N: Size>(
                     dl,
                     a.sk,
                     a.views[1],
+                    ATTN_ROWS,
                 );
                 copy_rows::expand::<N>(
                     scope,
@@ -503,6 +543,7 @@ pub fn build_attention<N: Size>(
                     el,
                     a.sk,
                     a.views[2],
+                    ATTN_ROWS,
                 );
             }
         }
@@ -551,7 +592,9 @@ pub fn build_attention<N: Size>(
         );
         k::barrier::expand(scope);
         // P·V, 16 output columns at a time through the scratch.
-        accumulate::<N>(scope, &frags, &x, &sf, &mut ov, &mut orest, &warp, (p_off, bk), (v_off, ep), 0, held, lanes);
+        let held = (held, ATTN_ROWS);
+        let b_v = (k::const_index::expand(scope, v_off), ep);
+        accumulate::<N>(scope, &frags, &x, &sf, &mut ov, &mut orest, &warp, (p_off, bk), b_v, 0, held, lanes);
     };
     tiles::visit_tiles(scope, &set, a, bk, &prep, tile);
     store_row::expand::<N>(scope, out, &o, &o_rest, &state, &slots, a.s, el, held);
@@ -569,10 +612,12 @@ mod tests {
     /// 7, so the software-fragment tests there run the shared path too.
     #[test]
     fn output_columns_past_the_register_budget_go_to_shared_memory() {
-        assert_eq!(held_columns(128, 30720, 49152, HELD), 64);
-        assert_eq!(held_columns(128, 30720, 32768, HELD), 121);
-        assert_eq!(held_columns(128, 30720, 16384, HELD), 128);
-        assert_eq!(held_columns(64, 28672, 49152, HELD), 64);
-        assert_eq!(held_columns(96, 24576, 49152, HELD), 64);
+        assert_eq!(held_columns(128, 30720, 49152, HELD, 64), 64);
+        assert_eq!(held_columns(128, 30720, 32768, HELD, 64), 121);
+        assert_eq!(held_columns(128, 30720, 16384, HELD, 64), 128);
+        assert_eq!(held_columns(64, 28672, 49152, HELD, 64), 64);
+        assert_eq!(held_columns(96, 24576, 49152, HELD, 64), 64);
+        // A plane of 32 rows: each column of the rest takes 128 bytes.
+        assert_eq!(held_columns(128, 30720, 32768, HELD, 32), 113);
     }
 }

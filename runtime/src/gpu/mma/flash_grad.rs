@@ -1,8 +1,9 @@
 //! Attention's backward on matrix fragments ([`build_grad_q`],
 //! [`build_grad_kv`]), FlashAttention-2's products on the forward's
-//! fragment layout (`flash.rs`): a cube of 64 units holds 64 rows of its
-//! own side in shared memory, one a unit, and walks tiles of the other
-//! side's rows (`plan::frag_grad_tile`).
+//! fragment layout (`flash.rs`): a cube of 64 units (two planes), or of 32
+//! for heads past 64, holds as many rows of its own side in shared memory,
+//! one a unit, and walks tiles of the other side's rows
+//! (`plan::frag_grad_tiles`).
 //!
 //! - `dQ`: a cube's query rows `Q` and output gradients `dO`; per key tile,
 //!   `S = Q·Kᵀ` and `dP = dO·Vᵀ` on fragments into shared f32, then each
@@ -19,7 +20,8 @@
 //! every sum runs in a fixed order, so results are deterministic.
 
 use super::flash::{
-    accumulate, accumulators, copy_query, copy_rows, held_columns, products_t, store_columns, unit_scores, HELD,
+    accumulate, accumulators, copy_query, copy_rows, held_columns, products_t, store_columns, unit_scores, zero_rest,
+    HELD,
 };
 use super::*;
 use crate::gpu::attention_tiled_grad::{
@@ -129,7 +131,7 @@ pub fn build_grad_q<N: Size>(
     lanes: usize,
     dev: FragDevice,
 ) {
-    let (bq, bk) = (ATTN_ROWS, a.tiles.key_tile);
+    let (bq, bk) = (a.tiles.units(), a.tiles.key_tile);
     assert_eq!(a.tiles.unit_rows, 1, "fragment kernels own one row per unit");
     assert!(bk % F == 0, "key tiles of whole fragments");
     let (dp, ep) = (a.d.next_multiple_of(F), a.e.next_multiple_of(F));
@@ -158,8 +160,8 @@ pub fn build_grad_q<N: Size>(
     let lse = row_lse::expand(scope, b.lse, &slots, a.s, a.fold);
     // The vectors, the two f32 products and the parked rows.
     let base = len * lanes * dev.dtype.storage().size() + (floats + bq * bk + bq) * 4;
-    let held = held_columns(dp, base, dev.shared_limit, DQ_HELD);
-    let (o, o_rest) = accumulators(scope, dp, held, &sf);
+    let held = held_columns(dp, base, dev.shared_limit, DQ_HELD, bq);
+    let (o, o_rest) = accumulators(scope, dp, held, bq, &sf);
     let (k_base, v_base) = (k::uget::expand(scope, &set, SET_K), k::uget::expand(scope, &set, SET_V));
     let scale_c = k::fconst::expand(scope, scale);
     let slope_fns = a.fns.as_ref().filter(|f| f.score.is_some());
@@ -171,8 +173,8 @@ pub fn build_grad_q<N: Size>(
                 hidden: Option<NativeExpand<bool>>| {
         let k0 = k::mul_const::expand(scope, kt, bk);
         let mut xs = x.clone_unchecked();
-        copy_rows::expand::<N>(scope, b.k, &mut xs, k0, k_base, k_off, bk, dpl, dl, a.sk, a.views[1]);
-        copy_rows::expand::<N>(scope, b.v, &mut xs, k0, v_base, v_off, bk, epl, el, a.sk, a.views[2]);
+        copy_rows::expand::<N>(scope, b.k, &mut xs, k0, k_base, k_off, bk, dpl, dl, a.sk, a.views[1], bq);
+        copy_rows::expand::<N>(scope, b.v, &mut xs, k0, v_base, v_off, bk, epl, el, a.sk, a.views[2], bq);
         k::barrier::expand(scope);
         // S = Q·Kᵀ and dP = dO·Vᵀ, each plane its 32 rows by the tile's keys.
         products_t::<N>(scope, &frags, &x, &mut sf.clone_unchecked(), &warp, q_off, k_off, dp, bk, lanes);
@@ -206,7 +208,9 @@ pub fn build_grad_q<N: Size>(
         k::barrier::expand(scope);
         // dQ += dS·K.
         let (mut ov, mut orest) = (o.clone(), o_rest.clone_unchecked());
-        accumulate::<N>(scope, &frags, &x, &sf, &mut ov, &mut orest, &warp, (ds_off, bk), (k_off, dp), 0, held, lanes);
+        let held = (held, bq);
+        let b_k = (k::const_index::expand(scope, k_off), dp);
+        accumulate::<N>(scope, &frags, &x, &sf, &mut ov, &mut orest, &warp, (ds_off, bk), b_k, 0, held, lanes);
     };
     // Where the row's dQ goes waits in shared memory: kept in a register
     // across the walk, used only after it, ptxas spilled it to reach an
@@ -215,7 +219,7 @@ pub fn build_grad_q<N: Size>(
     park_row::expand(scope, &mut parked, k::uget::expand(scope, &slots, ROW_OUT), i, a.s);
     tiles::visit_tiles(scope, &set, a, bk, &prep, tile);
     let (at, inside) = parked_row(scope, &parked);
-    store_columns::expand::<N>(scope, out, &o, &o_rest, scale_c, at, inside, 0, dl, held);
+    store_columns::expand::<N>(scope, out, &o, &o_rest, scale_c, at, inside, 0, dl, held, bq);
 }
 
 /// A query tile's log-sum-exp (`stats[u]`) and `D_i` (`stats[bq + u]`, with
@@ -251,9 +255,23 @@ fn tile_stats<N: Size>(
     }
 }
 
+/// What a walk of [`build_grad_kv`] over the query tiles accumulates.
+enum Walk {
+    /// `dK` (columns from 0) if `k`, `dV` (after dK's) if `v`.
+    Fixed { k: bool, v: bool },
+    /// `dV` where the flag holds (the first pass of a runtime loop over
+    /// the two), else `dK`, both from column 0.
+    Either(NativeExpand<bool>),
+}
+
 /// `dK` (`wrt_k`) or `dV`, or both (`dv`: `dV`'s buffer and layout beside
 /// `dK`'s), on fragments: see the module doc. Bindings as
-/// `attention_tiled_grad::build_grad_kv`'s.
+/// `attention_tiled_grad::build_grad_kv`'s. Both in cubes of one plane
+/// (heads past 64, `d` and `e` padded alike) take a loop of two walks over
+/// the query tiles, `dV`'s and then `dK`'s, the second computing `Sᵀ`
+/// again: the accumulators of both rows (256 columns a unit at d = 128) are
+/// more than CUDA's registers and 48 KiB of shared memory hold, and one
+/// walk's code run twice keeps the kernel's source within bounds.
 #[allow(clippy::too_many_arguments)]
 pub fn build_grad_kv<N: Size>(
     scope: &Scope,
@@ -267,12 +285,14 @@ pub fn build_grad_kv<N: Size>(
     wrt_k: bool,
     mut dv: Option<(&mut NativeExpand<[Vector<Stored, N>]>, RowView)>,
 ) {
-    let (rows, bq) = (ATTN_ROWS, a.tiles.key_tile);
+    let (rows, bq) = (a.tiles.units(), a.tiles.key_tile);
     assert_eq!(a.tiles.unit_rows, 1, "fragment kernels own one row per unit");
     assert!(bq % F == 0, "query tiles of whole fragments");
     let with_v = dv.is_some() || !wrt_k;
     let (dp, ep) = (a.d.next_multiple_of(F), a.e.next_multiple_of(F));
     let (dpl, epl, dl, el) = (dp / lanes, ep / lanes, a.d / lanes, a.e / lanes);
+    let twice = wrt_k && with_v && rows < ATTN_ROWS;
+    assert!(!twice || dp == ep, "two walks accumulate dK and dV in the same columns");
     // Own keys and (for dK) values, the query and output-gradient tile, the tile's P or dS.
     let k_off = 0;
     let v_off = k_off + rows * dpl;
@@ -292,105 +312,152 @@ pub fn build_grad_kv<N: Size>(
     let bh = k::cube_y::expand(scope, a.fold);
     let (bb, kh) = (k::idx_div::expand(scope, bh, a.hk), k::idx_mod::expand(scope, bh, a.hk));
     let j = key_unit_row::expand(scope, 0, rows, a.fold);
-    let jc = last_row::expand(scope, j, a.sk);
-    let key_at = att::view_row::expand(scope, bb, kh, jc, a.views[1]);
+    let jc = last_row::expand(scope, j.clone(), a.sk);
+    let key_at = att::view_row::expand(scope, bb.clone(), kh.clone(), jc.clone(), a.views[1]);
     copy_query::expand::<N>(scope, b.k, &mut x, key_at, k_off, dpl, dl);
     if wrt_k {
-        let value_at = att::view_row::expand(scope, bb, kh, jc, a.views[2]);
+        let value_at = att::view_row::expand(scope, bb.clone(), kh.clone(), jc.clone(), a.views[2]);
         copy_query::expand::<N>(scope, b.v, &mut x, value_at, v_off, epl, el);
     }
-    // Accumulator columns: dK's `dp`, then dV's `ep`.
-    let k_cols = if wrt_k { dp } else { 0 };
-    let width = k_cols + if with_v { ep } else { 0 };
+    // Accumulator columns: dK's `dp`, then dV's `ep` (one of them a walk when twice).
+    let k_cols = if wrt_k && !twice { dp } else { 0 };
+    let width = if twice { dp } else { k_cols + if with_v { ep } else { 0 } };
     let base = len * lanes * dev.dtype.storage().size() + (floats + dp_floats + 2 * bq) * 4;
-    let held = held_columns(width, base, dev.shared_limit, HELD);
-    let (o, o_rest) = accumulators(scope, width, held, &sf);
+    let held = held_columns(width, base, dev.shared_limit, HELD, rows);
+    let (o, o_rest) = accumulators(scope, width, held, rows, &sf);
     let scale_c = k::fconst::expand(scope, scale);
-    walk_query_tiles(scope, a, kh, bq, rows, |scope, hi, i0| {
-        let mut xs = x.clone_unchecked();
-        let q_base = att::view_row::expand(scope, bb, hi, k::const_index::expand(scope, 0), a.views[0]);
-        let do_base = att::view_row::expand(scope, bb, hi, k::const_index::expand(scope, 0), dov);
-        copy_rows::expand::<N>(scope, b.q, &mut xs, i0, q_base, q_off, bq, dpl, dl, a.s, a.views[0]);
-        copy_rows::expand::<N>(scope, b.dout, &mut xs, i0, do_base, do_off, bq, epl, el, a.s, dov);
-        k::barrier::expand(scope);
-        let mut st = stats.clone_unchecked();
-        tile_stats::expand::<N>(scope, &mut st, b.lse, &x, b.o, bb, hi, i0, do_off, ov, bq, epl, el, a.h, a.s, wrt_k);
-        // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ, each plane its 32 key rows by the tile's queries.
-        products_t::<N>(scope, &frags, &x, &mut sf.clone_unchecked(), &warp, k_off, q_off, dp, bq, lanes);
-        if wrt_k {
-            products_t::<N>(scope, &frags, &x, &mut dpf.clone_unchecked(), &warp, v_off, do_off, ep, bq, lanes);
-        }
-        k::barrier::expand(scope);
-        // This unit's key row against the tile's queries: P and dS.
-        let row = unit_scores::expand(scope, bq);
-        let at = |jj: usize| k::add_index::expand(scope, row, k::const_index::expand(scope, jj));
-        let fns = a.fns.as_ref();
-        let mut p_row = k::zeros::expand(scope, bq);
-        let mut ds_row = k::zeros::expand(scope, bq);
-        for ii in 0..bq {
-            let i = k::add_index::expand(scope, i0, k::const_index::expand(scope, ii));
-            let ic = last_row::expand(scope, i, a.s);
-            let logit = k::fmul::expand(scope, k::read::expand::<f32>(scope, &sf, at(ii)), scale_c);
-            let pair = Indices { b: bb, h: hi, i: ic, j: jc };
-            let score = fns.map_or(logit, |f| f.score(scope, logit, &pair));
-            let mut score = att::mask_score::expand(scope, score, i, j, 0, a.s, a.sk, a.kind, a.window, a.block);
-            if let Some(seen) = fns.and_then(|f| f.visible(scope, &pair)) {
-                score = att::seen_or_masked::expand(scope, seen, score);
-            }
-            let lse = k::read::expand::<f32>(scope, &stats, k::const_index::expand(scope, ii));
-            let p = k::exp_diff::expand(scope, score, lse);
-            k::fset::expand(scope, &mut p_row, ii, p);
-            if wrt_k {
-                let delta = k::read::expand::<f32>(scope, &stats, k::const_index::expand(scope, bq + ii));
-                let dp = k::read::expand::<f32>(scope, &dpf, at(ii));
-                let mut ds = grad_weight::expand(scope, p, dp, delta);
-                if let Some(slope) = fns.and_then(|f| f.slope(scope, logit, &pair)) {
-                    ds = k::fmul::expand(scope, ds, slope);
-                }
-                k::fset::expand(scope, &mut ds_row, ii, ds);
-            }
-        }
-        let (mut ov, mut orest) = (o.clone(), o_rest.clone_unchecked());
-        if with_v {
-            // dV += Pᵀ·dO.
-            put_row::expand::<N>(scope, &mut xs, &p_row, pd_off, bq, 0, bq);
+    let walk = |scope: &Scope, walk: &Walk| {
+        let dk = match walk {
+            Walk::Fixed { k, .. } => *k,
+            Walk::Either(_) => true,
+        };
+        walk_query_tiles(scope, a, kh.clone(), bq, rows, |scope, hi, i0| {
+            let mut xs = x.clone_unchecked();
+            let row0 = k::const_index::expand(scope, 0);
+            let q_base = att::view_row::expand(scope, bb.clone(), hi.clone(), row0.clone(), a.views[0]);
+            let do_base = att::view_row::expand(scope, bb.clone(), hi.clone(), row0, dov);
+            copy_rows::expand::<N>(scope, b.q, &mut xs, i0.clone(), q_base, q_off, bq, dpl, dl, a.s, a.views[0], rows);
+            copy_rows::expand::<N>(scope, b.dout, &mut xs, i0.clone(), do_base, do_off, bq, epl, el, a.s, dov, rows);
             k::barrier::expand(scope);
-            let b_do = (do_off, ep);
-            accumulate::<N>(
-                scope,
-                &frags,
-                &x,
-                &sf,
-                &mut ov,
-                &mut orest,
-                &warp,
-                (pd_off, bq),
-                b_do,
-                k_cols,
-                held,
-                lanes,
+            let mut st = stats.clone_unchecked();
+            let (bb, hi0, i00) = (bb.clone(), hi.clone(), i0.clone());
+            tile_stats::expand::<N>(
+                scope, &mut st, b.lse, &x, b.o, bb, hi0, i00, do_off, ov, bq, epl, el, a.h, a.s, dk,
             );
-        }
-        if wrt_k {
-            // dK += dSᵀ·Q (after dV's reads of P: `accumulate` ends on a barrier).
-            put_row::expand::<N>(scope, &mut xs, &ds_row, pd_off, bq, 0, bq);
+            // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ, each plane its 32 key rows by the tile's queries.
+            products_t::<N>(scope, &frags, &x, &mut sf.clone_unchecked(), &warp, k_off, q_off, dp, bq, lanes);
+            let d_p = |scope: &Scope| {
+                products_t::<N>(scope, &frags, &x, &mut dpf.clone_unchecked(), &warp, v_off, do_off, ep, bq, lanes)
+            };
+            match walk {
+                Walk::Fixed { k: true, .. } => d_p(scope),
+                Walk::Either(v_pass) => if_else_expand(scope, v_pass.clone(), |_| {}).or_else(scope, d_p),
+                Walk::Fixed { .. } => {}
+            }
             k::barrier::expand(scope);
-            let b_q = (q_off, dp);
-            accumulate::<N>(scope, &frags, &x, &sf, &mut ov, &mut orest, &warp, (pd_off, bq), b_q, 0, held, lanes);
-        }
-    });
-    let inside = k::below::expand(scope, j, a.sk);
-    let out_at = att::view_row::expand(scope, bb, kh, j, a.views[3]);
-    if wrt_k {
-        store_columns::expand::<N>(scope, out, &o, &o_rest, scale_c, out_at, inside, 0, dl, held);
-    }
+            // This unit's key row against the tile's queries: P and dS.
+            let row = unit_scores::expand(scope, bq);
+            let at = |jj: usize| k::add_index::expand(scope, row.clone(), k::const_index::expand(scope, jj));
+            let fns = a.fns.as_ref();
+            let mut p_row = k::zeros::expand(scope, bq);
+            let mut ds_row = k::zeros::expand(scope, bq);
+            for ii in 0..bq {
+                let i = k::add_index::expand(scope, i0.clone(), k::const_index::expand(scope, ii));
+                let ic = last_row::expand(scope, i.clone(), a.s);
+                let logit = k::fmul::expand(scope, k::read::expand::<f32>(scope, &sf, at(ii)), scale_c.clone());
+                let pair = Indices { b: bb.clone(), h: hi.clone(), i: ic, j: jc.clone() };
+                let score = fns.map_or(logit.clone(), |f| f.score(scope, logit.clone(), &pair));
+                let mut score =
+                    att::mask_score::expand(scope, score, i, j.clone(), 0, a.s, a.sk, a.kind, a.window, a.block);
+                if let Some(seen) = fns.and_then(|f| f.visible(scope, &pair)) {
+                    score = att::seen_or_masked::expand(scope, seen, score);
+                }
+                let lse = k::read::expand::<f32>(scope, &stats, k::const_index::expand(scope, ii));
+                let p = k::exp_diff::expand(scope, score, lse);
+                k::fset::expand(scope, &mut p_row, ii, p.clone());
+                if dk {
+                    let delta = k::read::expand::<f32>(scope, &stats, k::const_index::expand(scope, bq + ii));
+                    let dp = k::read::expand::<f32>(scope, &dpf, at(ii));
+                    let mut ds = grad_weight::expand(scope, p.clone(), dp, delta);
+                    if let Some(slope) = fns.and_then(|f| f.slope(scope, logit, &pair)) {
+                        ds = k::fmul::expand(scope, ds, slope);
+                    }
+                    if let Walk::Either(v_pass) = walk {
+                        ds = select::expand(scope, v_pass.clone(), p, ds);
+                    }
+                    k::fset::expand(scope, &mut ds_row, ii, ds);
+                }
+            }
+            let (mut ov, mut orest) = (o.clone(), o_rest.clone_unchecked());
+            let held = (held, rows);
+            let (w, pd) = ((pd_off, bq), |xs: &mut NativeExpand<[Vector<Stored, N>]>, r| {
+                put_row::expand::<N>(scope, xs, r, pd_off, bq, 0, bq);
+                k::barrier::expand(scope);
+            });
+            match walk {
+                Walk::Either(v_pass) => {
+                    // dV += Pᵀ·dO where the flag holds, else dK += dSᵀ·Q (`ds_row` holds the one).
+                    pd(&mut xs, &ds_row);
+                    let (qa, da) = (k::const_index::expand(scope, q_off), k::const_index::expand(scope, do_off));
+                    let b_at = (select::expand(scope, v_pass.clone(), da, qa), dp);
+                    accumulate::<N>(scope, &frags, &x, &sf, &mut ov, &mut orest, &warp, w, b_at, 0, held, lanes);
+                }
+                Walk::Fixed { k: wk, v: wv } => {
+                    if *wv {
+                        // dV += Pᵀ·dO.
+                        pd(&mut xs, &p_row);
+                        let b_do = (k::const_index::expand(scope, do_off), ep);
+                        accumulate::<N>(
+                            scope, &frags, &x, &sf, &mut ov, &mut orest, &warp, w, b_do, k_cols, held, lanes,
+                        );
+                    }
+                    if *wk {
+                        // dK += dSᵀ·Q (after dV's reads of P: `accumulate` ends on a barrier).
+                        pd(&mut xs, &ds_row);
+                        let b_q = (k::const_index::expand(scope, q_off), dp);
+                        accumulate::<N>(scope, &frags, &x, &sf, &mut ov, &mut orest, &warp, w, b_q, 0, held, lanes);
+                    }
+                }
+            }
+        });
+    };
+    let inside = k::below::expand(scope, j.clone(), a.sk);
+    let out_at = att::view_row::expand(scope, bb.clone(), kh.clone(), j.clone(), a.views[3]);
     let one = k::fconst::expand(scope, 1.0);
+    let store_k = |scope: &Scope, out: &mut NativeExpand<[Vector<Stored, N>]>| {
+        let (at, inside) = (out_at.clone(), inside.clone());
+        store_columns::expand::<N>(scope, out, &o, &o_rest, scale_c.clone(), at, inside, 0, dl, held, rows)
+    };
+    let store_v = |scope: &Scope, buf: &mut NativeExpand<[Vector<Stored, N>]>, at, c0| {
+        store_columns::expand::<N>(scope, buf, &o, &o_rest, one.clone(), at, inside.clone(), c0, el, held, rows)
+    };
+    if twice {
+        let (dv, view) = dv.as_mut().expect("dK and dV");
+        let dv_at = att::view_row::expand(scope, bb.clone(), kh.clone(), j.clone(), *view);
+        let passes = RangeExpand::new(NativeExpand::from_lit(scope, 0usize), NativeExpand::from_lit(scope, 2usize));
+        for_expand(scope, passes, false, |scope, pass| {
+            let v_pass = k::below::expand(scope, pass, 1);
+            let (mut ov, mut orest) = (o.clone(), o_rest.clone_unchecked());
+            k::zero_floats::expand(scope, &mut ov, held);
+            if width > held {
+                zero_rest::expand(scope, &mut orest, width - held, rows);
+            }
+            walk(scope, &Walk::Either(v_pass.clone()));
+            if_else_expand(scope, v_pass, |scope| store_v(scope, &mut dv.clone_unchecked(), dv_at.clone(), 0))
+                .or_else(scope, |scope| store_k(scope, &mut out.clone_unchecked()));
+        });
+        return;
+    }
+    walk(scope, &Walk::Fixed { k: wrt_k, v: with_v });
+    if wrt_k {
+        store_k(scope, out);
+    }
     match dv.as_mut() {
         Some((dv, view)) => {
-            let dv_at = att::view_row::expand(scope, bb, kh, j, *view);
-            store_columns::expand::<N>(scope, dv, &o, &o_rest, one, dv_at, inside, k_cols, el, held);
+            let dv_at = att::view_row::expand(scope, bb.clone(), kh.clone(), j.clone(), *view);
+            store_v(scope, dv, dv_at, k_cols);
         }
-        None if !wrt_k => store_columns::expand::<N>(scope, out, &o, &o_rest, one, out_at, inside, 0, el, held),
+        None if !wrt_k => store_v(scope, out, out_at.clone(), 0),
         None => {}
     }
 }
