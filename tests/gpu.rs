@@ -1113,6 +1113,7 @@ fn half_attention_gradients_match_the_interpreter() {
         s(2, 2, 70, 45, 256, "causal", None, 1),
         // The fragment tiling of heads past 64 (cubes of 32 rows) on the scalar kernel.
         s(1, 1, 150, 270, 128, "none", Some(60), 1),
+        s(1, 1, 1030, 1500, 128, "causal", None, 1),
     ];
     attention_gradient_cases(&device(Gpu::wgpu, Dtype::F16), &cases);
 }
@@ -1302,8 +1303,9 @@ fn fragment_attention_gradients(make: Make, dtype: Dtype) {
         s(2, 2, 130, 70, 40, "none", None, 1),
         s(1, 1, 92, 260, 6, "token_causal", Some(3), 4),
         s(4, 2, 333, 333, 48, "causal", Some(90), 1),
-        // Past 64 wide: cubes of one plane of 32 rows.
-        s(2, 1, 150, 400, 128, "causal", None, 1),
+        // Past 64 wide: cubes of one plane of 32 rows (at d = 128 and
+        // these lengths, within Mesa's loop bound with software's products).
+        s(1, 1, 640, 1100, 128, "causal", None, 1),
         s(1, 1, 90, 70, 100, "none", Some(20), 1),
     ];
     for c in &cases {
@@ -1318,6 +1320,19 @@ fn fragment_attention_gradients(make: Make, dtype: Dtype) {
         assert!(backward.clone().all(|l| l.spec.attention_tiles().units() == units), "d = {}: cube size", c.d);
     }
     attention_gradient_cases(&dev, &cases);
+    // Software's products loop over each fragment's depth: at 1500 keys and
+    // 1030 queries, past Mesa's loop bound, where the refusal must come
+    // before anything runs (lavapipe leaves the loops past it and dQ and dK
+    // came out wrong); elsewhere the size runs and is right.
+    let long = s(1, 1, 1030, 1500, 128, "causal", None, 1);
+    if dev.bounds_loops() {
+        let grad = attnc_compiler::grad::differentiate(&sized_spec(&long).program, &[]).unwrap();
+        let p = dev.plan(&grad, &bind::default_dims(&grad).unwrap());
+        let e = dev.check(&p).expect_err("a fragment backward past Mesa's loop bound is refused");
+        assert!(e.to_string().contains("attention_grad") && e.to_string().contains("loop iterations"), "{e}");
+    } else {
+        attention_gradient_cases(&dev, &[long]);
+    }
 }
 
 #[test]

@@ -18,9 +18,8 @@ impl KernelSpec {
             KernelSpec::MatMul { k, mix, .. } => k / self.line_size() + mix.map_or(0, |m| m.h * m.p),
             // One loop over the visible key tiles; a tile unrolled in parts
             // loops over them (`AttnTiles::unrolled_rows`).
-            KernelSpec::Attention { shape: AttnShape { sk, d, e, ref fns, .. }, split, .. } => {
-                let parts = if split == 0 { self.part_trips(d + e, half) } else { 0 };
-                self.key_walk_trips(sk, parts, fns)
+            KernelSpec::Attention { shape: AttnShape { d, e, .. }, split, .. } => {
+                self.walk_trips(if split == 0 { self.part_trips(d + e, half) } else { 0 })
             }
             KernelSpec::MixHeads { m, .. } => m,
             KernelSpec::MixCols { m, .. } => m,
@@ -45,24 +44,16 @@ impl KernelSpec {
             KernelSpec::AttentionReadSum { shape: AttnShape { batch, h, s, sk, .. }, reads, lines, .. } => {
                 reads * (batch * h * (lines.count(s, sk).div_ceil(SUM_UNROLL) + 1) + 1)
             }
-            KernelSpec::AttentionGrad { shape: AttnShape { h, hk, s, sk, d, e, ref fns, .. }, wrt, dv, .. }
-                if self.tiled_grad() =>
-            {
+            KernelSpec::AttentionGrad { shape: AttnShape { d, e, .. }, wrt, dv, .. } if self.tiled_grad() => {
                 let width = match wrt {
                     AttnArg::V => d + e,
                     AttnArg::K if dv.is_some() => 2 * d + 2 * e,
                     _ => 2 * d + e,
                 };
-                let parts = self.part_trips(width, half);
-                if wrt != AttnArg::Q {
-                    // Query heads, then the query tiles of each.
-                    let tiles = s.div_ceil(self.attention_tiles().key_tile);
-                    return (h / hk) * (1 + (tiles + 1) * (1 + parts)) + 1;
-                }
-                self.key_walk_trips(sk, parts, fns)
+                self.walk_trips(self.part_trips(width, half))
             }
-            KernelSpec::AttentionLse { shape: AttnShape { sk, d, ref fns, .. }, split: 0, .. } => {
-                self.key_walk_trips(sk, self.part_trips(d, half), fns)
+            KernelSpec::AttentionLse { shape: AttnShape { d, .. }, split: 0, .. } => {
+                self.walk_trips(self.part_trips(d, half))
             }
             KernelSpec::MixedAttention { shape: AttnShape { h, s, sk, d, e, .. }, mix, pass, .. } => {
                 mix.loop_trips(pass, [h, d, e, s, sk])
@@ -101,6 +92,28 @@ impl KernelSpec {
             }
             KernelSpec::Group { ref steps, .. } => group::loop_trips(steps),
             _ => 1,
+        }
+    }
+
+    /// Loop trips of a tiled attention launch's walk (the forward's and
+    /// dQ's over key tiles, dK's and dV's over each query head's query
+    /// tiles) whose tiles each run `per_tile` more: the tiles walked in
+    /// parts ([`KernelSpec::part_trips`]), or the loops of the fragment
+    /// kernels' products where software multiplies the fragments (the
+    /// runtime's `mma::software_trips`).
+    pub fn walk_trips(&self, per_tile: usize) -> usize {
+        match *self {
+            KernelSpec::AttentionGrad { shape: AttnShape { h, hk, s, .. }, wrt: AttnArg::K | AttnArg::V, .. } => {
+                // Query heads, then the query tiles of each.
+                let tiles = s.div_ceil(self.attention_tiles().key_tile);
+                (h / hk) * (1 + (tiles + 1) * (1 + per_tile)) + 1
+            }
+            KernelSpec::Attention { shape: AttnShape { sk, ref fns, .. }, .. }
+            | KernelSpec::AttentionLse { shape: AttnShape { sk, ref fns, .. }, .. }
+            | KernelSpec::AttentionGrad { shape: AttnShape { sk, ref fns, .. }, .. } => {
+                self.key_walk_trips(sk, per_tile, fns)
+            }
+            _ => 1 + per_tile,
         }
     }
 

@@ -247,8 +247,12 @@ impl Gpu {
         if !self.bounds_loops() {
             return Ok(());
         }
+        let half = plan.dtype.is_half();
         for l in &plan.launches {
-            let trips = self.tiled(&l.spec).loop_trips(plan.dtype.is_half());
+            let spec = self.tiled(&l.spec);
+            // Fragments multiplied in software loop over each product (`mma::software_trips`).
+            let software = self.software_fragments.then(|| super::mma::software_trips(&spec, plan.dtype, half));
+            let trips = software.flatten().unwrap_or_else(|| spec.loop_trips(half));
             if trips > LOOP_TRIPS_CPU {
                 return Err(GpuError::LoopLimit { kernel: l.name.clone(), trips, limit: LOOP_TRIPS_CPU });
             }

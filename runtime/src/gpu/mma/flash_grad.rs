@@ -113,7 +113,7 @@ fn parked_row(scope: &Scope, parked: &NativeExpand<[u32]>) -> (NativeExpand<usiz
 /// dQ's columns a unit holds in registers at least, the rest in shared
 /// memory where there is room: at 64, ptxas held the kernel to 128
 /// registers and spilled a few bytes (IHA's and ALiBi's f16 backward).
-const DQ_HELD: usize = 48;
+pub(super) const DQ_HELD: usize = 48;
 
 /// Keys of a dQ row whose `dS` is computed at once.
 const DS_CHUNK: usize = 8;

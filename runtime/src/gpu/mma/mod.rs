@@ -17,9 +17,11 @@
 
 mod flash;
 mod flash_grad;
+mod trips;
 
 pub use flash::build_attention;
 pub use flash_grad::{build_grad_kv, build_grad_q};
+pub use trips::software_trips;
 
 use super::attention::{self as att, ROW_I, ROW_OUT, ROW_Q, SET_K, SET_V};
 use super::gemm;
