@@ -11,7 +11,7 @@ use super::flash::HELD;
 use super::flash_grad::DQ_HELD;
 use super::{fragment_depth, F};
 use attnc_compiler::ir::AttnArg;
-use attnc_compiler::plan::{AttnShape, Dtype, KernelSpec, ATTN_ROWS, GEMM_COLS, GEMM_ROWS, GEMM_UNITS};
+use attnc_compiler::plan::{AttnShape, Dtype, KernelSpec, ATTN_ROWS, GEMM_COLS, GEMM_ROWS};
 
 /// The most loop trips one unit of fragment kernel `spec` runs with the
 /// fragments multiplied in software, its products' loops counted (every
@@ -21,24 +21,23 @@ pub fn software_trips(spec: &KernelSpec, dtype: Dtype, half: bool) -> Option<usi
         return None;
     }
     let mma = |n: usize| products(n, dtype);
-    let tiles = |x: usize| x / F;
+    // Fragments across `x` columns or rows.
+    let frags = |x: usize| x.div_ceil(F);
     Some(match *spec {
         KernelSpec::MatMul { k, .. } => {
             // Per stage of 16: the stage loop, `a`'s copy loop (64 vectors a unit at most, 16 a trip), 8 row fragments by the columns.
-            let copies = (GEMM_UNITS * GEMM_ROWS * F / GEMM_UNITS).div_ceil(16) + 1;
-            let per_stage = 1 + copies + mma(8 * tiles(GEMM_COLS.next_multiple_of(F)));
+            let copies = GEMM_ROWS * F / 16 + 1;
+            let per_stage = 1 + copies + mma(8 * frags(GEMM_COLS));
             k.div_ceil(F) * per_stage + spec.loop_trips(half)
         }
         KernelSpec::Attention { shape: AttnShape { d, e, .. }, .. } => {
-            let (dp, ep, bk) =
-                (tiles(d.next_multiple_of(F)), tiles(e.next_multiple_of(F)), tiles(spec.attention_tiles().key_tile));
+            let (dp, ep, bk) = (frags(d), frags(e), frags(spec.attention_tiles().key_tile));
             // S = Q·Kᵀ, then P·V, for the cube's 32 rows a plane (two row fragments); rows of 64 units add in unrolled code.
             spec.walk_trips(mma(2 * bk * dp + 2 * bk * ep)) + ep * F + 1
         }
         KernelSpec::AttentionGrad { shape: AttnShape { d, e, .. }, wrt, dv, .. } => {
             let t = spec.attention_tiles();
-            let (dp, ep, bt, units) =
-                (tiles(d.next_multiple_of(F)), tiles(e.next_multiple_of(F)), tiles(t.key_tile), t.units());
+            let (dp, ep, bt, units) = (frags(d), frags(e), frags(t.key_tile), t.units());
             let stores = (dp + ep) * F + 2;
             // Each side's products: the scores and their gradient's (2 row fragments by the tile), an accumulation.
             let (scores, acc_k, acc_v) = (2 * bt * dp, 2 * bt * dp, 2 * bt * ep);
