@@ -318,7 +318,7 @@ fn attention_tiles_stay_within_their_register_and_mask_bounds() {
     // The fragment backward: cubes of 64 rows up to 64-wide heads, one plane
     // of 32 up to 128 where both heads pad alike, none past that; its shared
     // arrays within 32 KiB.
-    let units = |d, e| plan::frag_grad_tiles(d, e).map(|t| (t.units(), t.cube_rows(), t.key_tile));
+    let units = |d, e| plan::frag_grad_tiles(d, e, 2).map(|t| (t.units(), t.cube_rows(), t.key_tile));
     assert_eq!(units(64, 64), Some((64, 64, 16)));
     assert_eq!(units(6, 6), Some((64, 64, 16)));
     assert_eq!(units(96, 96), Some((32, 32, 16)));
@@ -328,6 +328,15 @@ fn attention_tiles_stay_within_their_register_and_mask_bounds() {
     assert_eq!(units(256, 256), None);
     assert!(plan::frag_grad_shared(128, 128, 2, 16, 32) <= plan::FRAG_SHARED);
     assert!(plan::frag_grad_shared(128, 128, 2, 16, 64) > plan::FRAG_SHARED);
+    // TF32's f32 storage: the backward's one-plane cubes up to 64-wide heads
+    // (64 rows take 33 KB at d = 32), cubes of 64 rows up to 16, none past 64.
+    let units32 = |d, e| plan::frag_grad_tiles(d, e, 4).map(|t| (t.units(), t.cube_rows(), t.key_tile));
+    assert_eq!(units32(16, 16), Some((64, 64, 16)));
+    assert_eq!(units32(32, 32), Some((32, 32, 16)));
+    assert_eq!(units32(64, 64), Some((32, 32, 16)));
+    assert_eq!(units32(64, 48), None);
+    assert_eq!(units32(80, 80), None);
+    assert_eq!(plan::frag_grad_shared(32, 32, 4, 16, 64), 33280);
 }
 
 /// The plan's layouts read exactly what the layout operations compute: a
@@ -657,28 +666,42 @@ fn bf16_cuda_kernels_multiply_on_tensor_cores() {
 }
 
 /// TF32 (`--dtype tf32`): f32 buffers, and the CUDA GEMMs (mixing ones
-/// included) multiply `precision::tf32` 16×16×8 fragments, with operands
-/// rounded by `__float_to_tf32` on their way to shared memory; attention
-/// and the other kernels are the f32 ones; WGSL refuses it.
+/// included) and attention's backward with heads up to 64 multiply
+/// `precision::tf32` 16×16×8 fragments, with operands rounded by
+/// `__float_to_tf32` on their way to shared memory; the forward attention,
+/// the backward over wider heads and the other kernels are the f32 ones;
+/// WGSL refuses it.
 #[test]
 fn tf32_cuda_gemms_multiply_on_tensor_cores() {
-    let c = compile_stdlib("iha", &[("H", "2"), ("P", "2"), ("d", "16"), ("N", "10")].map(|(k, v)| (k, v.to_string())));
-    let dims = bind::default_dims(&c.program).unwrap();
-    let p = plan::plan(&c.program, &dims).in_dtype(plan::Dtype::Tf32);
-    let (files, manifest) = emit::emit(&p, emit::Target::Cuda).unwrap();
-    let (f32_files, _) = emit::emit(&plan::plan(&c.program, &dims), emit::Target::Cuda).unwrap();
-    assert_eq!(manifest.dtype, "tf32");
     let fragment = "wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 8, nvcuda::wmma::precision::tf32";
-    for ((l, (name, source)), (_, f32_source)) in p.launches.iter().zip(&files).zip(&f32_files) {
-        assert!(manifest.launches.iter().all(|i| i.bindings.iter().all(|b| b.dtype == "f32")), "{name}");
-        match l.spec.kind() {
-            "matmul" | "matmul_mix" => {
+    let mha = |d: &str| compile_stdlib("mha", &[("H", "2"), ("d", d), ("N", "40")].map(|(k, v)| (k, v.to_string())));
+    let iha =
+        compile_stdlib("iha", &[("H", "2"), ("P", "2"), ("d", "16"), ("N", "10")].map(|(k, v)| (k, v.to_string())));
+    let grad = |c: &attnc_compiler::Compiled| attnc_compiler::grad::differentiate(&c.program, &[]).unwrap();
+    let programs = [(iha.program.clone(), 1, false), (grad(&mha("64")), 3, false), (grad(&mha("128")), 3, true)];
+    for (program, attention_launches, wide) in &programs {
+        let dims = bind::default_dims(program).unwrap();
+        let p = plan::plan(program, &dims).in_dtype(plan::Dtype::Tf32);
+        let (files, manifest) = emit::emit(&p, emit::Target::Cuda).unwrap();
+        let (f32_files, _) = emit::emit(&plan::plan(program, &dims), emit::Target::Cuda).unwrap();
+        assert_eq!(manifest.dtype, "tf32");
+        // Forward attention, and dQ and dK/dV in a gradient program.
+        let attention: Vec<_> = p.launches.iter().filter(|l| l.spec.kind().starts_with("attention")).collect();
+        assert_eq!(attention.len(), *attention_launches, "{}", program.name);
+        let on_fragments = |l: &&plan::Launch| l.spec.fragments() == (l.spec.kind() != "attention" && !*wide);
+        assert!(attention.iter().all(on_fragments), "{}: attention's tiling", program.name);
+        for ((l, (name, source)), (_, f32_source)) in p.launches.iter().zip(&files).zip(&f32_files) {
+            assert!(manifest.launches.iter().all(|i| i.bindings.iter().all(|b| b.dtype == "f32")), "{name}");
+            if l.spec.fragments() {
                 assert!(source.contains(fragment) && source.contains("wmma::mma_sync"), "{name}: no TF32 product");
                 assert!(source.contains("__float_to_tf32("), "{name}: operands not rounded to TF32");
+            } else {
+                assert_eq!(source, f32_source, "{name}: not the f32 kernel");
             }
-            _ => assert_eq!(source, f32_source, "{name}: not the f32 kernel"),
         }
     }
+    let dims = bind::default_dims(&iha.program).unwrap();
+    let p = plan::plan(&iha.program, &dims).in_dtype(plan::Dtype::Tf32);
     let err = emit::emit(&p, emit::Target::Wgsl).err().expect("tf32 WGSL is refused");
     assert!(err.contains("TF32"), "{err}");
 }

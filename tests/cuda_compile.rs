@@ -241,27 +241,31 @@ fn every_kernel_at_users_sizes_compiles_without_spills() {
 /// launch) multiplies on tensor cores: planned on fragments, with `mma` in
 /// its PTX and `HMMA` in its SASS for both architectures, and no spills
 /// (MHA at its default sizes and with 128-wide heads, cubes of one plane,
-/// at N = 2048; IHA at a user's sizes).
+/// at N = 2048; IHA at a user's sizes); so does the tf32 backward of heads
+/// up to 64 (one-plane cubes of f32 rows).
 #[test]
-fn bf16_attention_backward_multiplies_on_tensor_cores() {
+fn half_and_tf32_attention_backward_multiplies_on_tensor_cores() {
     let tools = tools();
+    let iha = || case("iha", &[("H", "8"), ("N", "1024"), ("P", "2"), ("d", "64")], true);
     let cases = [
-        case("mha", &[], true),
-        case("mha", &[("H", "8"), ("N", "2048"), ("d", "128")], true),
-        case("iha", &[("H", "8"), ("N", "1024"), ("P", "2"), ("d", "64")], true),
+        (Dtype::Bf16, case("mha", &[], true)),
+        (Dtype::Bf16, case("mha", &[("H", "8"), ("N", "2048"), ("d", "128")], true)),
+        (Dtype::Bf16, iha()),
+        (Dtype::Tf32, case("mha", &[("H", "8"), ("N", "2048"), ("d", "64")], true)),
+        (Dtype::Tf32, iha()),
     ];
-    for c in &cases {
-        let ks: Vec<_> = (kernels(c, Dtype::Bf16).into_iter())
+    for (dtype, c) in &cases {
+        let ks: Vec<_> = (kernels(c, *dtype).into_iter())
             .filter(|k| ["attention_grad_q", "attention_grad_kv"].iter().any(|n| k.0.contains(n)))
             .collect();
         let names: Vec<&str> = ks.iter().map(|k| k.0.as_str()).collect();
-        assert_eq!(ks.len(), 2, "{} --grad: backward kernels {names:?}", c.spec);
-        assert!(ks.iter().all(|k| k.5), "{} --grad: {names:?} not planned on fragments", c.spec);
+        assert_eq!(ks.len(), 2, "{} --grad {dtype}: backward kernels {names:?}", c.spec);
+        assert!(ks.iter().all(|k| k.5), "{} --grad {dtype}: {names:?} not planned on fragments", c.spec);
         let sources: Vec<_> = ks.iter().map(|k| (k.1.as_str(), k.2.as_str(), k.3, k.4)).collect();
         for arch in Arch::ALL {
             let rs = nvidia::check_sources(&tools, &sources, arch).unwrap_or_else(|e| panic!("{e}"));
             for (k, r) in ks.iter().zip(rs) {
-                let at = format!("{} --grad {} {}", c.spec, k.0, arch.name());
+                let at = format!("{} --grad {dtype} {} {}", c.spec, k.0, arch.name());
                 assert!(r.ptx_mma && r.sass_hmma == Some(true), "{at}: mma {}, HMMA {:?}", r.ptx_mma, r.sass_hmma);
                 assert!(r.spill_stores == 0 && r.spill_loads == 0, "{at}: spills ({} registers)", r.registers);
             }

@@ -1163,7 +1163,8 @@ backend_tests!(cuda_tf32, Gpu::cuda, Dtype::Tf32);
 /// software (f32 products) lavapipe checks every copy, fragment step and
 /// epilogue, mixing ones included, against the interpreter at f32's
 /// tolerance, and within FlashAttention's rule against the reference whose
-/// GEMM operands are rounded to TF32. Attention stays the scalar f32 kernel.
+/// GEMM operands are rounded to TF32. Attention's forward stays the scalar
+/// f32 kernel (its backward: [`tf32_attention_backward_on_fragments_matches_the_interpreter`]).
 #[test]
 fn tf32_gemms_on_fragments_match_the_interpreter() {
     let gpu = Gpu::wgpu().unwrap_or_else(|e| panic!("this test needs a device and found none: {e}"));
@@ -1203,6 +1204,54 @@ fn tf32_gemms_on_fragments_match_the_interpreter() {
         let e = attnc_runtime::relative_error(&same[0].data, &want[0].data);
         assert!(e > 1e-5 && e < 5e-3, "{name}: TF32 reference's relative error {e:e}");
     }
+}
+
+/// TF32 attention's backward on matrix fragments (`--dtype tf32`, heads up
+/// to 64: f32 storage fills the fragment kernels' shared memory at half the
+/// 16-bit width), the fragments in software: dQ and dK/dV in cubes of 64
+/// rows (heads up to 16) and of one plane of 32, past several tiles each
+/// way, with masks, windows, blocks, GQA, unequal lengths and widths that
+/// are not multiples of 16, within FlashAttention's rule against the
+/// reference whose backward reads TF32 operands. The forward stays the f32
+/// kernel.
+#[test]
+fn tf32_attention_backward_on_fragments_matches_the_interpreter() {
+    let gpu = Gpu::wgpu().unwrap_or_else(|e| panic!("this test needs a device and found none: {e}"));
+    let dev = Dev { gpu: gpu.with_software_fragments(), dtype: Dtype::Tf32 };
+    let s = |h, hk, m, n, d, mask, window, block| Sized { h, hk, m, n, d, mask, window, block };
+    let on_fragments = |p: &Plan, kind: &str| {
+        let l: Vec<_> = p.launches.iter().filter(|l| l.spec.kind() == kind).collect();
+        let tf32 = |l: &&plan::Launch| matches!(l.spec, plan::KernelSpec::AttentionGrad { tf32: true, .. });
+        !l.is_empty() && l.iter().all(|l| l.spec.fragments() && tf32(l))
+    };
+    let backward = [
+        s(2, 1, 300, 1000, 64, "causal", None, 1),
+        s(1, 1, 1100, 700, 32, "none", Some(100), 1),
+        s(1, 1, 92, 260, 6, "token_causal", Some(3), 4),
+    ];
+    for c in &backward {
+        let grad = attnc_compiler::grad::differentiate(&sized_spec(c).program, &[]).unwrap();
+        let p = dev.plan(&grad, &bind::default_dims(&grad).unwrap());
+        for kind in ["attention_grad_q", "attention_grad_kv"] {
+            assert!(on_fragments(&p, kind), "d = {}: {kind} not tiled for TF32 fragments", c.d);
+        }
+        let forward = p.launches.iter().filter(|l| l.spec.kind() == "attention");
+        assert!(forward.clone().count() == 1 && forward.clone().all(|l| !l.spec.fragments()), "d = {}", c.d);
+        let units = if c.d > 16 { 32 } else { plan::ATTN_ROWS };
+        let grads = p.launches.iter().filter(|l| matches!(l.spec, plan::KernelSpec::AttentionGrad { .. }));
+        assert!(grads.clone().all(|l| l.spec.attention_tiles().units() == units), "d = {}: cube size", c.d);
+    }
+    for c in &backward {
+        let start = std::time::Instant::now();
+        attention_gradient_cases(&dev, std::slice::from_ref(c));
+        eprintln!("  gradients at M={} N={} d={}: {:.1} s", c.m, c.n, c.d, start.elapsed().as_secs_f64());
+    }
+    // Past 64 wide, f32 storage does not fit: the scalar kernels.
+    let wide =
+        attnc_compiler::grad::differentiate(&sized_spec(&s(1, 1, 40, 40, 80, "causal", None, 1)).program, &[]).unwrap();
+    let p = dev.plan(&wide, &bind::default_dims(&wide).unwrap());
+    let attention = p.launches.iter().filter(|l| l.spec.kind().starts_with("attention"));
+    assert!(attention.clone().count() == 3 && attention.clone().all(|l| !l.spec.fragments()), "d = 80 on fragments");
 }
 
 /// Attention on matrix fragments (`mma.rs`; half precision, heads up to

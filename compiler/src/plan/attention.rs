@@ -103,6 +103,7 @@ pub(super) fn plan(pl: &mut Planner, site: &mut Site) -> (KernelSpec, Vec<usize>
                 out: site.out_layout.row_view().unwrap_or(views[0]),
                 dv: None,
                 fragments: false,
+                tf32: false,
             };
             pl.grad_read(spec, bindings, &mut site.fused_work)
         }

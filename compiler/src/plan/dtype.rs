@@ -76,9 +76,11 @@ impl Plan {
     /// The same launches over buffers of `dtype`: each launch moves
     /// `dtype.size()` bytes an element instead of 4.
     /// Half precision tiles attention for matrix fragments where the heads
-    /// fit ([`frag_key_tile`]).
+    /// fit ([`frag_key_tile`], [`frag_grad_tiles`]), and TF32 its backward
+    /// (f32 storage fits narrower heads).
     pub fn in_dtype(mut self, dtype: Dtype) -> Plan {
         let ratio = dtype.size() as f64 / self.dtype.size() as f64;
+        let bytes = dtype.storage().size();
         for l in &mut self.launches {
             l.bytes *= ratio;
             let lanes = l.spec.line_size();
@@ -90,9 +92,17 @@ impl Plan {
                     *fragments = dtype.is_half() && frag_key_tile(d, e, lanes).is_some() && !scalar;
                 }
                 // dQ, dK and dV (a read tensor's gradient stays scalar).
-                KernelSpec::AttentionGrad { shape: AttnShape { d, e, .. }, wrt, ref mut fragments, .. } => {
+                KernelSpec::AttentionGrad {
+                    shape: AttnShape { d, e, .. },
+                    wrt,
+                    ref mut fragments,
+                    ref mut tf32,
+                    ..
+                } => {
                     let rows = matches!(wrt, AttnArg::Q | AttnArg::K | AttnArg::V);
-                    *fragments = dtype.is_half() && rows && frag_grad_tiles(d, e).is_some();
+                    let multiplies = dtype.is_half() || dtype == Dtype::Tf32;
+                    *fragments = multiplies && rows && frag_grad_tiles(d, e, bytes).is_some();
+                    *tf32 = *fragments && dtype == Dtype::Tf32;
                 }
                 _ => {}
             }

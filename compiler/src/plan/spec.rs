@@ -170,11 +170,15 @@ pub enum KernelSpec {
         /// sharing each probability: `dV`'s layout, its binding just before `dK`'s.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         dv: Option<RowView>,
-        /// Tiled for matrix fragments (half precision, heads that
+        /// Tiled for matrix fragments (16-bit and TF32 heads that
         /// [`frag_grad_tiles`] takes): one row a unit, the other side's tiles
         /// of [`frag_grad_tiles`] rows, whichever kernel runs it.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         fragments: bool,
+        /// The fragments' operands are TF32 in f32 storage (`--dtype
+        /// tf32`): tiles sized for 4-byte shared arrays.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        tf32: bool,
     },
     /// The gradient of a tensor the score function reads, first launch
     /// (`plan::reads`): a unit per line of (query, key) pairs of one
@@ -475,8 +479,8 @@ impl KernelSpec {
                     mask != MaskKind::None || window.is_some() || fns.as_ref().is_some_and(|f| f.mask.is_some());
                 AttnTiles::new(d / l, e / l, s, sk, masked, window.unwrap_or(0) * block)
             }
-            KernelSpec::AttentionGrad { shape: AttnShape { d, e, .. }, fragments: true, .. } => {
-                frag_grad_tiles(d, e).expect("tiled for fragments where they fit")
+            KernelSpec::AttentionGrad { shape: AttnShape { d, e, .. }, fragments: true, tf32, .. } => {
+                frag_grad_tiles(d, e, frag_bytes(tf32)).expect("tiled for fragments where they fit")
             }
             // Per pair, dQ and dK take two dot products and an update (the
             // forward's tiling at widths `2 dl + el`), dV one of each

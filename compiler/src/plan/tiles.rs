@@ -110,30 +110,44 @@ impl AttnTiles {
 /// bits, the scores in f32) stays within 32 KiB (30 KiB at 128) and
 /// `tile · (d + e)` within 2048 vectors. The scalar kernel, which runs the
 /// same tiling on devices without matrix units, walks such a tile in parts
-/// ([`AttnTiles::unrolled_rows`]).
+/// ([`AttnTiles::unrolled_rows`]). 16-bit heads only: TF32's forward stays
+/// on the f32 kernels (on fragments, ptxas spilled 8–40 bytes in some
+/// specs' forward at every register budget tried).
 pub fn frag_key_tile(d: usize, e: usize, lanes: usize) -> Option<usize> {
     let width = (d + e) / lanes;
     let tile = if d.max(e) > 64 { 16 } else { 32 };
     [tile, 16].into_iter().find(|t| t * width <= 2048).filter(|_| d.max(e) <= FRAG_MAX_HEAD)
 }
 
+/// Bytes of a fragment kernel's stored element: f32 under TF32 (`tf32`), else 16 bits.
+pub fn frag_bytes(tf32: bool) -> usize {
+    if tf32 {
+        4
+    } else {
+        2
+    }
+}
+
 /// The tiling of attention's backward on matrix fragments (dQ walks key
-/// tiles, dK and dV query tiles) for 16-bit heads of `d` and `e`, if it
-/// takes them: a cube of 64 units (two planes) or, where that does not fit,
-/// one plane of 32, each unit owning one row, over tiles of 16 of the other
-/// side's rows. Its shared arrays must fit in [`FRAG_SHARED`] (see
-/// [`frag_grad_shared`]): 64 rows hold heads up to 64 wide, 32 rows up to
-/// 128 where `d` and `e` pad to the same width (dK and dV then take turns
-/// in one accumulator). A cube holds its own rows of two operands (`q` and
-/// `dO`, or `k` and `v`) and one tile of the other two, the tile's two f32
-/// score products (`S` and `dP`, which also serve as the fragments'
-/// scratch) and its 16-bit probabilities or score gradients.
-pub fn frag_grad_tiles(d: usize, e: usize) -> Option<AttnTiles> {
+/// tiles, dK and dV query tiles) for heads of `d` and `e` in elements of
+/// `bytes` (2, or 4 for TF32), if it takes them: a cube of 64 units (two
+/// planes) or, where that does not fit, one plane of 32, each unit owning
+/// one row, over tiles of 16 of the other side's rows. Its shared arrays
+/// must fit in [`FRAG_SHARED`] (see [`frag_grad_shared`]): 16-bit rows
+/// take 64 rows for heads up to 64 wide and 32 rows up to 128, TF32's 32
+/// rows up to 64, where `d` and `e` pad to the same width (dK and dV then
+/// take turns in one accumulator). A cube holds its own rows of two
+/// operands (`q` and `dO`, or `k` and `v`) and one tile of the other two,
+/// the tile's two f32 score products (`S` and `dP`, which also serve as the
+/// fragments' scratch) and its probabilities or score gradients in the
+/// storage type.
+pub fn frag_grad_tiles(d: usize, e: usize, bytes: usize) -> Option<AttnTiles> {
     let alike = d.next_multiple_of(16) == e.next_multiple_of(16);
     [ATTN_ROWS, 32]
         .into_iter()
         .filter(|&rows| rows == ATTN_ROWS || alike)
-        .find(|&rows| frag_grad_shared(d, e, 2, F_GRAD_TILE, rows) <= FRAG_SHARED)
+        .find(|&rows| frag_grad_shared(d, e, bytes, F_GRAD_TILE, rows) <= FRAG_SHARED)
+        .filter(|_| d.max(e) <= FRAG_MAX_HEAD)
         .map(|row_units| AttnTiles { unit_rows: 1, key_tile: F_GRAD_TILE, lanes: 1, row_units })
 }
 
@@ -143,8 +157,8 @@ const F_GRAD_TILE: usize = 16;
 /// Bytes of shared memory the fragment backward takes for heads of `d` and
 /// `e` (padded to 16) in elements of `bytes`, cubes of `rows` rows and
 /// tiles of `tile` rows: the cube's rows and a tile of both heads' operands
-/// and the tile's 16-bit products in the storage type, two f32 products of
-/// `rows` × `tile`, each tile row's log-sum-exp and `D_i`, a word a row
+/// and the tile's probabilities or score gradients in the storage type, two
+/// f32 products of `rows` × `tile`, each tile row's log-sum-exp and `D_i`, a word a row
 /// (dQ's parked output rows), and 128 bytes of alignment slack.
 pub fn frag_grad_shared(d: usize, e: usize, bytes: usize, tile: usize, rows: usize) -> usize {
     let (dp, ep) = (d.next_multiple_of(16), e.next_multiple_of(16));

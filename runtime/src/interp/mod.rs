@@ -37,7 +37,9 @@ pub fn try_evaluate(program: &Program, inputs: &[Tensor], dims: &DimValues) -> R
 /// knows nothing of the kernels: it rounds wherever a tensor could be
 /// stored. [`evaluate_planned`] rounds where a plan stores.
 /// For `tf32` (f32 storage), GEMM operands are rounded to TF32 as the
-/// tensor cores read them.
+/// tensor cores read them, and so are attention's backward's (`q`, `k`,
+/// `v`, `dO`; not head mixing's). The forward's log-sum-exp stays as the
+/// f32 forward computes it.
 pub fn evaluate_rounded(program: &Program, inputs: &[Tensor], dims: &DimValues, dtype: Dtype) -> Vec<Tensor> {
     evaluate_with(program, inputs, dims, &Rounding { dtype: Some(dtype), stored: None })
         .unwrap_or_else(|e| panic!("{e}"))
@@ -98,8 +100,12 @@ fn evaluate_with(
     for node in &program.nodes {
         let shape = concrete(&node.shape, dims);
         let v = |id: NodeId| &values[id.0 as usize];
-        let scores =
-            |q: &NodeId, k: &NodeId, mask, scale, fns| scores(program, &values, dims, [*q, *k], mask, scale, fns);
+        // The backward's operands as its products read them (TF32: rounded,
+        // as on tensor cores; head mixing's kernels multiply in f32).
+        let att_operand = |id: &NodeId, fns: &Option<Box<AttnFns>>| match fns.as_ref().is_some_and(|f| f.mixes()) {
+            true => std::borrow::Cow::Borrowed(v(*id)),
+            false => operand(v(*id), rounding),
+        };
         let out = match &node.op {
             Op::Input { index } => inputs[*index].clone(),
             Op::Scalar { value } => Tensor::new(vec![], vec![*value]),
@@ -117,7 +123,7 @@ fn evaluate_with(
             }
             Op::Paged { cache, pages } => paged(v(*cache), v(*pages), shape),
             Op::Attention { q, k, v: vv, mask, scale, fns } => {
-                let sc = scores(q, k, mask, *scale, fns);
+                let sc = scores(program, &values, dims, [v(*q), v(*k)], mask, *scale, fns);
                 match fns.as_ref().is_some_and(|f| f.mixes()) {
                     true => mixed::attention(&mixed::Mixed::new(&sc), v(*vv), shape, round)?,
                     false => attention::attention(&sc, v(*vv), shape, round)?,
@@ -152,7 +158,7 @@ fn evaluate_with(
             Op::CollapseT { dy, r, .. } => backward::collapse_t(v(*dy), v(*r), shape),
             Op::CollapseGrad { x, dy } => backward::collapse_grad(v(*x), v(*dy), shape),
             Op::AttentionLse { q, k, mask, scale, fns } => {
-                let sc = scores(q, k, mask, *scale, fns);
+                let sc = scores(program, &values, dims, [v(*q), v(*k)], mask, *scale, fns);
                 match fns.as_ref().is_some_and(|f| f.mixes()) {
                     true => mixed::lse(&mixed::Mixed::new(&sc), shape)?,
                     false => backward::attention_lse(&sc, shape)?,
@@ -163,14 +169,18 @@ fn evaluate_with(
             Op::CollapseColsGrad { y, dy, .. } => backward::collapse_cols_grad(v(*y), v(*dy), shape),
             Op::CollapseRowsGrad { w, dy, .. } => backward::collapse_rows_grad(v(*w), v(*dy), shape),
             Op::AttentionDelta { q, k, v: vv, dout, lse, mask, scale, fns } => {
-                let sc = scores(q, k, mask, *scale, fns);
+                let sc = scores(program, &values, dims, [v(*q), v(*k)], mask, *scale, fns);
                 mixed::delta(&mixed::Mixed::new(&sc), [v(*vv), v(*dout), v(*lse)], shape)?
             }
             Op::AttentionGrad { q, k, v: vv, o, dout, lse, mask, scale, wrt, fns } => {
-                let sc = scores(q, k, mask, *scale, fns);
+                let (qr, kr) = (att_operand(q, fns), att_operand(k, fns));
+                let sc = scores(program, &values, dims, [&qr, &kr], mask, *scale, fns);
                 match fns.as_ref().is_some_and(|f| f.mixes()) {
                     true => mixed::grad(&mixed::Mixed::new(&sc), [v(*vv), v(*dout), v(*lse)], *wrt, shape)?,
-                    false => backward::attention_grad(&sc, [v(*vv), v(*o), v(*dout), v(*lse)], *wrt, shape)?,
+                    false => {
+                        let (vr, dor) = (att_operand(vv, fns), att_operand(dout, fns));
+                        backward::attention_grad(&sc, [&vr, v(*o), &dor, v(*lse)], *wrt, shape)?
+                    }
                 }
             }
         };
@@ -368,13 +378,13 @@ fn scores<'a>(
     program: &'a Program,
     values: &'a [Tensor],
     dims: &'a DimValues,
-    [q, k]: [NodeId; 2],
+    [q, k]: [&'a Tensor; 2],
     mask: &'a Mask,
     scale: f64,
     fns: &'a Option<Box<AttnFns>>,
 ) -> attention::Scores<'a> {
     let fns = fns.as_deref().map(|f| (f, func::Env::new(program, f, values, dims)));
-    attention::Scores::new([&values[q.0 as usize], &values[k.0 as usize]], mask, scale, fns)
+    attention::Scores::new([q, k], mask, scale, fns)
 }
 
 /// Row-major strides of `shape` aligned to `rank` axes, 0 on broadcast axes.

@@ -26,6 +26,7 @@ pub(super) fn copy_rows<N: Size>(
     #[comptime] sk: usize,
     #[comptime] v: RowView,
     #[comptime] units: usize,
+    #[comptime] round: bool,
 ) {
     #[unroll]
     for i in 0..comptime![(rows * width).div_ceil(units)] {
@@ -35,7 +36,7 @@ pub(super) fn copy_rows<N: Size>(
             let c = idx % width;
             let mut val = Vector::<Stored, N>::cast_from(f32::new(0.0));
             if c < used {
-                val = x[key_row(k0, j, base, sk, v) + c];
+                val = stage::<N>(x[key_row(k0, j, base, sk, v) + c], round);
             }
             sh[comptime![dst] + idx] = val;
         }
@@ -60,6 +61,7 @@ fn copy_paged_rows<N: Size>(
     #[comptime] sk: usize,
     #[comptime] outer: usize,
     #[comptime] pages: (usize, usize, usize, usize),
+    #[comptime] round: bool,
 ) {
     let (page, slots, blocks, digits) = comptime![pages];
     #[unroll]
@@ -71,7 +73,10 @@ fn copy_paged_rows<N: Size>(
             let mut val = Vector::<Stored, N>::cast_from(f32::new(0.0));
             if c < used {
                 let t = min(k0 + j, comptime![sk - 1]);
-                val = x[base + k::page_row(table, b, t, slots, page, blocks, digits) * comptime![outer] + c];
+                val = stage::<N>(
+                    x[base + k::page_row(table, b, t, slots, page, blocks, digits) * comptime![outer] + c],
+                    round,
+                );
             }
             sh[comptime![dst] + idx] = val;
         }
@@ -87,13 +92,14 @@ pub(super) fn copy_query<N: Size>(
     #[comptime] dst: usize,
     #[comptime] width: usize,
     #[comptime] used: usize,
+    #[comptime] round: bool,
 ) {
     let row = comptime![dst] + UNIT_POS as usize * width;
     #[unroll]
     for c in 0..width {
         let mut val = Vector::<Stored, N>::cast_from(f32::new(0.0));
         if comptime![c < used] {
-            val = q[at + c];
+            val = stage::<N>(q[at + c], round);
         }
         sh[row + c] = val;
     }
@@ -127,6 +133,7 @@ fn softmax_tile<N: Size>(
     #[comptime] kind: u32,
     #[comptime] window: usize,
     #[comptime] block: usize,
+    #[comptime] round: bool,
 ) {
     // The row's scores are scaled and masked in place (this unit's own row
     // of the shared scores) rather than held: a unit already holds its
@@ -160,7 +167,7 @@ fn softmax_tile<N: Size>(
             sum += x;
             p.insert(c, x);
         }
-        sh[comptime![dst] + row / N::value() + v] = Vector::<Stored, N>::cast_from(p);
+        sh[comptime![dst] + row / N::value() + v] = stage::<N>(Vector::<Stored, N>::cast_from(p), round);
     }
     state[0] = m;
     state[1] = state[1] * alpha + sum;
@@ -460,7 +467,7 @@ pub fn build_attention<N: Size>(
     let set = att::setup::expand(scope, a.h, a.hk, a.s, a.sk, bq, bk, a.kind, a.window, a.block, a.views, a.fold, 0);
     let slots = att::row_slots::expand(scope, a.h, a.s, bq, a.kind, 0, a.views, a.fold, 0);
     let i = k::uget::expand(scope, &slots, ROW_I);
-    copy_query::expand::<N>(scope, q, &mut x, k::uget::expand(scope, &slots, ROW_Q), q_off, dpl, dl);
+    copy_query::expand::<N>(scope, q, &mut x, k::uget::expand(scope, &slots, ROW_Q), q_off, dpl, dl, dev.rounds());
     let base = len * lanes * dtype.storage().size() + (bq * bk).max(bq * F) * 4;
     let held = held_columns(ep, base, shared_limit, HELD, ATTN_ROWS);
     let (o, o_rest) = accumulators(scope, ep, held, ATTN_ROWS, &sf);
@@ -498,6 +505,7 @@ pub fn build_attention<N: Size>(
                     a.sk,
                     kv,
                     pages,
+                    dev.rounds(),
                 );
                 copy_paged_rows::expand::<N>(
                     scope,
@@ -514,6 +522,7 @@ pub fn build_attention<N: Size>(
                     a.sk,
                     vv,
                     pages,
+                    dev.rounds(),
                 );
             }
             None => {
@@ -530,6 +539,7 @@ pub fn build_attention<N: Size>(
                     a.sk,
                     a.views[1],
                     ATTN_ROWS,
+                    dev.rounds(),
                 );
                 copy_rows::expand::<N>(
                     scope,
@@ -544,6 +554,7 @@ pub fn build_attention<N: Size>(
                     a.sk,
                     a.views[2],
                     ATTN_ROWS,
+                    dev.rounds(),
                 );
             }
         }
@@ -589,6 +600,7 @@ pub fn build_attention<N: Size>(
             a.kind,
             a.window,
             a.block,
+            dev.rounds(),
         );
         k::barrier::expand(scope);
         // P·V, 16 output columns at a time through the scratch.

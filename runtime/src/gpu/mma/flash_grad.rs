@@ -39,6 +39,7 @@ fn put_row<N: Size>(
     #[comptime] cols: usize,
     #[comptime] c0: usize,
     #[comptime] n: usize,
+    #[comptime] round: bool,
 ) {
     let at = comptime![dst + c0 / N::value()] + UNIT_POS as usize * comptime![cols / N::value()];
     #[unroll]
@@ -48,7 +49,7 @@ fn put_row<N: Size>(
         for c in 0..N::value() {
             p.insert(c, vals[comptime![v * N::value() + c]]);
         }
-        sh[at + v] = Vector::<Stored, N>::cast_from(p);
+        sh[at + v] = stage::<N>(Vector::<Stored, N>::cast_from(p), round);
     }
 }
 
@@ -113,7 +114,27 @@ fn parked_row(scope: &Scope, parked: &NativeExpand<[u32]>) -> (NativeExpand<usiz
 /// dQ's columns a unit holds in registers at least, the rest in shared
 /// memory where there is room: at 64, ptxas held the kernel to 128
 /// registers and spilled a few bytes (IHA's and ALiBi's f16 backward).
-pub(super) const DQ_HELD: usize = 48;
+const DQ_HELD: usize = 48;
+
+/// Output columns the backward's units hold in registers at least (dQ's,
+/// and dK/dV's), the rest in shared memory where there is room
+/// ([`held_columns`]).
+#[derive(Clone, Copy)]
+pub(super) struct HeldMost {
+    pub dq: usize,
+    pub kv: usize,
+}
+
+/// [`HeldMost`] for `dtype`: in TF32, whose f32 operands take twice the
+/// registers of 16 bits in flight, fewer (ptxas spilled 4–28 bytes at 255
+/// registers holding 48 and 64, and 4 bytes in one spec's dQ at 32).
+pub(super) fn held_most(dtype: Dtype) -> HeldMost {
+    if dtype == Dtype::Tf32 {
+        HeldMost { dq: 16, kv: 32 }
+    } else {
+        HeldMost { dq: DQ_HELD, kv: HELD }
+    }
+}
 
 /// Keys of a dQ row whose `dS` is computed at once.
 const DS_CHUNK: usize = 8;
@@ -153,14 +174,23 @@ pub fn build_grad_q<N: Size>(
     // `row_slots` of these views: the rows of `o` (ROW_Q) and `dout` (ROW_OUT).
     let side = att::row_slots::expand(scope, a.h, a.s, bq, a.kind, 0, [ov, a.views[1], a.views[2], dov], a.fold, 0);
     let i = k::uget::expand(scope, &slots, ROW_I);
-    copy_query::expand::<N>(scope, b.q, &mut x, k::uget::expand(scope, &slots, ROW_Q), q_off, dpl, dl);
-    copy_query::expand::<N>(scope, b.dout, &mut x, k::uget::expand(scope, &side, ROW_OUT), do_off, epl, el);
+    copy_query::expand::<N>(scope, b.q, &mut x, k::uget::expand(scope, &slots, ROW_Q), q_off, dpl, dl, dev.rounds());
+    copy_query::expand::<N>(
+        scope,
+        b.dout,
+        &mut x,
+        k::uget::expand(scope, &side, ROW_OUT),
+        do_off,
+        epl,
+        el,
+        dev.rounds(),
+    );
     let own = unit_vectors::expand(scope, do_off, epl);
     let delta = row_delta::expand::<N>(scope, &x, own, b.o, k::uget::expand(scope, &side, ROW_Q), el);
     let lse = row_lse::expand(scope, b.lse, &slots, a.s, a.fold);
     // The vectors, the two f32 products and the parked rows.
     let base = len * lanes * dev.dtype.storage().size() + (floats + bq * bk + bq) * 4;
-    let held = held_columns(dp, base, dev.shared_limit, DQ_HELD, bq);
+    let held = held_columns(dp, base, dev.shared_limit, held_most(dev.dtype).dq, bq);
     let (o, o_rest) = accumulators(scope, dp, held, bq, &sf);
     let (k_base, v_base) = (k::uget::expand(scope, &set, SET_K), k::uget::expand(scope, &set, SET_V));
     let scale_c = k::fconst::expand(scope, scale);
@@ -173,8 +203,8 @@ pub fn build_grad_q<N: Size>(
                 hidden: Option<NativeExpand<bool>>| {
         let k0 = k::mul_const::expand(scope, kt, bk);
         let mut xs = x.clone_unchecked();
-        copy_rows::expand::<N>(scope, b.k, &mut xs, k0, k_base, k_off, bk, dpl, dl, a.sk, a.views[1], bq);
-        copy_rows::expand::<N>(scope, b.v, &mut xs, k0, v_base, v_off, bk, epl, el, a.sk, a.views[2], bq);
+        copy_rows::expand::<N>(scope, b.k, &mut xs, k0, k_base, k_off, bk, dpl, dl, a.sk, a.views[1], bq, dev.rounds());
+        copy_rows::expand::<N>(scope, b.v, &mut xs, k0, v_base, v_off, bk, epl, el, a.sk, a.views[2], bq, dev.rounds());
         k::barrier::expand(scope);
         // S = Q·Kᵀ and dP = dO·Vᵀ, each plane its 32 rows by the tile's keys.
         products_t::<N>(scope, &frags, &x, &mut sf.clone_unchecked(), &warp, q_off, k_off, dp, bk, lanes);
@@ -203,7 +233,7 @@ pub fn build_grad_q<N: Size>(
                 }
                 k::fset::expand(scope, &mut ds_row, jc, ds);
             }
-            put_row::expand::<N>(scope, &mut xs, &ds_row, ds_off, bk, c0, DS_CHUNK);
+            put_row::expand::<N>(scope, &mut xs, &ds_row, ds_off, bk, c0, DS_CHUNK, dev.rounds());
         }
         k::barrier::expand(scope);
         // dQ += dS·K.
@@ -314,16 +344,16 @@ pub fn build_grad_kv<N: Size>(
     let j = key_unit_row::expand(scope, 0, rows, a.fold);
     let jc = last_row::expand(scope, j.clone(), a.sk);
     let key_at = att::view_row::expand(scope, bb.clone(), kh.clone(), jc.clone(), a.views[1]);
-    copy_query::expand::<N>(scope, b.k, &mut x, key_at, k_off, dpl, dl);
+    copy_query::expand::<N>(scope, b.k, &mut x, key_at, k_off, dpl, dl, dev.rounds());
     if wrt_k {
         let value_at = att::view_row::expand(scope, bb.clone(), kh.clone(), jc.clone(), a.views[2]);
-        copy_query::expand::<N>(scope, b.v, &mut x, value_at, v_off, epl, el);
+        copy_query::expand::<N>(scope, b.v, &mut x, value_at, v_off, epl, el, dev.rounds());
     }
     // Accumulator columns: dK's `dp`, then dV's `ep` (one of them a walk when twice).
     let k_cols = if wrt_k && !twice { dp } else { 0 };
     let width = if twice { dp } else { k_cols + if with_v { ep } else { 0 } };
     let base = len * lanes * dev.dtype.storage().size() + (floats + dp_floats + 2 * bq) * 4;
-    let held = held_columns(width, base, dev.shared_limit, HELD, rows);
+    let held = held_columns(width, base, dev.shared_limit, held_most(dev.dtype).kv, rows);
     let (o, o_rest) = accumulators(scope, width, held, rows, &sf);
     let scale_c = k::fconst::expand(scope, scale);
     let walk = |scope: &Scope, walk: &Walk| {
@@ -336,8 +366,36 @@ pub fn build_grad_kv<N: Size>(
             let row0 = k::const_index::expand(scope, 0);
             let q_base = att::view_row::expand(scope, bb.clone(), hi.clone(), row0.clone(), a.views[0]);
             let do_base = att::view_row::expand(scope, bb.clone(), hi.clone(), row0, dov);
-            copy_rows::expand::<N>(scope, b.q, &mut xs, i0.clone(), q_base, q_off, bq, dpl, dl, a.s, a.views[0], rows);
-            copy_rows::expand::<N>(scope, b.dout, &mut xs, i0.clone(), do_base, do_off, bq, epl, el, a.s, dov, rows);
+            copy_rows::expand::<N>(
+                scope,
+                b.q,
+                &mut xs,
+                i0.clone(),
+                q_base,
+                q_off,
+                bq,
+                dpl,
+                dl,
+                a.s,
+                a.views[0],
+                rows,
+                dev.rounds(),
+            );
+            copy_rows::expand::<N>(
+                scope,
+                b.dout,
+                &mut xs,
+                i0.clone(),
+                do_base,
+                do_off,
+                bq,
+                epl,
+                el,
+                a.s,
+                dov,
+                rows,
+                dev.rounds(),
+            );
             k::barrier::expand(scope);
             let mut st = stats.clone_unchecked();
             let (bb, hi0, i00) = (bb.clone(), hi.clone(), i0.clone());
@@ -391,7 +449,7 @@ pub fn build_grad_kv<N: Size>(
             let (mut ov, mut orest) = (o.clone(), o_rest.clone_unchecked());
             let held = (held, rows);
             let (w, pd) = ((pd_off, bq), |xs: &mut NativeExpand<[Vector<Stored, N>]>, r| {
-                put_row::expand::<N>(scope, xs, r, pd_off, bq, 0, bq);
+                put_row::expand::<N>(scope, xs, r, pd_off, bq, 0, bq, dev.rounds());
                 k::barrier::expand(scope);
             });
             match walk {

@@ -47,6 +47,15 @@ pub struct FragDevice {
     pub shared_limit: usize,
 }
 
+impl FragDevice {
+    /// Whether operands are rounded on their way to shared memory: TF32 on
+    /// tensor cores, which would otherwise drop an f32's low bits (software
+    /// multiplies the f32 values).
+    pub fn rounds(&self) -> bool {
+        self.hardware && self.dtype == Dtype::Tf32
+    }
+}
+
 /// An f32 accumulator fragment.
 pub enum Acc {
     Hw(HwAcc),
@@ -281,6 +290,17 @@ fn to_operand<N: Size>(v: Vector<Stored, N>) -> Vector<Stored, N> {
     #[unroll]
     for c in 0..N::value() {
         out.insert(c, Stored::cast_from(Operand::cast_from(v.extract(c))));
+    }
+    out
+}
+
+/// `v` on its way to a shared operand array: rounded to the operand type
+/// where `round` (TF32 on tensor cores, [`FragDevice::rounds`]).
+#[cube]
+fn stage<N: Size>(v: Vector<Stored, N>, #[comptime] round: bool) -> Vector<Stored, N> {
+    let mut out = v;
+    if comptime![round] {
+        out = to_operand::<N>(v);
     }
     out
 }

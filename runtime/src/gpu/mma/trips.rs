@@ -7,8 +7,7 @@
 //! 65535 per invocation and silently leaves the loops past it, so a launch
 //! past the bound must be refused, not run.
 
-use super::flash::HELD;
-use super::flash_grad::DQ_HELD;
+use super::flash_grad::held_most;
 use super::{fragment_depth, F};
 use attnc_compiler::ir::AttnArg;
 use attnc_compiler::plan::{AttnShape, Dtype, KernelSpec, ATTN_ROWS, GEMM_COLS, GEMM_ROWS};
@@ -41,11 +40,12 @@ pub fn software_trips(spec: &KernelSpec, dtype: Dtype, half: bool) -> Option<usi
             let stores = (dp + ep) * F + 2;
             // Each side's products: the scores and their gradient's (2 row fragments by the tile), an accumulation.
             let (scores, acc_k, acc_v) = (2 * bt * dp, 2 * bt * dp, 2 * bt * ep);
+            let most = held_most(dtype);
             let (d_scores, looped_k, looped_v) =
-                (2 * bt * ep, looped_adds(dp, HELD, units), looped_adds(ep, HELD, units));
+                (2 * bt * ep, looped_adds(dp, most.kv, units), looped_adds(ep, most.kv, units));
             match wrt {
                 AttnArg::Q | AttnArg::Read(_) => {
-                    spec.walk_trips(mma(scores + d_scores + acc_k) + looped_adds(dp, DQ_HELD, units)) + stores
+                    spec.walk_trips(mma(scores + d_scores + acc_k) + looped_adds(dp, most.dq, units)) + stores
                 }
                 AttnArg::K | AttnArg::V => {
                     let (wrt_k, with_v) = (wrt == AttnArg::K, dv.is_some() || wrt == AttnArg::V);
