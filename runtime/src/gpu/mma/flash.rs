@@ -61,7 +61,6 @@ fn copy_paged_rows<N: Size>(
     #[comptime] sk: usize,
     #[comptime] outer: usize,
     #[comptime] pages: (usize, usize, usize, usize),
-    #[comptime] round: bool,
 ) {
     let (page, slots, blocks, digits) = comptime![pages];
     #[unroll]
@@ -73,10 +72,7 @@ fn copy_paged_rows<N: Size>(
             let mut val = Vector::<Stored, N>::cast_from(f32::new(0.0));
             if c < used {
                 let t = min(k0 + j, comptime![sk - 1]);
-                val = stage::<N>(
-                    x[base + k::page_row(table, b, t, slots, page, blocks, digits) * comptime![outer] + c],
-                    round,
-                );
+                val = x[base + k::page_row(table, b, t, slots, page, blocks, digits) * comptime![outer] + c];
             }
             sh[comptime![dst] + idx] = val;
         }
@@ -133,7 +129,6 @@ fn softmax_tile<N: Size>(
     #[comptime] kind: u32,
     #[comptime] window: usize,
     #[comptime] block: usize,
-    #[comptime] round: bool,
 ) {
     // The row's scores are scaled and masked in place (this unit's own row
     // of the shared scores) rather than held: a unit already holds its
@@ -167,7 +162,7 @@ fn softmax_tile<N: Size>(
             sum += x;
             p.insert(c, x);
         }
-        sh[comptime![dst] + row / N::value() + v] = stage::<N>(Vector::<Stored, N>::cast_from(p), round);
+        sh[comptime![dst] + row / N::value() + v] = Vector::<Stored, N>::cast_from(p);
     }
     state[0] = m;
     state[1] = state[1] * alpha + sum;
@@ -505,7 +500,6 @@ pub fn build_attention<N: Size>(
                     a.sk,
                     kv,
                     pages,
-                    dev.rounds(),
                 );
                 copy_paged_rows::expand::<N>(
                     scope,
@@ -522,7 +516,6 @@ pub fn build_attention<N: Size>(
                     a.sk,
                     vv,
                     pages,
-                    dev.rounds(),
                 );
             }
             None => {
@@ -600,7 +593,6 @@ pub fn build_attention<N: Size>(
             a.kind,
             a.window,
             a.block,
-            dev.rounds(),
         );
         k::barrier::expand(scope);
         // P·V, 16 output columns at a time through the scratch.
