@@ -496,8 +496,7 @@ pub fn build_gemm<N: Size>(
     let tile = gemm::Tile { cols, ce, dl, fl };
     let (b_copy, b_count) = gemm::b_items(scope, shape, tile, (F, bw / lanes), lanes);
     // TF32 operands are rounded on their way to shared memory (on the device; software fragments multiply in f32).
-    let rounded =
-        |scope: &Scope, v| if hardware && dtype == Dtype::Tf32 { to_operand::expand::<N>(scope, v) } else { v };
+    let rounded = |scope: &Scope, v| stage::expand::<N>(scope, v, hardware && dtype == Dtype::Tf32);
     let mut accs: Vec<Acc> = (0..8 * bw / F).map(|_| frags.zero(scope)).collect();
     let range = RangeExpand::new(NativeExpand::from_lit(scope, 0usize), NativeExpand::from_lit(scope, stages));
     for_expand(scope, range, false, |scope, s| {
