@@ -5,7 +5,7 @@ mod common;
 
 use attnc_runtime::io::{decode, encode, FileDtype};
 use attnc_runtime::Tensor;
-use common::root;
+use common::{manifest_in, root};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -21,11 +21,6 @@ fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("attnc-cli-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     dir
-}
-
-/// The manifest `attnc compile` wrote to `dir`.
-fn manifest_in(dir: &Path) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).unwrap()).unwrap()
 }
 
 /// The kernel kind of each launch in `manifest`.

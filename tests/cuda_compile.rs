@@ -326,8 +326,7 @@ fn compile_reports_resources_per_kernel() {
         let cols: Vec<&str> = row.split_whitespace().collect();
         assert_eq!(cols[2], "0/0", "a kernel spills:\n{table}");
     }
-    let manifest: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).unwrap()).unwrap();
+    let manifest = manifest_in(&dir);
     for l in manifest["launches"].as_array().unwrap() {
         let r = &l["resources"];
         assert_eq!(r["arch"], "sm_90", "{l}");

@@ -708,8 +708,7 @@ fn a_cuda_decode_step_fills_an_h200() {
             .output()
             .unwrap();
         assert!(status.status.success(), "{}", String::from_utf8_lossy(&status.stderr));
-        let manifest: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap()).unwrap();
+        let manifest = manifest_in(&out);
         let launches = manifest["launches"].as_array().unwrap().clone();
         let count =
             |l: &serde_json::Value| l["grid"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).product::<u64>();

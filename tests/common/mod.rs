@@ -4,7 +4,7 @@
 use attnc_compiler::{compile, render, Compiled, Setting};
 use attnc_runtime::{bind, interp, rng::Rng, Tensor};
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -120,4 +120,9 @@ pub fn assert_points_at(text: &str, code: &str, message: &str, at: &str) -> usiz
     let span = d.primary.as_ref().expect("a located diagnostic").0;
     assert_eq!(&text[span.start..span.end], at, "{message}: points at the wrong text");
     span.start
+}
+
+/// The manifest `attnc compile` wrote to `dir`.
+pub fn manifest_in(dir: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).unwrap()).unwrap()
 }
