@@ -298,11 +298,11 @@ fn to_operand<N: Size>(v: Vector<Stored, N>) -> Vector<Stored, N> {
 /// where `round` (TF32 on tensor cores, [`FragDevice::rounds`]).
 #[cube]
 fn stage<N: Size>(v: Vector<Stored, N>, #[comptime] round: bool) -> Vector<Stored, N> {
-    let mut out = v;
     if comptime![round] {
-        out = to_operand::<N>(v);
+        to_operand::<N>(v)
+    } else {
+        v
     }
-    out
 }
 
 /// `w · stride + c`: the start of plane `w`'s share, or a fragment's offset.
