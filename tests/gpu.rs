@@ -330,8 +330,8 @@ fn stdlib_at_real_sizes(gpu: &Dev) {
 /// kernels, past several cubes and key tiles in each direction: masks and
 /// windows, unequal lengths both ways (the first rows of a causal mask see
 /// nothing), GQA on keys and values, rectangular matrices, either matrix
-/// alone, wide values, a score function with a per-head mask function, a
-/// head of 256 over a thousand keys; and the stdlib's Talking-Heads and
+/// alone, wide values, a score function with a per-head mask function, odd
+/// widths, a head of 256 over a thousand keys; and the stdlib's Talking-Heads and
 /// Differential layers, optimized. The forward runs on the device's kernel
 /// (on Mesa's CPU drivers `attention_mixed_tiled`, also on narrower planes)
 /// and, in f32, on the GPU kernel (`attention_mixed`, forced by staging).
@@ -351,6 +351,8 @@ fn head_mixing(make: Make, dtype: Dtype) {
                 "mask = |b, h, i, j| abs(i - j) <= 8 * (h + 1), score = |s, b, h, i, j| 2.0 * tanh(s / 2.0), {both}"
             ),
         ),
+        // Odd widths: rows bound as scalars on the CPU kernel (vectors of 1).
+        core([2, 2, 3, 2, 2], [6, 5, 70, 45, 2], &format!("mask = causal, {both}")),
         core([2, 1, 3, 2, 1], [256, 48, 203, 1100, 1], &format!("mask = causal, window = 700, {both}")),
     ];
     let dev = device(make, dtype);

@@ -396,3 +396,33 @@ fn talking_heads_at_8192_tokens_stores_no_logits() {
         attention[0].shared_memory_bytes
     );
 }
+
+/// The CPU drivers' kernel (`attention_mixed_tiled`) covers one plane's
+/// rows a cube, several a unit: at the bench's sizes (H = 8, d = 64, planes
+/// of 8) 4 rows a unit, so each loaded key row serves 32 query rows as in
+/// plain attention; wider heads fewer rows (the unrolled code's budget),
+/// narrow heads no more than 4, short sequences no more rows than they
+/// have. The plan's own tiling (the GPU kernel's) is unchanged.
+#[test]
+fn the_cpu_kernel_shares_each_key_row_over_a_planes_rows() {
+    use attnc_compiler::plan::{MixTiles, MIX_CPU_ROWS, MIX_CPU_UNROLL};
+    // [H_q, d, H_o, e, S, plane] → rows a cube.
+    for ([hq, d, ho, e, s, plane], rows) in [
+        ([8, 64, 8, 64, 1024, 8], 32),
+        ([8, 64, 8, 64, 1024, 16], 64),
+        ([8, 64, 8, 128, 1024, 8], 16),
+        ([16, 64, 16, 64, 1024, 8], 16),
+        ([2, 16, 2, 16, 1024, 8], 8 * MIX_CPU_ROWS),
+        ([4, 32, 4, 32, 20, 8], 32),
+        ([4, 32, 4, 32, 12, 8], 16),
+        ([4, 32, 4, 32, 5, 8], 8),
+        ([4, 32, 4, 32, 300, 2], 8),
+    ] {
+        let gpu = MixTiles::new(hq, [hq, ho, ho], e, s, [true, true]);
+        let cpu = gpu.on_cpu_planes([hq, d, e, s], plane);
+        assert_eq!(cpu.rows, rows, "H_q = {hq}, d = {d}, H_o = {ho}, e = {e}, S = {s}, plane {plane}");
+        let per = (cpu.rows / plane).max(1);
+        assert!(per <= MIX_CPU_ROWS && (per == 1 || per * (hq * d + ho * e) <= MIX_CPU_UNROLL));
+        assert_eq!(MixTiles { rows: gpu.rows, ..cpu }, gpu, "only the rows change");
+    }
+}

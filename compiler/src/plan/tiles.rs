@@ -215,12 +215,23 @@ pub const MIX_UNITS: usize = 128;
 /// a CUDA block gets without opting in).
 pub const MIX_SHARED: usize = 12 * 1024;
 /// Query and output floats (`H_q·d + H_o·e`) up to which Mesa's CPU
-/// drivers run head mixing's forward on its CPU kernel
-/// (`gpu::attention_mixed_tiled`, [`MixTiles::on_cpu`]), which holds them in
-/// registers with every head's products unrolled: lavapipe takes 3–5 s to
-/// compile it at 512 and 12–27 s at 1024 (H = 8, d = 64: 16 s; once, Mesa
-/// caches shaders on disk), over a minute past it.
+/// drivers run head mixing's forward and log-sum-exp on their kernel
+/// (`gpu::attention_mixed_tiled`, [`MixTiles::on_cpu`]), which holds them
+/// in registers for each of a unit's rows with every head's products
+/// unrolled.
 pub const MIX_CPU_FLOATS: usize = 1024;
+/// Rows a unit times query and output floats (`R·(H_q·d + H_o·e)`) up to
+/// which the CPU drivers' kernel gives each unit several query rows
+/// ([`MixTiles::on_cpu_planes`]): each key and value row a plane loads then
+/// serves `R` rows a lane, but the per-key code, unrolled, grows with `R`,
+/// and lavapipe's compile time faster (H = 8, d = 64 on 2026-12-06's
+/// machine: R = 2 in about 14 s, R = 4 in about 65 s; once, Mesa caches
+/// shaders on disk).
+pub const MIX_CPU_UNROLL: usize = 4096;
+/// Query rows a unit of the CPU drivers' kernel holds at most: 4, as plain
+/// attention's CPU kernel (`AttnTiles::unit_rows`), so that a key row
+/// serves 32 rows of a plane of 8.
+pub const MIX_CPU_ROWS: usize = 4;
 /// Output floats each unit of mixed attention accumulates at most.
 const MIX_ACCUMULATORS: usize = 32;
 
@@ -273,6 +284,17 @@ impl MixTiles {
     /// of `d` and output heads of `e` (see [`MIX_CPU_FLOATS`]).
     pub fn on_cpu(&self, hq: usize, d: usize, e: usize) -> bool {
         hq * d + self.ho * e <= MIX_CPU_FLOATS
+    }
+
+    /// The tiling of the CPU drivers' kernel on planes of `plane` units, for
+    /// `s` query rows: one plane walks a cube's keys, each unit holding `R`
+    /// rows, `R` the largest power of two up to [`MIX_CPU_ROWS`] with
+    /// `R·(H_q·d + H_o·e)` within [`MIX_CPU_UNROLL`]; no more rows than the
+    /// queries need.
+    pub fn on_cpu_planes(&self, [hq, d, e, s]: [usize; 4], plane: usize) -> MixTiles {
+        let per = (MIX_CPU_UNROLL / (hq * d + self.ho * e).max(1)).clamp(1, MIX_CPU_ROWS);
+        let rows = (plane.max(1) << per.ilog2()).min(s.next_power_of_two());
+        MixTiles { rows, ..*self }
     }
 
     /// Floats of shared memory a cube takes, at most (the backward's): the

@@ -4,17 +4,15 @@
 //! is the same in debug and release builds.
 
 use super::device::{elem_type, fragment_type, matrix_units, plane_width, stages_gemm, Mma};
-use super::func::{Capture, Fns, Hook};
+use super::func::{self, Fns, Hook};
 use super::kernels::{self as k, Stored};
 use super::{
     attention, attention_grad, attention_grad_read, attention_split, attention_tiled, attention_tiled_grad, gemm,
     mixed_launch, mma,
 };
-use attnc_compiler::ir::{AttnArg, BinaryOp, MaskKind, ReduceKind};
+use attnc_compiler::ir::{AttnArg, BinaryOp, ReduceKind};
 use attnc_compiler::plan::group::{GroupStep, MapOp};
-use attnc_compiler::plan::{
-    value_elements, AttnShape, Dtype, GemmB, KernelFns, KernelSpec, Lines, RowView, GROUP_UNITS,
-};
+use attnc_compiler::plan::{value_elements, AttnShape, Dtype, GemmB, KernelSpec, Lines, RowView, GROUP_UNITS};
 use cubecl::prelude::*;
 use std::sync::Arc;
 
@@ -44,12 +42,40 @@ impl IrKernel {
         target: Arc<TargetProperties>,
     ) -> IrKernel {
         let ((x, y, z), _) = spec.grid();
-        let mode = if spec.vectorised() { ExecutionMode::Unchecked } else { ExecutionMode::Checked };
-        let settings = KernelSettings::new(CubeDim::new_3d(x, y, z).into(), mode, AddressType::U32).kernel_name(name);
+        let settings = KernelSettings::new(CubeDim::new_3d(x, y, z).into(), ExecutionMode::Checked, AddressType::U32)
+            .kernel_name(name);
         let plane = plane_width(&props);
         let staged = stages_gemm(&props);
         let mma = if matrix_units(&props, dtype) && spec.fragments() { Mma::Hardware } else { Mma::Off };
         IrKernel { name: name.to_string(), spec: spec.clone(), dtype, plane, staged, mma, settings, props, target }
+            .with_mode()
+    }
+
+    /// Kernels binding vectors run unchecked: they clamp every index.
+    fn with_mode(mut self) -> IrKernel {
+        let vectors = self.vector_lines().is_some();
+        self.settings.execution_mode = if vectors { ExecutionMode::Unchecked } else { ExecutionMode::Checked };
+        self
+    }
+
+    /// The line size of the kernel's vector bindings, if it binds vectors:
+    /// GEMM and attention (`KernelSpec::vectorised`), and head mixing on
+    /// the CPU drivers' kernel (`mixed_launch::cpu_lines`).
+    pub fn vector_lines(&self) -> Option<usize> {
+        if self.spec.vectorised() {
+            return Some(self.spec.line_size());
+        }
+        mixed_launch::on_cpu(&self.spec, self.staged, self.plane).then(|| mixed_launch::cpu_lines(&self.spec))
+    }
+
+    /// Whether binding `slot` holds scalars in a kernel that binds vectors.
+    pub fn scalar_binding(&self, slot: usize) -> bool {
+        match self.spec {
+            KernelSpec::MixedAttention { pass, .. } if mixed_launch::on_cpu(&self.spec, self.staged, self.plane) => {
+                mixed_launch::cpu_scalar_binding(pass, slot, self.operand_count())
+            }
+            _ => self.spec.scalar_binding(slot),
+        }
     }
 
     /// The same kernel multiplying fragments in software (where the spec
@@ -66,13 +92,23 @@ impl IrKernel {
     /// The same kernel with the GEMM staged in shared memory or not.
     pub fn with_staging(mut self, staged: bool) -> IrKernel {
         self.staged = staged;
+        self.with_mode()
+    }
+
+    /// The same kernel tiled for the kernel the device takes: head mixing
+    /// on the CPU drivers' kernel covers more query rows a cube
+    /// (`MixTiles::on_cpu_planes`), which the grid follows.
+    pub fn for_device(mut self) -> IrKernel {
+        if mixed_launch::on_cpu(&self.spec, self.staged, self.plane) {
+            self.spec = mixed_launch::cpu_tiling(&self.spec, self.plane);
+        }
         self
     }
 
     /// The same kernel sharing rows over planes of `plane` units instead.
     pub fn with_plane(mut self, plane: u32) -> IrKernel {
         self.plane = plane.max(1);
-        self
+        self.with_mode()
     }
 
     /// Buffers this kernel binds before its output.
@@ -130,21 +166,7 @@ fn captures(shape: &AttnShape) -> usize {
 
 /// Attention's functions over the capture buffers `caps` (bound after the launch's operands).
 fn hook(shape: &AttnShape, caps: &[NativeExpand<[Stored]>], dtype: Dtype) -> Hook {
-    Hook(shape.fns.as_ref().map(|f| std::rc::Rc::new(fns_of(f, caps, dtype))))
-}
-
-/// `dtype`: the plan's storage, in which integer captures may be digits.
-fn fns_of(f: &KernelFns, caps: &[NativeExpand<[Stored]>], dtype: Dtype) -> Fns {
-    let digits = |i: usize| value_elements(f.integers.get(i) == Some(&true), dtype);
-    Fns {
-        score: f.score.clone(),
-        mask: f.mask.clone(),
-        tiles: f.tiles.clone(),
-        prepared: Default::default(),
-        captures: (caps.iter().zip(&f.captures).enumerate())
-            .map(|(i, (buf, shape))| Capture { buf: (*buf).clone_unchecked(), shape: shape.clone(), digits: digits(i) })
-            .collect(),
-    }
+    Hook(shape.fns.as_ref().map(|f| std::rc::Rc::new(func::fns_of(f, caps, dtype))))
 }
 
 fn reduce_code(op: ReduceKind) -> u32 {
@@ -159,14 +181,6 @@ fn reduce_code(op: ReduceKind) -> u32 {
     }
 }
 
-pub fn mask_code(mask: MaskKind) -> u32 {
-    match mask {
-        MaskKind::None => k::MASK_NONE,
-        MaskKind::Causal => k::MASK_CAUSAL,
-        MaskKind::TokenCausal => k::MASK_TOKEN_CAUSAL,
-    }
-}
-
 impl CubeKernel for IrKernel {
     fn define(&self) -> KernelDefinition {
         let mut builder = KernelBuilder::new(self.settings.clone());
@@ -174,8 +188,8 @@ impl CubeKernel for IrKernel {
         builder.device_properties(&self.props);
         builder.scope.register_type::<Stored>(elem_type(self.dtype));
         builder.scope.register_type::<k::Operand>(fragment_type(self.dtype));
-        if self.spec.vectorised() {
-            match self.spec.line_size() {
+        if let Some(lines) = self.vector_lines() {
+            match lines {
                 4 => self.define_vectorized::<Const<4>>(&mut builder),
                 2 => self.define_vectorized::<Const<2>>(&mut builder),
                 _ => self.define_vectorized::<Const<1>>(&mut builder),
@@ -200,7 +214,7 @@ impl IrKernel {
         let mut bufs: Vec<NativeExpand<[Vector<Stored, N>]>> = vec![];
         let mut scalars: Vec<NativeExpand<[Stored]>> = vec![];
         for slot in 0..=self.operand_count() {
-            if self.spec.scalar_binding(slot) {
+            if self.scalar_binding(slot) {
                 scalars.push(<[Stored] as LaunchArg>::expand(&arg, builder));
             } else {
                 bufs.push(<[Vector<Stored, N>] as LaunchArg>::expand(&arg, builder));
@@ -211,9 +225,9 @@ impl IrKernel {
             _ => None,
         };
         let scope: &Scope = &builder.scope;
-        let lanes = self.spec.line_size();
+        let lanes = self.vector_lines().unwrap_or(1);
         // A log-sum-exp's output is a scalar binding (the last).
-        let mut out = if self.spec.scalar_binding(self.operand_count()) {
+        let mut out = if self.scalar_binding(self.operand_count()) {
             bufs[0].clone_unchecked()
         } else {
             bufs.pop().expect("an output buffer")
@@ -262,7 +276,7 @@ impl IrKernel {
                 } => {
                     // On the forward's tiling: the log-sum-exp and the captures are the scalar bindings;
                     // dV binds q, k, dout (its `v` and `o` are not read).
-                    let fns = sh.fns.as_ref().map(|f| fns_of(f, &scalars[1..], self.dtype));
+                    let fns = sh.fns.as_ref().map(|f| func::fns_of(f, &scalars[1..], self.dtype));
                     let shape = self.attention_shape(sh, [q, kv, v, grad], lanes, fns);
                     let dv = wrt == AttnArg::V;
                     let b = attention_tiled_grad::GradBuffers {
@@ -296,7 +310,7 @@ impl IrKernel {
                 KernelSpec::AttentionLse { shape: ref sh, q, k: kv, .. } => {
                     // The log-sum-exp on the forward's kernel, no value read: the captures
                     // and the output are the scalar bindings.
-                    let fns = sh.fns.as_ref().map(|f| fns_of(f, &scalars[..scalars.len() - 1], self.dtype));
+                    let fns = sh.fns.as_ref().map(|f| func::fns_of(f, &scalars[..scalars.len() - 1], self.dtype));
                     let shape = self.attention_shape(sh, [q, kv, kv, q], lanes, fns);
                     let mut lse = scalars.last().expect("the log-sum-exp binding").clone_unchecked();
                     let scale = k::fconst::expand(scope, sh.scale());
@@ -307,7 +321,7 @@ impl IrKernel {
                 }
                 KernelSpec::Attention { shape: ref sh, q, k: kv, v, out: o, .. } => {
                     let caps = captures(sh);
-                    let fns = sh.fns.as_ref().map(|f| fns_of(f, &scalars[..caps], self.dtype));
+                    let fns = sh.fns.as_ref().map(|f| func::fns_of(f, &scalars[..caps], self.dtype));
                     let mut shape = self.attention_shape(sh, [q, kv, v, o], lanes, fns);
                     if let KernelSpec::Attention { paged: Some(rows), .. } = self.spec {
                         let digits = value_elements(rows.integers, self.dtype);
@@ -331,7 +345,10 @@ impl IrKernel {
                         scope, &bufs[0], &bufs[1], &bufs[2], out, scale, &shape, lanes, self.plane,
                     )
                 }
-                _ => unreachable!("only GEMM and attention are vectorised"),
+                KernelSpec::MixedAttention { .. } => {
+                    mixed_launch::cpu_body::<N>(scope, &bufs, &scalars, &mut out, &self.spec, self.plane, self.dtype)
+                }
+                _ => unreachable!("only GEMM, attention and head mixing's CPU kernel bind vectors"),
             })
         });
     }
@@ -355,7 +372,7 @@ impl IrKernel {
             sk: sh.sk,
             d: sh.d,
             e: sh.e,
-            kind: mask_code(sh.mask),
+            kind: k::mask_code(sh.mask),
             window: sh.window.unwrap_or(0),
             block: sh.block,
             views: views.map(|view| view.in_vectors(lanes)),
@@ -389,10 +406,8 @@ impl IrKernel {
             let hook = hook(shape, &bufs[2..], self.dtype);
             attention_grad::lse::expand(scope, &bufs[0], &bufs[1], &mut out, g, q, kv, shape.scale(), hook);
         } else if let KernelSpec::MixedAttention { ref shape, mix, q, k: kv, v, out: o, pass } = *spec {
-            let (plane, cpu) = (self.plane, !self.staged && self.plane > 1 && mix.on_cpu(shape.h, shape.d, shape.e));
-            let hooks = mixed_hooks(shape, &bufs[pass.operands()..], self.dtype);
-            let kind = mask_code(shape.mask);
-            mixed_launch::body(scope, bufs, out, shape, mix, [q, kv, v, o], pass, fold, plane, cpu, hooks, kind);
+            let hooks = mixed_launch::hooks(shape, &bufs[pass.operands()..], self.dtype);
+            mixed_launch::body(scope, bufs, out, shape, mix, [q, kv, v, o], pass, fold, hooks);
         } else if let KernelSpec::AttentionReadLines { ref shape, capture, reads, lines, q, k: kv, v, o, dout } = *spec
         {
             let (g, walk) = read_dims(spec, shape, capture, reads, lines);
@@ -592,21 +607,6 @@ impl IrKernel {
     }
 }
 
-/// Head mixing's functions over the capture buffers `caps` as two hooks:
-/// the score function alone (of a query head) and the mask function alone
-/// (of a softmax head); empty where the spec has none.
-fn mixed_hooks(shape: &AttnShape, caps: &[NativeExpand<[Stored]>], dtype: Dtype) -> [Hook; 2] {
-    let f = shape.fns.as_ref().expect("head mixing is in the functions");
-    let fns = fns_of(f, caps, dtype);
-    [true, false].map(|score| {
-        let keep = if score { f.score.is_some() } else { f.mask.is_some() };
-        Hook(keep.then(|| {
-            let (score, mask) = if score { (fns.score.clone(), None) } else { (None, fns.mask.clone()) };
-            std::rc::Rc::new(Fns { score, mask, tiles: None, ..fns_of(f, caps, dtype) })
-        }))
-    })
-}
-
 /// The comptime sizes of attention's backward launches.
 fn grad_dims(spec: &KernelSpec, a: &AttnShape, tile: usize, fold: usize) -> attention_grad::Dims {
     let AttnShape { h, hk, s, sk, d, e, mask, window, block, .. } = *a;
@@ -618,7 +618,7 @@ fn grad_dims(spec: &KernelSpec, a: &AttnShape, tile: usize, fold: usize) -> atte
         sk,
         d,
         e,
-        kind: mask_code(mask),
+        kind: k::mask_code(mask),
         window: window.unwrap_or(0),
         block,
         tile,

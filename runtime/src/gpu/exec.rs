@@ -400,32 +400,32 @@ impl Gpu {
         kernel = kernel.with_software_fragments(self.software_fragments);
         match self.precompiled.as_ref().and_then(|p| p.get(name)) {
             Some(source) => {
+                // Sources `attnc compile` wrote, whose kernels bind as their specs say.
+                let binds = Binds::of_spec(&kernel);
                 let kernel =
                     Precompiled { settings: kernel.settings.clone(), entry: name.to_string(), source: source.clone() };
-                self.launch_kernel(kernel, spec, bindings, plan, handles)
+                self.launch_kernel(kernel, binds, spec, bindings, plan, handles)
             }
-            None => self.launch_kernel(kernel, spec, bindings, plan, handles),
+            None => {
+                let kernel = kernel.for_device();
+                let (binds, spec) = (Binds::of(&kernel), &kernel.spec.clone());
+                self.launch_kernel(kernel, binds, spec, bindings, plan, handles)
+            }
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn launch_kernel<K: CubeKernel>(
         &self,
         kernel: K,
+        binds: Binds,
         spec: &KernelSpec,
         bindings: &[usize],
         plan: &Plan,
         handles: &[Option<Handle>],
     ) {
-        let settings = IrKernel::new(
-            "settings",
-            spec,
-            plan.dtype,
-            self.client.properties_shared(),
-            self.client.target_properties_shared(),
-        )
-        .settings;
         let (_, (gx, gy, gz)) = spec.grid();
-        let mut launcher = KernelLauncher::new(settings);
+        let mut launcher = KernelLauncher::new(binds.settings);
         launcher.with_scope(|scope| {
             scope.device_properties(self.client.properties());
             scope.register_type::<Stored>(super::device::elem_type(plan.dtype));
@@ -436,8 +436,8 @@ impl Gpu {
             launcher.declare_io(io);
             let handle = handles[*id].clone().expect("operands are alive");
             let len = plan.buffers[*id].len;
-            if spec.vectorised() && !spec.scalar_binding(slot) {
-                match spec.line_size() {
+            if let Some(lines) = binds.lines.filter(|_| !binds.scalar[slot]) {
+                match lines {
                     4 => register_vectors::<Const<4>>(handle, len, &mut launcher),
                     2 => register_vectors::<Const<2>>(handle, len, &mut launcher),
                     _ => register_vectors::<Const<1>>(handle, len, &mut launcher),
@@ -451,6 +451,30 @@ impl Gpu {
             <f32 as LaunchArg>::register(shape.scale(), &mut launcher);
         }
         launcher.launch(CubeCount::Static(gx, gy, gz), kernel, &self.client);
+    }
+}
+
+/// How a kernel binds its buffers: its settings, the line size of its
+/// vector bindings (none: every binding scalar) and which are scalar.
+struct Binds {
+    settings: KernelSettings,
+    lines: Option<usize>,
+    scalar: Vec<bool>,
+}
+
+impl Binds {
+    fn of(kernel: &IrKernel) -> Binds {
+        let scalar = (0..=kernel.operand_count()).map(|slot| kernel.scalar_binding(slot)).collect();
+        Binds { settings: kernel.settings.clone(), lines: kernel.vector_lines(), scalar }
+    }
+
+    /// As the spec alone says (the kernels `attnc compile` emits).
+    fn of_spec(kernel: &IrKernel) -> Binds {
+        let spec = &kernel.spec;
+        let scalar = (0..=kernel.operand_count()).map(|slot| spec.scalar_binding(slot)).collect();
+        let mut settings = kernel.settings.clone();
+        settings.execution_mode = if spec.vectorised() { ExecutionMode::Unchecked } else { ExecutionMode::Checked };
+        Binds { settings, lines: spec.vectorised().then(|| spec.line_size()), scalar }
     }
 }
 

@@ -7,6 +7,7 @@
 use super::kernels::{self as k, math, Stored, MASKED};
 use attnc_compiler::grad::read_partials;
 use attnc_compiler::ir::{FBin, FExpr, Func, UnaryOp, READ_BOX};
+use attnc_compiler::plan::{value_elements, Dtype, KernelFns};
 use attnc_compiler::sparsity::{reads, TileFns};
 
 /// The largest magnitude a bound takes (WGSL has no infinite literals).
@@ -29,6 +30,22 @@ pub struct Fns {
     pub captures: Vec<Capture>,
     /// The reads `prep_hook` made before a `#[cube]` kernel's tile loop.
     pub prepared: std::cell::RefCell<Vec<NativeExpand<f32>>>,
+}
+
+/// Attention's functions `f` over the capture buffers `caps` (bound after
+/// the launch's operands); `dtype`: the plan's storage, in which integer
+/// captures may be digits.
+pub fn fns_of(f: &KernelFns, caps: &[NativeExpand<[Stored]>], dtype: Dtype) -> Fns {
+    let digits = |i: usize| value_elements(f.integers.get(i) == Some(&true), dtype);
+    Fns {
+        score: f.score.clone(),
+        mask: f.mask.clone(),
+        tiles: f.tiles.clone(),
+        prepared: Default::default(),
+        captures: (caps.iter().zip(&f.captures).enumerate())
+            .map(|(i, (buf, shape))| Capture { buf: (*buf).clone_unchecked(), shape: shape.clone(), digits: digits(i) })
+            .collect(),
+    }
 }
 
 /// The functions as a comptime argument of the `#[cube]` backward kernels,

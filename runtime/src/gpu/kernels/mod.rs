@@ -542,6 +542,16 @@ pub const MASK_NONE: u32 = 0;
 pub const MASK_CAUSAL: u32 = 1;
 pub const MASK_TOKEN_CAUSAL: u32 = 2;
 
+/// The kernels' code (`MASK_*`) of a built-in mask.
+pub fn mask_code(mask: attnc_compiler::ir::MaskKind) -> u32 {
+    use attnc_compiler::ir::MaskKind;
+    match mask {
+        MaskKind::None => MASK_NONE,
+        MaskKind::Causal => MASK_CAUSAL,
+        MaskKind::TokenCausal => MASK_TOKEN_CAUSAL,
+    }
+}
+
 /// `x + off`, with no addition emitted when `off` is 0.
 #[cube]
 pub fn shifted(x: usize, #[comptime] off: usize) -> usize {
