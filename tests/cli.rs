@@ -548,6 +548,34 @@ fn bench_times_the_gradient_program() {
     assert!(!o.status.success() && stderr(&o).contains("--grad"), "{}", stderr(&o));
 }
 
+/// Head mixing's bench times plain attention of the same sizes in the same
+/// run (its own spec, compiled from the launch's shape) and prints the
+/// ratio, which agrees with the two printed times; a spec without head
+/// mixing prints none.
+#[test]
+fn bench_compares_head_mixing_with_plain_attention() {
+    let args = ["bench", "stdlib/talking_heads.attn", "--set", "N=70", "--set", "H=2", "--set", "d=8"];
+    let o = attnc(&[&args[..], &["--iters", "1", "--warmup", "1"]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    let what = "plain attention of the same sizes (B=1 H=2 H_kv=2 S=70 S_k=70 d=8 e=8, mask = causal; no mixing)";
+    assert!(text.contains(what), "{text}");
+    // `<launch>: <t> <unit> against plain attention's <t> <unit>: head mixing/plain attention time ratio <r>`
+    let line = text.lines().find(|l| l.contains("against plain attention's"));
+    let cols: Vec<&str> = line.unwrap_or_else(|| panic!("no comparison in\n{text}")).split_whitespace().collect();
+    assert!(cols[0].ends_with("_attention_mixed:"), "{text}");
+    let (ours, plain) = (seconds(cols[1], cols[2]), seconds(cols[6], cols[7].trim_end_matches(':')));
+    let r: f64 = cols.last().unwrap().parse().unwrap();
+    assert!(ours > 0.0 && plain > 0.0 && ours.is_finite() && plain.is_finite(), "{line:?}");
+    assert!((r - ours / plain).abs() <= 1e-3 * r + 2e-3, "{line:?}: want {:.3}", ours / plain);
+    // The mixed launch's time is its row's median above.
+    let row = text.lines().find(|l| l.split_whitespace().next() == Some(cols[0].trim_end_matches(':')));
+    let row: Vec<&str> = row.unwrap_or_else(|| panic!("no row for {}", cols[0])).split_whitespace().collect();
+    assert_eq!(seconds(row[1], row[2]), ours, "{text}");
+    let o = attnc(&["bench", "stdlib/mha.attn", "--set", "N=40", "--set", "H=2", "--set", "d=8", "--iters", "1"]);
+    assert!(o.status.success() && !String::from_utf8_lossy(&o.stdout).contains("plain attention of"), "{o:?}");
+}
+
 /// Refusals carry codes of their own, whose `explain-error` texts say what
 /// they mean: the memory budget (E0502) and an unreadable spec (E0603).
 #[test]

@@ -8,6 +8,7 @@ use crate::args::{BenchArgs, GpuArg};
 use crate::progress::Ui;
 use attnc_compiler::opt::{cost, cost::Mode};
 use attnc_compiler::Code;
+use attnc_runtime::pipeline::{Bound, Compiler};
 use attnc_runtime::{gpu, io};
 
 pub fn bench(a: BenchArgs, ui: &Ui) -> Result<(), Failed> {
@@ -49,9 +50,24 @@ fn once(a: &BenchArgs, set: &[String], ui: &Ui) -> Result<(String, gpu::bench::B
         a.warmup,
         a.iters
     ));
-    let result =
+    let mut result =
         gpu::bench::bench(&gpu, &plan, bound.inputs(), a.warmup, a.iters).map_err(|e| report(Code::Backend, e))?;
+    if let Some((launch, source, what)) = gpu::bench::plain_attention_source(&plan) {
+        let ours = result.kernels.iter().find(|k| k.name == launch).map(|k| k.median);
+        let plain = plain_attention(&source, &bound, &gpu, a);
+        result.mixing = ours.map(|ours| gpu::bench::MixBaseline { launch, ours, plain, what });
+    }
     Ok((result.render(&target, a.iters), result))
+}
+
+/// The plain attention kernel's median time on `gpu` for `source` (a spec
+/// of plain attention alone, `plain_attention_source`), in the benchmark's
+/// storage, on inputs drawn from its distributions.
+fn plain_attention(source: &str, bench: &Bound, gpu: &gpu::exec::Gpu, a: &BenchArgs) -> Result<f64, String> {
+    let program = Compiler::new("plain attention", source).compile().map_err(|e| e.to_string())?;
+    let bound = program.seeded(0).map_err(|e| e.to_string())?.in_dtype(bench.dtype());
+    let plan = bound.plan_on(Some(gpu));
+    gpu::bench::time_plain_attention(gpu, &plan, bound.inputs(), a.warmup, a.iters)
 }
 
 /// `--sweep NAME=V1,V2,…`: a benchmark per value, a row each, and a plot.

@@ -2,7 +2,8 @@
 //! warm-up, next to each kernel's roofline (FLOPs, bytes, and the fraction of
 //! the target's ceiling reached), and the same numbers for CubeCL's library
 //! kernels on the same device: cubek-attention for plain attention,
-//! cubek-matmul for every GEMM.
+//! cubek-matmul for every GEMM; head mixing's forward against our plain
+//! attention of the same sizes, timed in the same run.
 
 use super::baseline::{time_cubek_attention, time_cubek_matmul};
 use super::exec::{Gpu, GpuError};
@@ -10,7 +11,7 @@ use crate::tensor::Tensor;
 use attnc_compiler::ir::MaskKind;
 use attnc_compiler::opt::cost::{OpCost, Target};
 use attnc_compiler::opt::format_seconds;
-use attnc_compiler::plan::{AttnShape, KernelSpec, Plan};
+use attnc_compiler::plan::{AttnShape, KernelSpec, MixPass, Plan};
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
@@ -42,6 +43,17 @@ pub struct GemmBaseline {
     pub work: OpCost,
 }
 
+/// Head mixing's forward against plain attention of the same sizes (no
+/// mixing, no functions), timed in the same run (`attnc bench` fills it:
+/// [`plain_attention_source`]).
+pub struct MixBaseline {
+    pub launch: String,
+    pub ours: f64,
+    /// The plain attention's kernel median, or why it was not timed.
+    pub plain: Result<f64, String>,
+    pub what: String,
+}
+
 pub struct BenchReport {
     pub device: String,
     pub kernels: Vec<KernelTiming>,
@@ -52,6 +64,7 @@ pub struct BenchReport {
     pub prepare: f64,
     pub baseline: Option<Result<Baseline, String>>,
     pub gemms: Vec<GemmBaseline>,
+    pub mixing: Option<MixBaseline>,
 }
 
 /// The backward's attention kernels: a log-sum-exp launch where the forward
@@ -93,13 +106,52 @@ fn median(mut xs: Vec<f64>) -> f64 {
     xs[xs.len() / 2]
 }
 
-pub fn bench(
+/// The first forward of head mixing (`KernelSpec::MixedAttention`) in
+/// `plan`: its launch name, and a spec of plain attention of the same sizes
+/// (batch, query and key heads, lengths, widths, built-in mask and window;
+/// values on the key heads; no mixing, no functions) with what it is in
+/// words, where plain attention can take those sizes.
+pub fn plain_attention_source(plan: &Plan) -> Option<(String, String, String)> {
+    plan.launches.iter().find_map(|l| match &l.spec {
+        KernelSpec::MixedAttention { shape, pass: MixPass::Forward, .. } => {
+            let AttnShape { batch, h, hk, s, sk, d, e, mask, window, block, .. } = *shape;
+            if h % hk != 0 || block != 1 {
+                return None;
+            }
+            let mask = match mask {
+                MaskKind::Causal => "causal",
+                MaskKind::None => "none",
+                MaskKind::TokenCausal => return None,
+            };
+            let window = window.map_or(String::new(), |w| format!(", window = {w}"));
+            let source = format!(
+                "spec plain\ninput q: [{batch}, {h}, {s}, {d}]\ninput k: [{batch}, {hk}, {sk}, {d}]\n\
+                 input v: [{batch}, {hk}, {sk}, {e}]\noutput o = attention(q, k, v, mask = {mask}{window})\n"
+            );
+            let what = format!("B={batch} H={h} H_kv={hk} S={s} S_k={sk} d={d} e={e}, mask = {mask}{window}");
+            Some((l.name.clone(), source, what))
+        }
+        _ => None,
+    })
+}
+
+/// Each launch's times: a median of `iters` runs after `warmup`, for the
+/// launches that prepare the weights their one run, and the median of
+/// whole calls; also the time to prepare the weights.
+struct Timed {
+    per: Vec<f64>,
+    total: f64,
+    prepare: f64,
+}
+
+/// The medians of `plan`'s launches on `inputs` (see [`Timed`]).
+fn time_launches(
     gpu: &Gpu,
     plan: &Plan,
     inputs: &BTreeMap<String, Tensor>,
     warmup: usize,
     iters: usize,
-) -> Result<BenchReport, GpuError> {
+) -> Result<Timed, GpuError> {
     let iters = iters.max(1);
     // The weights are prepared once (a first time to build its kernels).
     gpu.prepare(plan, inputs, None)?;
@@ -126,14 +178,40 @@ pub fn bench(
         gpu.run_prepared(plan, &prepared, inputs, None)?;
         totals.push(start.elapsed().as_secs_f64());
     }
+    Ok(Timed { per: per.into_iter().map(median).collect(), total: median(totals), prepare })
+}
+
+/// The plain attention kernel's median on `plan` (a spec of plain attention
+/// alone), on `inputs`.
+pub fn time_plain_attention(
+    gpu: &Gpu,
+    plan: &Plan,
+    inputs: &BTreeMap<String, Tensor>,
+    warmup: usize,
+    iters: usize,
+) -> Result<f64, String> {
+    let timed = time_launches(gpu, plan, inputs, warmup, iters).map_err(|e| e.to_string())?;
+    let at = plan.launches.iter().position(|l| matches!(l.spec, KernelSpec::Attention { .. }));
+    at.map(|i| timed.per[i]).ok_or_else(|| "no attention launch in its plan".to_string())
+}
+
+pub fn bench(
+    gpu: &Gpu,
+    plan: &Plan,
+    inputs: &BTreeMap<String, Tensor>,
+    warmup: usize,
+    iters: usize,
+) -> Result<BenchReport, GpuError> {
+    let Timed { per, total, prepare } = time_launches(gpu, plan, inputs, warmup, iters)?;
+    let iters = iters.max(1);
     let kernels: Vec<KernelTiming> = plan
         .launches
         .iter()
         .zip(per)
-        .map(|(l, times)| KernelTiming {
+        .map(|(l, median)| KernelTiming {
             name: l.name.clone(),
             kind: l.spec.kind(),
-            median: median(times),
+            median,
             work: OpCost { flops: l.flops, bytes: l.bytes, launches: 1 },
             once: l.prepare,
         })
@@ -180,10 +258,11 @@ pub fn bench(
     Ok(BenchReport {
         device: format!("{} ({})", gpu.adapter, gpu.backend),
         kernels,
-        total: median(totals),
+        total,
         prepare,
         baseline,
         gemms,
+        mixing: None,
     })
 }
 
@@ -273,6 +352,22 @@ impl BenchReport {
             }
             Some(Err(e)) => {
                 let _ = writeln!(out, "\nbaseline: cubek-attention failed: {e}");
+            }
+        }
+        match &self.mixing {
+            None => {}
+            Some(MixBaseline { launch, ours, plain: Ok(t), what }) => {
+                let _ = writeln!(out, "\nplain attention of the same sizes ({what}; no mixing), timed in this run:");
+                let _ = writeln!(
+                    out,
+                    "{launch}: {} against plain attention's {}: head mixing/plain attention time ratio {:.3}",
+                    format_seconds(*ours),
+                    format_seconds(*t),
+                    ours / t
+                );
+            }
+            Some(MixBaseline { plain: Err(e), .. }) => {
+                let _ = writeln!(out, "\nplain attention of the same sizes failed: {e}");
             }
         }
         if !self.gemms.is_empty() {
