@@ -65,13 +65,19 @@ impl IrKernel {
         if self.spec.vectorised() {
             return Some(self.spec.line_size());
         }
-        mixed_launch::on_cpu(&self.spec, self.staged, self.plane).then(|| mixed_launch::cpu_lines(&self.spec))
+        self.mixes_on_cpu().then(|| mixed_launch::cpu_lines(&self.spec))
+    }
+
+    /// Whether this is head mixing's forward or log-sum-exp on the CPU
+    /// drivers' kernel here (`mixed_launch::on_cpu`).
+    fn mixes_on_cpu(&self) -> bool {
+        mixed_launch::on_cpu(&self.spec, self.staged, self.plane)
     }
 
     /// Whether binding `slot` holds scalars in a kernel that binds vectors.
     pub fn scalar_binding(&self, slot: usize) -> bool {
         match self.spec {
-            KernelSpec::MixedAttention { pass, .. } if mixed_launch::on_cpu(&self.spec, self.staged, self.plane) => {
+            KernelSpec::MixedAttention { pass, .. } if self.mixes_on_cpu() => {
                 mixed_launch::cpu_scalar_binding(pass, slot, self.operand_count())
             }
             _ => self.spec.scalar_binding(slot),
@@ -99,7 +105,7 @@ impl IrKernel {
     /// on the CPU drivers' kernel covers more query rows a cube
     /// (`MixTiles::on_cpu_planes`), which the grid follows.
     pub fn for_device(mut self) -> IrKernel {
-        if mixed_launch::on_cpu(&self.spec, self.staged, self.plane) {
+        if self.mixes_on_cpu() {
             self.spec = mixed_launch::cpu_tiling(&self.spec, self.plane);
         }
         self
