@@ -11,6 +11,7 @@
 pub use attnc_compiler as compiler;
 pub use attnc_compiler::opt::cost::{Mode, Target, CPU, H200};
 pub use attnc_runtime as runtime;
+pub use attnc_runtime::cuda::{Cuda, DeviceTensor, Kernels};
 pub use attnc_runtime::gpu::emit::Target as Source;
-pub use attnc_runtime::pipeline::{Backend, Bound, Compiler, Error, Program};
+pub use attnc_runtime::pipeline::{Backend, Bound, Compiler, Device, Error, Program};
 pub use attnc_runtime::{relative_error, Tensor};

@@ -330,7 +330,8 @@ fn cuda_backend_without_cuda_is_a_clear_error() {
     let o = attnc(&["run", "stdlib/grpo.attn", "--seed", "0", "--out", s(&out), "--backend", "cuda"]);
     let err = stderr(&o);
     assert!(!o.status.success() && !out.exists(), "{err}");
-    assert!(err.contains("error[E0701]") && err.contains("cuda") && !err.contains("panicked"), "{err}");
+    // CUDA is in every build; without the driver's library the error names it.
+    assert!(err.contains("error[E0702]") && err.contains("libcuda.so.1") && !err.contains("panicked"), "{err}");
     std::fs::remove_dir_all(&dir).ok();
 }
 

@@ -56,8 +56,8 @@ fn failures_are_typed_errors_with_codes() {
 
 /// A program sized without inputs plans and emits but does not run (the
 /// error names the missing input), and a backend without a device is a
-/// typed `Device` error, not a panic (CI's machine has no CUDA; on one
-/// with a device and the `cuda` feature the call succeeds instead).
+/// typed error, not a panic (CI's machine has no NVIDIA driver: `Cuda`,
+/// E0702; on one with a GPU the call succeeds instead).
 #[test]
 fn missing_inputs_and_devices_are_typed_errors() {
     let sized = iha().compile().unwrap().sized().unwrap();
@@ -66,7 +66,7 @@ fn missing_inputs_and_devices_are_typed_errors() {
     let err = sized.run(Backend::Interp).unwrap_err();
     assert!(matches!(err, Error::Input(_)) && err.to_string().contains("`x`"), "{err}");
     match Backend::Cuda.device() {
-        Err(e @ Error::Device(_)) => assert_eq!(e.code(), Code::Backend),
+        Err(e @ Error::Cuda(_)) => assert_eq!(e.code(), Code::NoCudaDriver, "{e}"),
         Err(other) => panic!("not a device error: {other:?}"),
         Ok(device) => assert!(device.is_some(), "a kernel backend without a device"),
     }

@@ -86,5 +86,21 @@ codes! {
     Internal = "E0901", "internal compiler error",
         "The compiler produced an invalid program. This is a bug in attnc; please report it with the spec.";
     Backend = "E0701", "backend unavailable",
-        "The requested backend cannot run here, e.g. no GPU driver is present.";
+        "The requested backend cannot run here: no wgpu adapter (on Linux without a GPU, install Mesa's lavapipe: `apt-get install mesa-vulkan-drivers libvulkan1`), a dtype the device cannot store, a size past a CPU driver's loop bound, or a kernel the backend does not have.";
+    NoCudaDriver = "E0702", "no CUDA driver",
+        "`--backend cuda` loads the NVIDIA driver's library, `libcuda.so.1`, at run time, and it was not found: this machine has no NVIDIA driver (or the library is not on the loader's path). attnc itself needs no CUDA toolkit to build or run; install the NVIDIA driver, or run on `--backend wgpu` or `--backend interp`.";
+    NoCudaDevice = "E0703", "no CUDA device",
+        "The NVIDIA driver was loaded but reports no usable GPU, or the device index asked for is past the devices it reports (the message says how many there are). Check `nvidia-smi` and `CUDA_VISIBLE_DEVICES`.";
+    CudaArchitecture = "E0704", "architecture NVRTC cannot target",
+        "The kernels are compiled at run time by NVRTC for the device's own architecture (`sm_XY`), and the NVRTC found cannot target it (the message lists those it can). Install a newer NVRTC (`pip install nvidia-cuda-nvrtc-cu12`, or a CUDA toolkit) and point `ATTNC_CUDA_TOOLS` or `CUDA_HOME` at it.";
+    CudaCompile = "E0705", "kernel failed to compile for CUDA",
+        "NVRTC refused a kernel's source: the message names the kernel and the architecture and shows the first lines of NVRTC's log. The same source is what `attnc compile --target cuda` writes; this is a bug in attnc, please report it with the spec and the sizes.";
+    CudaLaunch = "E0706", "CUDA launch failed",
+        "The driver refused a launch or reported an error while the kernels ran: the message names the launch (its entry point in the manifest) and the driver's own words. An illegal address usually means a device buffer smaller than the manifest's sizes; `CUDA_ERROR_INVALID_VALUE` a grid or shared-memory size the device does not take.";
+    CudaMemory = "E0707", "out of CUDA device memory",
+        "An allocation on the GPU failed: the message gives the bytes asked for and what they were for. Lower the sizes, free memory held elsewhere, or pass a smaller batch.";
+    CudaTools = "E0708", "NVRTC or CUDA headers not found",
+        "The CUDA backend compiles the emitted kernels with NVRTC at run time (cached on disk after the first run) and needs NVRTC and the CUDA headers: `pip install nvidia-cuda-nvrtc-cu12 nvidia-cuda-runtime-cu12` (PyTorch's CUDA wheels bring both) and set `ATTNC_CUDA_TOOLS` to the folder that holds `nvidia/` (a `site-packages`), or set `CUDA_HOME` to a CUDA toolkit.";
+    DeviceTensor = "E0709", "device tensor does not fit the plan",
+        "A plan run on the caller's device memory was given no pointer for one of its inputs or outputs, or a buffer smaller than the plan needs, or a workspace smaller than `workspace_bytes()`: the message names the tensor, the bytes given and the bytes needed (its shape and dtype).";
 }

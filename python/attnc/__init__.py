@@ -216,6 +216,20 @@ class Program:
         files, manifest = self._native.emit(target, dtype or "f32", optimize, arch)
         return dict(files), json.loads(manifest)
 
+    def cuda_kernels(self, dtype: Optional[str] = None, device: int = 0):
+        """The kernels at the compiled sizes, compiled by NVRTC for CUDA
+        device ``device`` (cached on disk) and loaded, to launch on device
+        memory the caller owns: ``k.tensor_bytes()`` (bytes each input and
+        output needs, by name), ``k.workspace_bytes()``,
+        ``k.launch({name: (device_pointer, bytes)}, stream, workspace=None)``
+        (queued on the ``CUstream`` given as an int, e.g.
+        ``torch.cuda.current_stream().cuda_stream``; no copy, no
+        synchronisation), ``k.reserve_workspace()`` and ``k.manifest()``.
+        Tensors hold the storage type of ``dtype`` (``"f32"``, ``"f16"``,
+        ``"bf16"``; ``"tf32"`` stores f32), contiguous and row-major.
+        Raises ``DeviceError`` (code ``E0702`` without a driver)."""
+        return self._native.cuda_kernels(dtype or "f32", device)
+
     def explain(self, target: str = "h200", mode: str = "inference") -> str:
         """The optimizer's report, as ``attnc explain`` prints it."""
         return self._native.explain(target, mode)

@@ -12,6 +12,7 @@
 use attnc_compiler::opt::cost::{self, Mode};
 use attnc_compiler::plan::Dtype;
 use attnc_runtime::bind::{DEFAULT_MAX_FLOPS, DEFAULT_MEMORY_BUDGET};
+use attnc_runtime::cuda::{Cuda, DeviceTensor, Kernels};
 use attnc_runtime::gpu::emit::Target as Source;
 use attnc_runtime::pipeline::{Backend, Compiler, Error, Program};
 use attnc_runtime::{nvidia, RunError, Tensor};
@@ -99,6 +100,7 @@ fn py_error(py: Python<'_>, e: Error, name: &str, source: &str) -> PyErr {
             err
         }
         Error::Device(d) => exceptions::DeviceError::new_err(d.to_string()),
+        Error::Cuda(c) => exceptions::DeviceError::new_err(c.to_string()),
         Error::Setting(s) => exceptions::SettingError::new_err(s.clone()),
         Error::Gradient(g) => exceptions::SettingError::new_err(g.message.clone()),
         Error::Emit(_) | Error::Read { .. } => exceptions::Error::new_err(e.to_string()),
@@ -319,6 +321,18 @@ impl NativeProgram {
         })
     }
 
+    /// The program's kernels at its compiled sizes, compiled for CUDA
+    /// device `device` and loaded there, to launch on device memory the
+    /// caller owns (`CudaKernels.launch`).
+    fn cuda_kernels(&self, py: Python<'_>, dtype: &str, device: usize) -> PyResult<CudaKernels> {
+        guarded(|| {
+            let bound = self.program.sized().map_err(|e| self.fail(py, e))?.in_dtype(self::dtype(dtype)?);
+            let cuda = Cuda::open(device).map_err(|e| self.fail(py, Error::Cuda(e)))?;
+            let kernels = py.detach(|| bound.cuda_kernels(&cuda)).map_err(|e| self.fail(py, e))?;
+            Ok(CudaKernels { kernels })
+        })
+    }
+
     /// The optimizer's report, as `attnc explain` prints it.
     fn explain(&self, py: Python<'_>, target: &str, mode: &str) -> PyResult<String> {
         guarded(|| {
@@ -332,6 +346,62 @@ impl NativeProgram {
                 _ => return Err(setting_error(format!("unknown mode `{mode}`; expected inference or training"))),
             };
             self.program.explain(*t, mode).map_err(|e| self.fail(py, e))
+        })
+    }
+}
+
+/// A program's kernels loaded on a CUDA device, launched on the caller's
+/// device pointers and stream: no host copy, no synchronisation, nothing
+/// allocated once the workspace exists.
+#[pyclass(module = "attnc._attnc", frozen)]
+struct CudaKernels {
+    kernels: Kernels,
+}
+
+fn device_tensor((ptr, bytes): (u64, u64)) -> DeviceTensor {
+    DeviceTensor { ptr, bytes }
+}
+
+#[pymethods]
+impl CudaKernels {
+    /// Bytes of workspace a launch needs.
+    fn workspace_bytes(&self) -> u64 {
+        self.kernels.workspace_bytes()
+    }
+
+    /// The bytes each input and output must hold, by name.
+    fn tensor_bytes(&self) -> BTreeMap<String, u64> {
+        self.kernels.tensor_bytes()
+    }
+
+    /// The manifest, as JSON.
+    fn manifest(&self) -> String {
+        serde_json::to_string_pretty(self.kernels.manifest()).expect("the manifest serialises")
+    }
+
+    /// Allocate attnc's own workspace now, so that launches given none
+    /// allocate nothing (before a CUDA graph capture).
+    fn reserve_workspace(&self) -> PyResult<()> {
+        self.kernels.reserve_workspace().map(|_| ()).map_err(|e| exceptions::DeviceError::new_err(e.to_string()))
+    }
+
+    /// Queue every launch on `stream` (a `CUstream` as an int) over
+    /// `tensors` (name → (device pointer, bytes)) and `workspace`.
+    #[pyo3(signature = (tensors, stream, workspace=None))]
+    fn launch(
+        &self,
+        py: Python<'_>,
+        tensors: BTreeMap<String, (u64, u64)>,
+        stream: u64,
+        workspace: Option<(u64, u64)>,
+    ) -> PyResult<()> {
+        let tensors = tensors.into_iter().map(|(n, t)| (n, device_tensor(t))).collect();
+        // SAFETY: the caller vouches for its pointers (docs/python.md); the
+        // sizes are checked against the plan's before anything is queued.
+        unsafe { self.kernels.launch(&tensors, workspace.map(device_tensor), stream) }.map_err(|e| {
+            let err = exceptions::DeviceError::new_err(e.to_string());
+            let _ = err.value(py).setattr("code", e.code().as_str());
+            err
         })
     }
 }
@@ -369,6 +439,7 @@ fn _attnc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("TENSOR_FILE_CODE", attnc_compiler::Code::TensorFile.as_str())?;
     m.add_class::<NativeProgram>()?;
     m.add_class::<HostArray>()?;
+    m.add_class::<CudaKernels>()?;
     m.add_function(wrap_pyfunction!(compile, m)?)?;
     m.add_function(wrap_pyfunction!(stdlib, m)?)?;
     m.add_function(wrap_pyfunction!(stdlib_names, m)?)?;

@@ -272,9 +272,13 @@ def test_settings_and_devices_raise_their_own_exceptions():
         grpo.emit("wgsl", dtype="bf16")
     with pytest.raises(attnc.SettingError):
         grpo.explain(target="tpu")
-    # This package is built without CUDA (or finds no driver).
-    with pytest.raises(attnc.DeviceError):
+    # CUDA is in every build; this machine has no driver (libcuda.so.1).
+    with pytest.raises(attnc.DeviceError) as info:
         grpo.run(backend="cuda", rewards=r)
+    assert info.value.code == "E0702" and "libcuda.so.1" in str(info.value)
+    with pytest.raises(attnc.DeviceError) as info:
+        grpo.cuda_kernels()
+    assert info.value.code == "E0702"
     assert issubclass(attnc.DeviceError, attnc.Error) and issubclass(attnc.SpecError, attnc.Error)
 
 

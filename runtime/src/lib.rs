@@ -12,5 +12,6 @@ pub mod tensor;
 
 pub use error::RunError;
 pub use tensor::{relative_error, Tensor};
+pub mod cuda;
 pub mod gpu;
 pub mod pipeline;

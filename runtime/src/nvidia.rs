@@ -1,5 +1,5 @@
-//! NVIDIA's compilers without a GPU: NVRTC turns emitted CUDA C++ into PTX
-//! exactly as cubecl-cuda does at run time, `ptxas -v` assembles the PTX and
+//! NVIDIA's compilers without a GPU: NVRTC (through cudarc) turns emitted
+//! CUDA C++ into PTX with the options the CUDA backend compiles with, `ptxas -v` assembles the PTX and
 //! reports each kernel's registers, spills and shared memory, and
 //! `cuobjdump -sass` shows the machine code (tensor-core `HMMA`).
 //!
@@ -10,7 +10,7 @@
 //! `CUDA_HOME`/`CUDA_PATH` and `/usr/local/cuda`, then on `PATH`. No driver and
 //! no GPU are needed.
 
-use std::ffi::{c_char, c_int, CStr, CString};
+use std::ffi::{c_char, CStr, CString};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -143,89 +143,159 @@ pub enum ToolError {
     Io(String),
 }
 
-type NvrtcProgram = *mut std::ffi::c_void;
+/// NVRTC through cudarc, and the CUDA headers the kernels include.
+///
+/// cudarc opens NVRTC by its library name; the file found here (a wheel's
+/// `libnvrtc.so.12` is on no search path) is opened first and stays open,
+/// so the loader hands cudarc that library for the same name.
+pub struct Nvrtc {
+    includes: Vec<PathBuf>,
+    /// NVRTC's (major, minor) version.
+    pub version: (i32, i32),
+    _lib: &'static libloading::Library,
+}
 
-/// NVRTC's C API, loaded from `libnvrtc.so.12`.
-struct Nvrtc {
-    create: unsafe extern "C" fn(
-        *mut NvrtcProgram,
-        *const c_char,
-        *const c_char,
-        c_int,
-        *const *const c_char,
-        *const *const c_char,
-    ) -> c_int,
-    compile: unsafe extern "C" fn(NvrtcProgram, c_int, *const *const c_char) -> c_int,
-    log_size: unsafe extern "C" fn(NvrtcProgram, *mut usize) -> c_int,
-    log: unsafe extern "C" fn(NvrtcProgram, *mut c_char) -> c_int,
-    ptx_size: unsafe extern "C" fn(NvrtcProgram, *mut usize) -> c_int,
-    ptx: unsafe extern "C" fn(NvrtcProgram, *mut c_char) -> c_int,
-    destroy: unsafe extern "C" fn(*mut NvrtcProgram) -> c_int,
-    _lib: libloading::Library,
+/// The folders NVIDIA's tools are looked for under, in order: `ATTNC_CUDA_TOOLS`
+/// (a `pip install --target` folder or a Python `site-packages`), `CUDA_HOME`,
+/// `CUDA_PATH`, `/usr/local/cuda`.
+fn roots() -> Vec<PathBuf> {
+    let mut roots: Vec<PathBuf> = vec![];
+    for var in ["ATTNC_CUDA_TOOLS", "CUDA_HOME", "CUDA_PATH"] {
+        if let Some(v) = std::env::var_os(var).filter(|v| !v.is_empty()) {
+            roots.extend(std::env::split_paths(&v));
+        }
+    }
+    roots.push(PathBuf::from("/usr/local/cuda"));
+    roots
+}
+
+fn under(roots: &[PathBuf], rel: &[&str]) -> Option<PathBuf> {
+    first_existing(roots.iter().flat_map(|r| rel.iter().map(move |p| r.join(p))))
 }
 
 impl Nvrtc {
-    fn load(path: &Path) -> Result<Nvrtc, String> {
-        // SAFETY: loading NVRTC runs its initialisers only; the symbols are
-        // NVRTC's documented C functions with these signatures (nvrtc.h).
+    /// NVRTC and the CUDA headers (`cuda_fp16.h`), from [`roots`].
+    pub fn find() -> Result<Nvrtc, ToolError> {
+        static LIB: std::sync::OnceLock<Result<(libloading::Library, PathBuf), String>> = std::sync::OnceLock::new();
+        let roots = roots();
+        let loaded = LIB.get_or_init(|| {
+            let path = under(
+                &roots,
+                &[
+                    "nvidia/cuda_nvrtc/lib/libnvrtc.so.12",
+                    "lib64/libnvrtc.so.12",
+                    "lib64/libnvrtc.so",
+                    "lib/libnvrtc.so.12",
+                ],
+            )
+            .ok_or_else(|| "no libnvrtc.so.12".to_string())?;
+            // SAFETY: opening NVRTC runs its initialisers only.
+            let lib = unsafe { libloading::Library::new(&path) }.map_err(|e| format!("{}: {e}", path.display()))?;
+            Ok((lib, path))
+        });
+        let (lib, path) = loaded.as_ref().map_err(|e| ToolError::Missing(e.clone()))?;
+        // SAFETY: cudarc's loader probes the library names only.
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            return Err(ToolError::Missing(format!(
+                "{} opened, but not under the name libnvrtc.so.12",
+                path.display()
+            )));
+        }
+        let includes: Vec<PathBuf> =
+            ["nvidia/cuda_runtime/include", "nvidia/cuda_nvcc/include", "nvidia/cuda_nvrtc/include", "include"]
+                .iter()
+                .flat_map(|p| roots.iter().map(move |r| r.join(p)))
+                .filter(|p| p.exists())
+                .collect();
+        if !includes.iter().any(|i| i.join("cuda_fp16.h").exists()) {
+            return Err(ToolError::Missing("no CUDA headers (cuda_fp16.h)".into()));
+        }
+        let (mut major, mut minor) = (0, 0);
+        // SAFETY: NVRTC's documented version query into two ints.
+        unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) }
+            .result()
+            .map_err(|e| ToolError::Missing(format!("nvrtcVersion: {e:?}")))?;
+        Ok(Nvrtc { includes, version: (major, minor), _lib: lib })
+    }
+
+    /// The real architectures (`sm_XY` as XY) NVRTC can compile for.
+    pub fn architectures(&self) -> Vec<i32> {
+        let mut n = 0;
+        // SAFETY: NVRTC's documented queries: a count, then that many ints.
         unsafe {
-            let lib = libloading::Library::new(path).map_err(|e| format!("{}: {e}", path.display()))?;
-            macro_rules! sym {
-                ($name:literal) => {
-                    *lib.get($name).map_err(|e| format!("{}: {e}", path.display()))?
-                };
+            if cudarc::nvrtc::sys::nvrtcGetNumSupportedArchs(&mut n).result().is_err() {
+                return vec![];
             }
-            Ok(Nvrtc {
-                create: sym!(b"nvrtcCreateProgram\0"),
-                compile: sym!(b"nvrtcCompileProgram\0"),
-                log_size: sym!(b"nvrtcGetProgramLogSize\0"),
-                log: sym!(b"nvrtcGetProgramLog\0"),
-                ptx_size: sym!(b"nvrtcGetPTXSize\0"),
-                ptx: sym!(b"nvrtcGetPTX\0"),
-                destroy: sym!(b"nvrtcDestroyProgram\0"),
-                _lib: lib,
-            })
+            let mut archs = vec![0; n.max(0) as usize];
+            match cudarc::nvrtc::sys::nvrtcGetSupportedArchs(archs.as_mut_ptr()).result() {
+                Ok(()) => archs,
+                Err(_) => vec![],
+            }
         }
     }
 
-    /// PTX for `source`, or NVRTC's log.
-    fn compile(&self, source: &str, options: &[String]) -> Result<String, String> {
-        let src = CString::new(source).map_err(|_| "source holds a NUL byte".to_string())?;
-        let opts: Vec<CString> = options.iter().map(|o| CString::new(o.as_str()).expect("no NUL")).collect();
-        let ptrs: Vec<*const c_char> = opts.iter().map(|o| o.as_ptr()).collect();
-        // SAFETY: NVRTC's API used as documented: one program created,
-        // compiled, read and destroyed here; every buffer is sized by the
-        // matching size call and outlives the call that fills it.
-        unsafe {
-            let mut prog: NvrtcProgram = std::ptr::null_mut();
-            let name = c"kernel.cu";
-            if (self.create)(&mut prog, src.as_ptr(), name.as_ptr(), 0, std::ptr::null(), std::ptr::null()) != 0 {
-                return Err("nvrtcCreateProgram failed".into());
+    /// PTX for `source` compiled with `options`, or NVRTC's log.
+    pub fn ptx(&self, source: &str, options: &[String]) -> Result<String, String> {
+        self.compile(source, options, |prog| {
+            // SAFETY: `prog` compiled; the PTX buffer is sized by NVRTC.
+            unsafe { cudarc::nvrtc::result::get_ptx(prog) }
+                .map(|p| unsafe { CStr::from_ptr(p.as_ptr()) }.to_string_lossy().into_owned())
+                .map_err(|e| format!("nvrtcGetPTX: {e:?}"))
+        })
+    }
+
+    /// A cubin for `source` compiled with `options` (which name a real
+    /// `sm_XY` architecture), or NVRTC's log.
+    pub fn cubin(&self, source: &str, options: &[String]) -> Result<Vec<u8>, String> {
+        use cudarc::nvrtc::sys;
+        self.compile(source, options, |prog| {
+            let mut n = 0usize;
+            let mut bytes = vec![];
+            // SAFETY: `prog` compiled; the buffer is sized by the size query.
+            unsafe {
+                sys::nvrtcGetCUBINSize(prog, &mut n).result().and_then(|()| {
+                    bytes = vec![0u8; n];
+                    sys::nvrtcGetCUBIN(prog, bytes.as_mut_ptr() as *mut c_char).result()
+                })
             }
-            let ok = (self.compile)(prog, ptrs.len() as c_int, ptrs.as_ptr()) == 0;
-            let result = if ok {
-                let mut n = 0usize;
-                (self.ptx_size)(prog, &mut n);
-                let mut buf = vec![0 as c_char; n.max(1)];
-                (self.ptx)(prog, buf.as_mut_ptr());
-                Ok(CStr::from_ptr(buf.as_ptr()).to_string_lossy().into_owned())
-            } else {
-                let mut n = 0usize;
-                (self.log_size)(prog, &mut n);
-                let mut buf = vec![0 as c_char; n.max(1)];
-                (self.log)(prog, buf.as_mut_ptr());
-                Err(CStr::from_ptr(buf.as_ptr()).to_string_lossy().into_owned())
+            .map(|()| bytes)
+            .map_err(|e| format!("nvrtcGetCUBIN: {e:?}"))
+        })
+    }
+
+    /// `source` compiled with `options` plus the include folders, `read`
+    /// on success, NVRTC's log on failure.
+    fn compile<T>(
+        &self,
+        source: &str,
+        options: &[String],
+        read: impl FnOnce(cudarc::nvrtc::sys::nvrtcProgram) -> Result<T, String>,
+    ) -> Result<T, String> {
+        use cudarc::nvrtc::result;
+        let src = CString::new(source).map_err(|_| "source holds a NUL byte".to_string())?;
+        let mut options = options.to_vec();
+        options.extend(self.includes.iter().map(|i| format!("--include-path={}", i.display())));
+        let prog =
+            result::create_program(&src, Some(c"kernel.cu")).map_err(|e| format!("nvrtcCreateProgram: {e:?}"))?;
+        // SAFETY: NVRTC's API used as documented: one program created,
+        // compiled, read and destroyed here.
+        unsafe {
+            let out = match result::compile_program(prog, &options) {
+                Ok(()) => read(prog),
+                Err(_) => Err(result::get_program_log(prog).map_or_else(
+                    |e| format!("no log: {e:?}"),
+                    |log| CStr::from_ptr(log.as_ptr()).to_string_lossy().into_owned(),
+                )),
             };
-            (self.destroy)(&mut prog);
-            result
+            let _ = result::destroy_program(prog);
+            out
         }
     }
 }
 
 /// NVRTC, its headers, ptxas and (optionally) cuobjdump.
 pub struct Tools {
-    nvrtc: Nvrtc,
-    includes: Vec<PathBuf>,
+    pub nvrtc: Nvrtc,
     ptxas: PathBuf,
     cuobjdump: Option<PathBuf>,
 }
@@ -253,37 +323,15 @@ impl Tools {
     /// install --target`), a CUDA toolkit (`CUDA_HOME`, `CUDA_PATH`,
     /// `/usr/local/cuda`) or `PATH`.
     pub fn find() -> Result<Tools, ToolError> {
-        let mut roots: Vec<PathBuf> = vec![];
-        for var in ["ATTNC_CUDA_TOOLS", "CUDA_HOME", "CUDA_PATH"] {
-            if let Some(v) = std::env::var_os(var).filter(|v| !v.is_empty()) {
-                roots.push(PathBuf::from(v));
-            }
-        }
-        roots.push(PathBuf::from("/usr/local/cuda"));
-        let under = |rel: &[&str]| first_existing(roots.iter().flat_map(|r| rel.iter().map(move |p| r.join(p))));
-        let nvrtc_path = under(&[
-            "nvidia/cuda_nvrtc/lib/libnvrtc.so.12",
-            "lib64/libnvrtc.so.12",
-            "lib64/libnvrtc.so",
-            "lib/libnvrtc.so.12",
-        ])
-        .ok_or_else(|| ToolError::Missing("no libnvrtc.so.12".into()))?;
-        let nvrtc = Nvrtc::load(&nvrtc_path).map_err(ToolError::Missing)?;
-        let ptxas = under(&["nvidia/cuda_nvcc/bin/ptxas", "bin/ptxas"])
+        let nvrtc = Nvrtc::find()?;
+        let roots = roots();
+        let ptxas = under(&roots, &["nvidia/cuda_nvcc/bin/ptxas", "bin/ptxas"])
             .or_else(|| on_path("ptxas"))
             .ok_or_else(|| ToolError::Missing("no ptxas".into()))?;
-        let includes: Vec<PathBuf> =
-            ["nvidia/cuda_runtime/include", "nvidia/cuda_nvcc/include", "nvidia/cuda_nvrtc/include", "include"]
-                .iter()
-                .flat_map(|p| roots.iter().map(move |r| r.join(p)))
-                .filter(|p| p.exists())
-                .collect();
-        if !includes.iter().any(|i| i.join("cuda_fp16.h").exists()) {
-            return Err(ToolError::Missing("no CUDA headers (cuda_fp16.h)".into()));
-        }
-        let cuobjdump = under(&["nvidia/cu13/bin/cuobjdump", "nvidia/cuda_cuobjdump/bin/cuobjdump", "bin/cuobjdump"])
-            .or_else(|| on_path("cuobjdump"));
-        Ok(Tools { nvrtc, includes, ptxas, cuobjdump })
+        let cuobjdump =
+            under(&roots, &["nvidia/cu13/bin/cuobjdump", "nvidia/cuda_cuobjdump/bin/cuobjdump", "bin/cuobjdump"])
+                .or_else(|| on_path("cuobjdump"));
+        Ok(Tools { nvrtc, ptxas, cuobjdump })
     }
 
     /// Whether SASS can be read (cuobjdump was found).
@@ -293,9 +341,8 @@ impl Tools {
 
     /// NVRTC's PTX for `source`, with cubecl-cuda 0.11.3's options.
     pub fn ptx(&self, kernel: &str, source: &str, arch: Arch) -> Result<String, ToolError> {
-        let mut options = vec![format!("--gpu-architecture={}", arch.nvrtc_arch()), "-lineinfo".to_string()];
-        options.extend(self.includes.iter().map(|i| format!("--include-path={}", i.display())));
-        self.nvrtc.compile(source, &options).map_err(|log| ToolError::Nvrtc {
+        let options = [format!("--gpu-architecture={}", arch.nvrtc_arch()), "-lineinfo".to_string()];
+        self.nvrtc.ptx(source, &options).map_err(|log| ToolError::Nvrtc {
             kernel: kernel.to_string(),
             arch: arch.name(),
             log,

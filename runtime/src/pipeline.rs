@@ -12,6 +12,7 @@
 //! # Ok::<(), attnc_runtime::pipeline::Error>(())
 //! ```
 
+use crate::cuda::{Cuda, CudaError, Kernels};
 use crate::gpu::{emit, exec::Gpu, exec::GpuError};
 use crate::{bind, interp, RunError, Tensor};
 use attnc_compiler::ir::DimValues;
@@ -38,6 +39,9 @@ pub enum Error {
     /// No device, or the device failed.
     #[error(transparent)]
     Device(#[from] GpuError),
+    /// The CUDA backend: no driver or device, NVRTC, a launch, memory.
+    #[error(transparent)]
+    Cuda(#[from] CudaError),
     /// Kernel source could not be generated.
     #[error("emitting kernel source: {0}")]
     Emit(String),
@@ -59,6 +63,7 @@ impl Error {
             Error::Setting(_) => Code::BadSetting,
             Error::Input(e) => e.code(),
             Error::Device(_) => Code::Backend,
+            Error::Cuda(e) => e.code(),
             Error::Emit(_) => Code::Internal,
             Error::Read { .. } => Code::Io,
             Error::Gradient(e) => e.code,
@@ -73,17 +78,36 @@ pub enum Backend {
     Interp,
     /// wgpu: Vulkan, Metal, DX12, WebGPU — or lavapipe on a CPU.
     Wgpu,
-    /// CUDA (built with the `cuda` feature).
+    /// CUDA: the emitted kernels through NVRTC and the driver, loaded at run time.
     Cuda,
 }
 
+/// A kernel backend's device.
+pub enum Device {
+    /// cubecl's executor (wgpu here).
+    Wgpu(Gpu),
+    /// The CUDA launcher of the emitted kernels.
+    Cuda(Cuda),
+}
+
+impl Device {
+    /// Compute units, where the device reports them (split-KV decoding fills them).
+    pub fn compute_units(&self) -> Option<usize> {
+        match self {
+            Device::Wgpu(gpu) => gpu.compute_units(),
+            Device::Cuda(cuda) => Some(cuda.compute_units()),
+        }
+    }
+}
+
 impl Backend {
-    /// A device for a kernel backend (`None` for the interpreter).
-    pub fn device(self) -> Result<Option<Gpu>, Error> {
+    /// A device for a kernel backend (`None` for the interpreter): CUDA's
+    /// device 0 (`CUDA_VISIBLE_DEVICES` picks another).
+    pub fn device(self) -> Result<Option<Device>, Error> {
         Ok(match self {
             Backend::Interp => None,
-            Backend::Wgpu => Some(Gpu::wgpu()?),
-            Backend::Cuda => Some(Gpu::cuda()?),
+            Backend::Wgpu => Some(Device::Wgpu(Gpu::wgpu()?)),
+            Backend::Cuda => Some(Device::Cuda(Cuda::open(0)?)),
         })
     }
 }
@@ -365,8 +389,14 @@ impl Bound {
     /// The launches that compute it on `gpu` (split for its compute units
     /// unless [`Bound::with_compute_units`] says otherwise).
     pub fn plan_on(&self, gpu: Option<&Gpu>) -> Plan {
+        self.plan_for(gpu.and_then(Gpu::compute_units))
+    }
+
+    /// The launches split for `units` compute units (unless
+    /// [`Bound::with_compute_units`] says otherwise).
+    pub fn plan_for(&self, units: Option<usize>) -> Plan {
         let plan = plan::plan(&self.chosen, &self.dims).in_dtype(self.dtype);
-        match self.compute_units.or_else(|| gpu.and_then(Gpu::compute_units)) {
+        match self.compute_units.or(units) {
             Some(units) if units > 0 => plan.split_kv(units),
             _ => plan,
         }
@@ -389,11 +419,24 @@ impl Bound {
             }
             _ => {}
         }
-        let plan = self.plan();
+        Self::emit_plan(&self.plan(), target)
+    }
+
+    /// Kernel source and manifest of `plan`.
+    pub fn emit_plan(plan: &Plan, target: emit::Target) -> Result<(Vec<(String, String)>, emit::Manifest), Error> {
         if let Some((l, what)) = plan.launches.iter().find_map(|l| l.spec.kernel_gap().map(|w| (l, w))) {
             return Err(Error::Device(GpuError::Unsupported { kernel: l.name.clone(), what }));
         }
-        emit::emit(&plan, target).map_err(Error::Emit)
+        emit::emit(plan, target).map_err(Error::Emit)
+    }
+
+    /// The kernels of this program loaded on `cuda`, to launch on device
+    /// memory and a stream the caller owns ([`Kernels::launch`]); bf16 and
+    /// tf32 as [`Bound::in_dtype`] says.
+    pub fn cuda_kernels(&self, cuda: &Cuda) -> Result<Kernels, Error> {
+        let plan = self.plan_for(Some(cuda.compute_units()));
+        let (files, manifest) = Self::emit_plan(&plan, emit::Target::Cuda)?;
+        Ok(cuda.load(&files, manifest)?)
     }
 
     /// Refuse, before any work, sizes past `memory_budget` bytes (and, on
@@ -414,8 +457,18 @@ impl Bound {
                 self.dtype
             ))),
             None => self.interpret(),
-            Some(gpu) => self.run_on(&gpu),
+            Some(Device::Wgpu(gpu)) => self.run_on(&gpu),
+            Some(Device::Cuda(cuda)) => self.run_cuda(&cuda),
         }
+    }
+
+    /// Run on a CUDA device: the emitted kernels, uploaded inputs, outputs read back.
+    pub fn run_cuda(&self, cuda: &Cuda) -> Result<BTreeMap<String, Tensor>, Error> {
+        self.tensors()?;
+        bind::check_exact_reads(&self.chosen, &self.inputs)?;
+        let plan = self.plan_for(Some(cuda.compute_units()));
+        let (files, manifest) = Self::emit_plan(&plan, emit::Target::Cuda)?;
+        Ok(cuda.run(&files, manifest, &self.inputs)?)
     }
 
     /// Run the kernels on a device one already has.

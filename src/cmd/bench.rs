@@ -8,7 +8,8 @@ use crate::args::{BenchArgs, GpuArg};
 use crate::progress::Ui;
 use attnc_compiler::opt::{cost, cost::Mode};
 use attnc_compiler::Code;
-use attnc_runtime::pipeline::{Bound, Compiler};
+use attnc_runtime::gpu::emit::Target as Source;
+use attnc_runtime::pipeline::{Bound, Compiler, Device};
 use attnc_runtime::{gpu, io};
 
 pub fn bench(a: BenchArgs, ui: &Ui) -> Result<(), Failed> {
@@ -42,7 +43,17 @@ fn once(a: &BenchArgs, set: &[String], ui: &Ui) -> Result<(String, gpu::bench::B
         let _step = ui.step("optimizing");
         bound = bound.optimize(target, Mode::Inference);
     }
-    let gpu = a.backend.pipeline().device().map_err(fail)?.expect("a kernel backend has a device");
+    let gpu = match a.backend.pipeline().device().map_err(fail)?.expect("a kernel backend has a device") {
+        Device::Wgpu(gpu) => gpu,
+        Device::Cuda(cuda) => {
+            let plan = bound.plan_for(Some(cuda.compute_units()));
+            let (files, manifest) = Bound::emit_plan(&plan, Source::Cuda).map_err(fail)?;
+            let _step = ui.step(format!("timing {} launches on {}", plan.launches.len(), cuda.name()));
+            let result = attnc_runtime::cuda::bench(&cuda, &plan, &files, manifest, bound.inputs(), a.warmup, a.iters)
+                .map_err(|e| report(e.code(), e))?;
+            return Ok((result.render(&target, a.iters), result));
+        }
+    };
     let plan = bound.plan_on(Some(&gpu));
     let _step = ui.step(format!(
         "timing {} launches: {} warm-up and {} timed runs, then the baselines",

@@ -193,7 +193,12 @@ pub struct LaunchInfo {
     pub kernel: &'static str,
     pub workgroup_size: [u32; 3],
     pub grid: [u32; 3],
+    /// How `grid` follows from the sizes: `[x, y, z]` over the names in
+    /// `grid_terms` (`ceil`, `min`, `max`, `*`, `/`), then what a `with`
+    /// defines and, past 65535 cubes along an axis, how they are laid out.
     pub grid_rule: String,
+    /// The value of every name `grid_rule` uses.
+    pub grid_terms: std::collections::BTreeMap<&'static str, usize>,
     pub bindings: Vec<BindingInfo>,
     pub scalars: Vec<ScalarInfo>,
     /// The `info` buffer's layout as the kernel declares it.
@@ -277,6 +282,75 @@ fn buffer_name(plan: &Plan, id: usize) -> String {
     }
 }
 
+/// A launch's grid rule and the values of its names (the manifest's
+/// `grid_rule` and `grid_terms`); `tests/cuda_abi.rs` evaluates every rule.
+fn grid_rule(spec: &KernelSpec) -> (String, std::collections::BTreeMap<&'static str, usize>) {
+    let lanes = spec.line_size();
+    let rows = || spec.attention_tiles().cube_rows();
+    let (rule, terms): (String, Vec<(&'static str, usize)>) = match spec {
+        KernelSpec::MatMul { mix: Some(m), rows, .. } => (
+            format!("[ceil(d / line_size / channels), ceil(rows / {}), 1]", GEMM_UNITS * GEMM_ROWS),
+            vec![("d", m.d), ("line_size", lanes), ("channels", m.channels(lanes)), ("rows", *rows)],
+        ),
+        KernelSpec::MatMul { f, rows, .. } => (
+            format!(
+                "[ceil(f / line_size / cols), ceil(rows / {}), 1] with cols = max(1, min({}, f / line_size))",
+                GEMM_UNITS * GEMM_ROWS,
+                attnc_compiler::plan::gemm_col_cap(lanes),
+            ),
+            vec![
+                ("f", *f),
+                ("line_size", lanes),
+                ("cols", attnc_compiler::plan::gemm_cols(*f, lanes)),
+                ("rows", *rows),
+            ],
+        ),
+        KernelSpec::Attention { shape, kv, .. } => {
+            let chunks = kv.as_ref().map_or(1, |kv| kv.splits);
+            let z = if chunks > 1 { "chunks" } else { "1" };
+            let mut terms = vec![("s", shape.s), ("batch", shape.batch), ("h", shape.h)];
+            if chunks > 1 {
+                terms.push(("chunks", chunks));
+            }
+            (format!("[ceil(s / {}), batch * h, {z}]", rows()), terms)
+        }
+        KernelSpec::AttentionLse { shape, .. }
+        | KernelSpec::AttentionGrad { shape, wrt: AttnArg::Q | AttnArg::Read(_), .. } => (
+            format!("[ceil(s / {}), batch * h, 1]", rows()),
+            vec![("s", shape.s), ("batch", shape.batch), ("h", shape.h)],
+        ),
+        KernelSpec::AttentionGrad { shape, .. } => (
+            format!("[ceil(sk / {}), batch * hk, 1]", rows()),
+            vec![("sk", shape.sk), ("batch", shape.batch), ("hk", shape.hk)],
+        ),
+        KernelSpec::MixedAttention { shape, mix, pass, .. } => {
+            let (name, n) = if pass.over_keys() { ("sk", shape.sk) } else { ("s", shape.s) };
+            (format!("[ceil({name} / {}), batch, 1]", mix.rows), vec![(name, n), ("batch", shape.batch)])
+        }
+        KernelSpec::Group { groups, .. } => ("[groups, 1, 1]".to_string(), vec![("groups", *groups)]),
+        KernelSpec::Contract { o1, o2, .. } => {
+            ("[o1 * o2, 1, 1] (a cube per output element)".to_string(), vec![("o1", *o1), ("o2", *o2)])
+        }
+        KernelSpec::AttentionReadLines { shape, lines, .. } => (
+            "[max(1, ceil(batch * h * lines / 256)), 1, 1]".to_string(),
+            vec![("batch", shape.batch), ("h", shape.h), ("lines", lines.count(shape.s, shape.sk))],
+        ),
+        other => ("[max(1, ceil(elements / 256)), 1, 1]".to_string(), vec![("elements", other.len())]),
+    };
+    let (x, y) = spec.cubes();
+    let (_, (gx, gy, _)) = spec.grid();
+    let rule = if (gx as usize, gy as usize) == (x, y) {
+        rule
+    } else {
+        format!(
+            "{rule}: {x} x {y} cubes, more than 65535 along an axis, laid out linearly over [x, y, z] \
+             (x fastest); cubes past {} do nothing",
+            x * y
+        )
+    };
+    (rule, terms.into_iter().collect())
+}
+
 /// Every kernel's source (file name, text) and the manifest, for `attnc compile`.
 pub fn emit(plan: &Plan, target: Target) -> Result<(Vec<(String, String)>, Manifest), String> {
     let mut files = vec![];
@@ -333,40 +407,7 @@ pub fn emit(plan: &Plan, target: Target) -> Result<(Vec<(String, String)>, Manif
             }
             _ => vec![],
         };
-        let grid_rule = match &l.spec {
-            KernelSpec::MatMul { mix: Some(m), .. } => format!(
-                "[ceil(d / line_size / {}), ceil(rows / {}), 1]",
-                m.channels(l.spec.line_size()),
-                GEMM_UNITS * GEMM_ROWS,
-            ),
-            KernelSpec::MatMul { .. } => format!(
-                "[ceil(f / line_size / cols), ceil(rows / {}), 1] with cols = max(1, min({}, f / line_size))",
-                GEMM_UNITS * GEMM_ROWS,
-                attnc_compiler::plan::gemm_col_cap(l.spec.line_size()),
-            ),
-            KernelSpec::Attention { .. } => {
-                format!("[ceil(s / {}), batch * h, 1]", l.spec.attention_tiles().cube_rows())
-            }
-            KernelSpec::Group { .. } => "[groups, 1, 1]".to_string(),
-            KernelSpec::Contract { .. } => "[o1 * o2, 1, 1] (a cube per output element)".to_string(),
-            KernelSpec::AttentionLse { .. } | KernelSpec::AttentionGrad { wrt: AttnArg::Q, .. } => {
-                format!("[ceil(s / {}), batch * h, 1]", l.spec.attention_tiles().cube_rows())
-            }
-            KernelSpec::AttentionGrad { .. } => {
-                format!("[ceil(sk / {}), batch * hk, 1]", l.spec.attention_tiles().cube_rows())
-            }
-            _ => "[ceil(elements / 256), 1, 1]".to_string(),
-        };
-        let (x, y) = l.spec.cubes();
-        let grid_rule = if (gx as usize, gy as usize, gz) == (x, y, 1) {
-            grid_rule
-        } else {
-            format!(
-                "{grid_rule}: {x} x {y} cubes, more than 65535 along an axis, laid out linearly over [x, y, z] \
-                 (x fastest); cubes past {} do nothing",
-                x * y
-            )
-        };
+        let (grid_rule, grid_terms) = grid_rule(&l.spec);
         launches.push(LaunchInfo {
             file,
             entry: l.name.clone(),
@@ -374,6 +415,7 @@ pub fn emit(plan: &Plan, target: Target) -> Result<(Vec<(String, String)>, Manif
             workgroup_size: [wx, wy, wz],
             grid: [gx, gy, gz],
             grid_rule,
+            grid_terms,
             bindings,
             scalars,
             info_struct,

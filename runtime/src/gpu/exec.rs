@@ -16,8 +16,6 @@ use std::collections::BTreeMap;
 pub enum GpuError {
     #[error("no {0} device is available: {1}")]
     Unavailable(&'static str, String),
-    #[error("the {0} backend is not built into this attnc; rebuild with `--features {0}`")]
-    NotBuilt(&'static str),
     #[error("kernel `{0}` failed: {1}")]
     Launch(String, String),
     #[error("input tensor `{0}` is missing")]
@@ -48,7 +46,7 @@ pub struct Gpu {
     /// Fragment kernels with fragments in software wherever a spec allows them.
     software_fragments: bool,
     /// Launches tiled within a GPU's register file (`KernelSpec::fit_registers`):
-    /// on for CUDA, off for wgpu (lavapipe's units are CPU vectors).
+    /// off for wgpu (lavapipe's units are CPU vectors).
     register_tiles: bool,
 }
 
@@ -121,45 +119,25 @@ impl Gpu {
             })?;
         let client = std::panic::catch_unwind(|| device.client())
             .map_err(|_| GpuError::Unavailable("wgpu", "creating the device client failed".into()))?;
+        Ok(Gpu::with_client(client, "wgpu", false))
+    }
+
+    /// The executor on a client of any cubecl runtime (what a Rust
+    /// framework such as Burn brings); `backend` names it in messages.
+    /// Kernels are tiled within the register file where `register_tiles`
+    /// (GPUs), as on the CPU drivers otherwise.
+    pub fn with_client(client: Client, backend: &'static str, register_tiles: bool) -> Gpu {
         let adapter = client.properties().identity.name.clone();
-        Ok(Gpu {
+        Gpu {
             client,
-            backend: "wgpu",
+            backend,
             adapter,
             precompiled: None,
             plane: None,
             staged: None,
             software_fragments: false,
-            register_tiles: false,
-        })
-    }
-
-    /// The CUDA device 0, when built with the `cuda` feature and a driver is present.
-    pub fn cuda() -> Result<Gpu, GpuError> {
-        #[cfg(feature = "cuda")]
-        {
-            let device = cubecl::Device::cuda(0).map_err(|e| {
-                GpuError::Unavailable(
-                    "cuda",
-                    format!("CUDA reports no usable device; is the NVIDIA driver (libcuda) installed? ({e:?})"),
-                )
-            })?;
-            let client = std::panic::catch_unwind(|| device.client())
-                .map_err(|_| GpuError::Unavailable("cuda", "creating the CUDA client failed".into()))?;
-            let adapter = client.properties().identity.name.clone();
-            Ok(Gpu {
-                client,
-                backend: "cuda",
-                adapter,
-                precompiled: None,
-                plane: None,
-                staged: None,
-                software_fragments: false,
-                register_tiles: true,
-            })
+            register_tiles,
         }
-        #[cfg(not(feature = "cuda"))]
-        Err(GpuError::NotBuilt("cuda"))
     }
 
     /// Launch the given WGSL sources (by entry point) instead of defining kernels in process.
