@@ -2,18 +2,18 @@
 # The device check for a session lent an NVIDIA GPU (see the developers'
 # brief): run every stdlib spec on CUDA against the float64 interpreter, then
 # time the kernels against cubek (in `bench`) and PyTorch (torch_ref.py), in
-# f32 and then in bf16 on tensor cores. Build here first and carry the binary:
-#   cargo build --release --features cuda   (after `eval "$(bash .ci/llvm-for-cuda.sh)"`)
-#   strip -o .device-bin/attnc target/release/attnc  (an ignored folder named in `carry`;
-#   past the 64 MiB a call carries, `xz` it to .device-bin/attnc.xz, unpacked here)
+# f32 and then in bf16 on tensor cores. bench/device/README says how to build
+# and carry the binary (a default release build) and the wheel.
 # On the device: bash bench/device/run.sh [SECTION ...]  (writes its log under $OUT)
-# Sections: core (the stdlib against the interpreter, timings against cubek
-# and PyTorch), half (bf16 and tf32), grad (gradients), functions (score and
-# mask functions against the interpreter and FlexAttention), mixing (head
-# mixing inside attention: Talking-Heads, Differential), serving (lengths,
-# paged caches and split-KV decoding). Default: all.
+# Sections: cuda (the launcher: every stdlib spec against the interpreter in
+# f32, tf32 and bf16 and its gradients, a CUDA graph, host overhead against
+# SDPA, bench against the roofline; within 6 minutes), core (timings against
+# cubek and PyTorch), half (bf16 and tf32), grad (gradients), functions
+# (score and mask functions against the interpreter and FlexAttention),
+# mixing (head mixing inside attention: Talking-Heads, Differential),
+# serving (lengths, paged caches and split-KV decoding). Default: all.
 set -u
-SECTIONS=${*:-core half grad functions mixing serving}
+SECTIONS=${*:-cuda core half grad functions mixing serving}
 want() { [[ " $SECTIONS " == *" $1 "* ]]; }
 BIN=${BIN:-.device-bin/attnc}
 if [ ! -x "$BIN" ] && [ -f "$BIN.xz" ]; then
@@ -37,6 +37,9 @@ print(f"{num / den:.3e}{' NaN' if bad else ''}")
 PY
 }
 status=0
+if want cuda; then
+  source bench/device/cuda.sh
+fi
 if want core; then
 while read -r spec key sets; do
   "$BIN" run "stdlib/$spec.attn" --seed 0 $sets --dtype f64 --out "$OUT/$spec-ref.safetensors" 2>>"$log" || status=1
