@@ -190,6 +190,36 @@ fn driver_failures_have_their_codes_and_write_nothing() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// `attnc bench --backend cuda` runs through the driver's events and
+/// prints a report of every launch (the stand-in's clock: 10 µs a record).
+#[test]
+fn bench_on_cuda_times_every_launch_with_events() {
+    let dir = scratch("bench");
+    let (_, _, manifest) = emitted();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_attnc"));
+    cmd.args(["bench", "stdlib/mha.attn", "--backend", "cuda", "--iters", "3", "--warmup", "1"]);
+    for (k, v) in SETS {
+        cmd.args(["--set", &format!("{k}={v}")]);
+    }
+    let o = cmd
+        .current_dir(root())
+        .env("LD_LIBRARY_PATH", fake_driver())
+        .env("FAKE_CUDA_LOG", dir.join("log"))
+        .env("FAKE_CUDA_ARGS", args_of(&manifest))
+        .env("ATTNC_CACHE_DIR", dir.join("cache"))
+        .output()
+        .unwrap();
+    let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(o.status.success(), "{err}");
+    assert!(out.contains("fake H200 (cuda, sm_90)"), "{out}");
+    // Each launch timed alone, between two events: one tick of the stand-in's clock.
+    for l in &manifest.launches {
+        let line = out.lines().find(|line| line.starts_with(&l.entry));
+        assert!(line.is_some_and(|line| line.contains("10.000 µs")), "{}:\n{out}", l.entry);
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 #[test]
 fn a_kernel_nvrtc_refuses_names_itself_and_the_log() {
     let nvrtc = attnc_runtime::nvidia::Nvrtc::find().unwrap_or_else(|e| panic!("{e}"));

@@ -2,7 +2,7 @@
 //! FlashAttention's one-sided windows (`window_left =`, `window_right =`),
 //! lowered into a mask function so that every backend (the interpreter, the
 //! forward and backward kernels, their tile skipping) runs them as it runs
-//! an author's mask (docs/semantics.md §6).
+//! an author's mask (docs/semantics.md §8).
 //!
 //! Query row `i` of `M` stands at position `p = i + n − M`, where `n` is the
 //! sequence's key count (`lengths[b]`, or all `N` key rows): FlashAttention's

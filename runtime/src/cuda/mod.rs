@@ -258,7 +258,8 @@ impl Cuda {
         inputs: &BTreeMap<String, Tensor>,
     ) -> Result<BTreeMap<String, Tensor>, CudaError> {
         let kernels = self.load(files, manifest)?;
-        let (held, tensors) = kernels.allocate(inputs)?;
+        let (held, tensors) = kernels.allocate()?;
+        kernels.upload(&held, inputs, |_| true)?;
         let stream = Stream::new()?;
         // SAFETY: every tensor and the workspace are allocations of the sizes the plan needs.
         unsafe { kernels.launch(&tensors, None, stream.0 as u64) }?;
@@ -495,27 +496,40 @@ impl Kernels {
             .map_err(|e| driver(&call.entry, e))
     }
 
-    /// Device buffers for every input and output, the inputs uploaded from `inputs`.
-    fn allocate(&self, inputs: &BTreeMap<String, Tensor>) -> Result<(Held, BTreeMap<String, DeviceTensor>), CudaError> {
+    /// Device buffers for every input and output.
+    fn allocate(&self) -> Result<(Held, BTreeMap<String, DeviceTensor>), CudaError> {
         self.cuda.current()?;
-        let dtype = abi::dtype(&self.manifest).map_err(CudaError::Tensor)?;
         let (mut held, mut tensors) = (vec![], BTreeMap::new());
         for (id, place) in self.layout.places.iter().enumerate() {
             let Place::Tensor(name) = place else { continue };
             let alloc = Alloc::new(abi::buffer_bytes(&self.manifest, id), &format!("tensor `{name}`"))?;
-            if let BufferRole::Input { name, integers, .. } = &self.manifest.buffers[id].role {
-                let t =
-                    inputs.get(name).ok_or_else(|| CudaError::Tensor(format!("input tensor `{name}` is missing")))?;
-                let values = match *integers && dtype.is_half() {
-                    true => crate::dtype::integer_digits(&t.data),
-                    false => t.data.clone(),
-                };
-                alloc.upload(&crate::dtype::encode(dtype, &values))?;
-            }
             tensors.insert(name.clone(), alloc.tensor());
             held.push((id, alloc));
         }
         Ok((held, tensors))
+    }
+
+    /// Upload the inputs `pick` selects (by whether they are weights) into `held`.
+    fn upload(
+        &self,
+        held: &Held,
+        inputs: &BTreeMap<String, Tensor>,
+        pick: impl Fn(bool) -> bool,
+    ) -> Result<(), CudaError> {
+        let dtype = abi::dtype(&self.manifest).map_err(CudaError::Tensor)?;
+        for (id, alloc) in held {
+            let BufferRole::Input { name, integers, weight } = &self.manifest.buffers[*id].role else { continue };
+            if !pick(*weight) {
+                continue;
+            }
+            let t = inputs.get(name).ok_or_else(|| CudaError::Tensor(format!("input tensor `{name}` is missing")))?;
+            let values = match *integers && dtype.is_half() {
+                true => crate::dtype::integer_digits(&t.data),
+                false => t.data.clone(),
+            };
+            alloc.upload(&crate::dtype::encode(dtype, &values))?;
+        }
+        Ok(())
     }
 
     /// The outputs, read back from `held` after the launches ran.

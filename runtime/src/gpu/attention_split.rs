@@ -2,7 +2,7 @@
 //! what CUDA runs in f32 and tf32, and in half precision past the
 //! fragment kernel's head widths.
 //!
-//! The CPU drivers' kernel (`attention.rs`) gives a unit several whole query
+//! The CPU drivers' kernel (`attention_tiled.rs`) gives a unit several whole query
 //! rows and unrolls whole key tiles: right for lavapipe, where a unit's
 //! values are LLVM vectors, but on a GPU a unit holding `d + e` floats per
 //! row spills past 255 registers (85 KB of local memory per kernel at

@@ -1,0 +1,82 @@
+"""The Python package's CUDA launcher on a machine without a GPU: a child
+process loads tests/fake_cuda/libcuda.c, built here as a stand-in
+libcuda.so.1 that logs every driver call, and launches a program's kernels
+on made-up device pointers and a stream, as a framework would hand them.
+NVRTC (ATTNC_CUDA_TOOLS, which .ci/run sets) compiles the kernels for real."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+CHILD = r"""
+import json, os, re, attnc
+p = attnc.compile("stdlib/mha.attn", H=2, d=16, N=100)
+k = p.cuda_kernels("f32")
+m = json.loads(k.manifest())
+def info_bytes(decl):
+    fields = re.findall(r"(\w+) \w+\[(\d+)\];", decl)
+    return sum(4 * int(n) for _, n in fields)
+os.environ["FAKE_CUDA_ARGS"] = ";".join(
+    f"{l['entry']}={len(l['bindings'])}+{info_bytes(l['info_struct'])}" for l in m["launches"])
+sizes = k.tensor_bytes()
+tensors = {n: (0x7000_0000_0000 + i * 2**32, b) for i, (n, b) in enumerate(sorted(sizes.items()))}
+workspace = (0x6000_0000_0000, k.workspace_bytes())
+open(os.environ["FAKE_CUDA_LOG"], "w").close()
+k.launch(tensors, 0x5EED, workspace)
+errors = []
+name, size = sorted(sizes.items())[0]
+for bad, ws in [({**tensors, name: (tensors[name][0], size - 1)}, workspace), ({}, workspace)]:
+    try:
+        k.launch(bad, 0, ws)
+    except attnc.DeviceError as e:
+        errors.append([e.code, str(e)])
+print(json.dumps({"manifest": m, "tensors": tensors, "workspace": workspace, "errors": errors, "name": name}))
+"""
+
+
+def fake_driver(tmp):
+    out = tmp / "libcuda.so.1"
+    cc = subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-Wl,-soname,libcuda.so.1", "-o", str(out),
+                         str(ROOT / "tests" / "fake_cuda" / "libcuda.c")], capture_output=True, text=True)
+    assert cc.returncode == 0, f"building the stand-in driver needs a C compiler: {cc.stderr}"
+    return tmp
+
+
+def test_launches_on_the_callers_pointers_and_stream(tmp_path):
+    assert os.environ.get("ATTNC_CUDA_TOOLS") or os.environ.get("CUDA_HOME"), \
+        "NVRTC is needed: set ATTNC_CUDA_TOOLS (see .ci/run)"
+    log = tmp_path / "log"
+    env = {**os.environ, "LD_LIBRARY_PATH": str(fake_driver(tmp_path)), "FAKE_CUDA_LOG": str(log),
+           "ATTNC_CACHE_DIR": str(tmp_path / "cache")}
+    run = subprocess.run([sys.executable, "-c", CHILD], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    got = json.loads(run.stdout.splitlines()[-1])
+    manifest, tensors, (ws, _) = got["manifest"], got["tensors"], got["workspace"]
+    launches = [line.split(" ") for line in log.read_text().splitlines() if line.startswith("launch ")]
+    # Only the first, good call launched anything, and it called nothing else.
+    assert len(launches) == len(manifest["launches"]) == len(log.read_text().splitlines())
+    by_id = {}
+    for b in manifest["buffers"]:
+        outputs = {v: k for k, v in manifest["outputs"].items()}
+        if b["role"] == "input":
+            by_id[b["id"]] = tensors[b["name"]][0]
+        elif b["id"] in outputs:
+            by_id[b["id"]] = tensors[outputs[b["id"]]][0]
+    for words, launch in zip(launches, manifest["launches"]):
+        assert words[1] == launch["entry"] and words[3] == str(0x5EED)
+        assert [int(w) for w in words[5:8]] == launch["grid"]
+        pointers = [int(w) for w in words[15:15 + len(launch["bindings"])]]
+        for b, p in zip(launch["bindings"], pointers):
+            if b["buffer"] in by_id:
+                assert p == by_id[b["buffer"]], (launch["entry"], b)
+            else:
+                assert ws <= p < ws + max(got["workspace"][1], 1), (launch["entry"], b)
+    (small, missing) = got["errors"]
+    assert small[0] == "E0709" and f"`{got['name']}` holds" in small[1], small
+    assert missing[0] == "E0709" and "no device tensor" in missing[1], missing
