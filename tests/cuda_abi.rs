@@ -154,7 +154,7 @@ fn info_structs_and_parameters_follow_the_manifest() {
     let mut checked = 0;
     for (n, (c, files, manifest, json)) in emitted().iter().enumerate() {
         let what = name(c);
-        let packed: Vec<Vec<u8>> = manifest.launches.iter().map(|l| abi::pack_info(manifest, l).unwrap()).collect();
+        let packed = abi::infos(manifest).unwrap();
         let printed = compile_and_run(&reader(json, &packed), &n.to_string());
         let launches = json["launches"].as_array().unwrap();
         for (i, ((l, line), (_, source))) in launches.iter().zip(printed.lines()).zip(files).enumerate() {
@@ -250,7 +250,8 @@ fn temporaries_alive_together_never_share_workspace_bytes() {
             }
         }
         // Every call's pointers are its bindings' addresses, in order.
-        let calls = abi::calls(manifest, 0..manifest.launches.len(), |id| 0x1000_0000 + 0x10_0000 * id as u64).unwrap();
+        let infos = abi::infos(manifest).unwrap();
+        let calls = abi::calls(manifest, &infos, 0..manifest.launches.len(), |id| 0x1000_0000 + 0x10_0000 * id as u64);
         for (call, l) in calls.iter().zip(launches) {
             let want: Vec<u64> = (l["bindings"].as_array().unwrap().iter())
                 .map(|b| 0x1000_0000 + 0x10_0000 * uint(&b["buffer"]))

@@ -198,35 +198,39 @@ impl Layout {
 /// One launch as the driver takes it: the function's name, the grid, the
 /// block, dynamic shared memory, the argument pointers and the `info` bytes.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Call {
-    pub entry: String,
+pub struct Call<'a> {
+    pub entry: &'a str,
     pub grid: [u32; 3],
     pub block: [u32; 3],
     pub shared_bytes: u32,
     /// Device addresses of the bindings, in order.
     pub pointers: Vec<u64>,
     /// The `info` struct's bytes (empty: the kernel takes none).
-    pub info: Vec<u8>,
+    pub info: &'a [u8],
 }
 
-/// The calls of `manifest`'s launches `range`, each binding resolved by
-/// `address` (a buffer id to its device address).
-pub fn calls(
-    manifest: &Manifest,
+/// Every launch's `info` bytes ([`pack_info`]): they depend on the sizes
+/// alone, so a program packs them once.
+pub fn infos(manifest: &Manifest) -> Result<Vec<Vec<u8>>, String> {
+    manifest.launches.iter().map(|l| pack_info(manifest, l)).collect()
+}
+
+/// The calls of `manifest`'s launches `range` (their `infos`), each binding
+/// resolved by `address` (a buffer id to its device address).
+pub fn calls<'a>(
+    manifest: &'a Manifest,
+    infos: &'a [Vec<u8>],
     range: std::ops::Range<usize>,
     address: impl Fn(usize) -> u64,
-) -> Result<Vec<Call>, String> {
-    manifest.launches[range]
-        .iter()
-        .map(|l| {
-            Ok(Call {
-                entry: l.entry.clone(),
-                grid: l.grid,
-                block: l.workgroup_size,
-                shared_bytes: l.shared_memory_bytes as u32,
-                pointers: l.bindings.iter().map(|b| address(b.buffer)).collect(),
-                info: pack_info(manifest, l)?,
-            })
+) -> Vec<Call<'a>> {
+    (manifest.launches[range.clone()].iter().zip(&infos[range]))
+        .map(|(l, info)| Call {
+            entry: &l.entry,
+            grid: l.grid,
+            block: l.workgroup_size,
+            shared_bytes: l.shared_memory_bytes as u32,
+            pointers: l.bindings.iter().map(|b| address(b.buffer)).collect(),
+            info,
         })
         .collect()
 }

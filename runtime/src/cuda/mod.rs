@@ -210,6 +210,7 @@ impl Cuda {
         let mut kernels = Kernels {
             cuda: self.clone(),
             layout: abi::Layout::of(&manifest),
+            infos: abi::infos(&manifest).map_err(CudaError::Tensor)?,
             modules: vec![],
             functions: vec![],
             constants: BTreeMap::new(),
@@ -341,6 +342,8 @@ pub struct Kernels {
     cuda: Cuda,
     manifest: Manifest,
     layout: abi::Layout,
+    /// Each launch's `info` bytes, packed once.
+    infos: Vec<Vec<u8>>,
     modules: Vec<sys::CUmodule>,
     /// One function per launch.
     functions: Vec<sys::CUfunction>,
@@ -426,21 +429,21 @@ impl Kernels {
         workspace: Option<DeviceTensor>,
         stream: u64,
     ) -> Result<(), CudaError> {
-        let calls = self.calls(range.clone(), tensors, workspace)?;
+        let addresses = self.addresses(tensors, workspace)?;
+        let calls = abi::calls(&self.manifest, &self.infos, range.clone(), |id| addresses[id]);
         for (call, f) in calls.iter().zip(&self.functions[range]) {
             self.queue(call, *f, stream)?;
         }
         Ok(())
     }
 
-    /// The calls of launches `range`, every binding resolved to an address
-    /// and every caller buffer checked against the bytes it must hold.
-    fn calls(
+    /// Every buffer's device address, each caller buffer checked against
+    /// the bytes it must hold.
+    fn addresses(
         &self,
-        range: std::ops::Range<usize>,
         tensors: &BTreeMap<String, DeviceTensor>,
         workspace: Option<DeviceTensor>,
-    ) -> Result<Vec<abi::Call>, CudaError> {
+    ) -> Result<Vec<u64>, CudaError> {
         self.cuda.current()?;
         let workspace = match workspace {
             Some(w) if w.bytes < self.layout.workspace_bytes => {
@@ -453,47 +456,40 @@ impl Kernels {
             None if self.layout.workspace_bytes == 0 => 0,
             None => self.reserve_workspace()?,
         };
-        let mut addresses = vec![0u64; self.manifest.buffers.len()];
-        for (id, place) in self.layout.places.iter().enumerate() {
-            addresses[id] = match place {
-                Place::Constant => self.constants.get(&id).map_or(0, |a| a.ptr),
-                Place::Workspace(offset) => workspace + offset,
-                Place::Tensor(name) => {
-                    let b = &self.manifest.buffers[id];
-                    let needed = abi::buffer_bytes(&self.manifest, id);
-                    let what = format!("{needed} bytes ({:?} in {})", b.shape, self.manifest.dtype);
-                    match tensors.get(name) {
-                        None => {
-                            return Err(CudaError::Tensor(format!(
-                                "no device tensor `{name}` was given; it needs {what}"
-                            )))
-                        }
-                        Some(t) if t.bytes < needed => {
-                            return Err(CudaError::Tensor(format!(
-                                "device tensor `{name}` holds {} bytes; it needs {what}",
-                                t.bytes
-                            )))
-                        }
-                        Some(t) => t.ptr,
+        let needs = |id: usize| {
+            let b = &self.manifest.buffers[id];
+            format!("{} bytes ({:?} in {})", abi::buffer_bytes(&self.manifest, id), b.shape, self.manifest.dtype)
+        };
+        (self.layout.places.iter().enumerate())
+            .map(|(id, place)| match place {
+                Place::Constant => Ok(self.constants.get(&id).map_or(0, |a| a.ptr)),
+                Place::Workspace(offset) => Ok(workspace + offset),
+                Place::Tensor(name) => match tensors.get(name) {
+                    None => {
+                        Err(CudaError::Tensor(format!("no device tensor `{name}` was given; it needs {}", needs(id))))
                     }
-                }
-            };
-        }
-        abi::calls(&self.manifest, range, |id| addresses[id]).map_err(CudaError::Tensor)
+                    Some(t) if t.bytes < abi::buffer_bytes(&self.manifest, id) => Err(CudaError::Tensor(format!(
+                        "device tensor `{name}` holds {} bytes; it needs {}",
+                        t.bytes,
+                        needs(id)
+                    ))),
+                    Some(t) => Ok(t.ptr),
+                },
+            })
+            .collect()
     }
 
     /// Queue one call on `stream`.
     unsafe fn queue(&self, call: &abi::Call, f: sys::CUfunction, stream: u64) -> Result<(), CudaError> {
-        let mut pointers = call.pointers.clone();
-        let mut info = call.info.clone();
-        let mut params: Vec<*mut c_void> = pointers.iter_mut().map(|p| p as *mut u64 as *mut c_void).collect();
-        if !info.is_empty() {
-            params.push(info.as_mut_ptr() as *mut c_void);
+        // The driver reads each parameter through its address (and writes none).
+        let mut params: Vec<*mut c_void> = call.pointers.iter().map(|p| p as *const u64 as *mut c_void).collect();
+        if !call.info.is_empty() {
+            params.push(call.info.as_ptr() as *mut c_void);
         }
         let [gx, gy, gz] = call.grid;
         let [bx, by, bz] = call.block;
         cu::launch_kernel(f, (gx, gy, gz), (bx, by, bz), call.shared_bytes, stream as sys::CUstream, &mut params)
-            .map_err(|e| driver(&call.entry, e))
+            .map_err(|e| driver(call.entry, e))
     }
 
     /// Device buffers for every input and output.
