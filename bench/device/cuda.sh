@@ -12,10 +12,13 @@
 #  3. `attnc bench --backend cuda` against the roofline, forward and --grad.
 WORK=${WORK:-/tmp/attnc-cuda}
 mkdir -p "$WORK"
-# NVRTC and the CUDA headers from PyTorch's own wheels (site-packages/nvidia/...).
+# NVRTC 12 and the CUDA headers from PyTorch's own wheels (site-packages/nvidia/...)
+# where they are there, else CUDA_HOME or /usr/local/cuda (attnc's own lookup).
 if [ -z "${ATTNC_CUDA_TOOLS:-}" ]; then
-  export ATTNC_CUDA_TOOLS=$(python3 -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+  sp=$(python3 -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+  [ -e "$sp/nvidia/cuda_nvrtc/lib/libnvrtc.so.12" ] && export ATTNC_CUDA_TOOLS=$sp
 fi
+echo "NVRTC from ${ATTNC_CUDA_TOOLS:-${CUDA_HOME:-/usr/local/cuda}}: $(ls ${ATTNC_CUDA_TOOLS:-${CUDA_HOME:-/usr/local/cuda}}/{nvidia/cuda_nvrtc/lib,lib64}/libnvrtc.so* 2>/dev/null | head -3 | tr '\n' ' ')" | tee -a "$log"
 export ATTNC_CACHE_DIR="$WORK/cubin"
 compare_all() { # cuda_file ref_file -> the largest relative error over the tensors of both
   python3 - "$1" "$2" <<'PY'
