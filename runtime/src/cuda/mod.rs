@@ -126,8 +126,8 @@ impl Cuda {
         let device = cu::device::get(index as i32).map_err(|e| no_device(format!("{:?}", e.0)))?;
         // SAFETY: `device` came from the driver; the context is released on drop.
         let ctx = unsafe { cu::primary_ctx::retain(device) }.map_err(|e| driver("cuDevicePrimaryCtxRetain", e))?;
-        let context = Context { device, ctx, name: String::new(), arch: 0, units: 0, nvrtc: OnceLock::new() };
-        let mut context = context;
+        // Held from here so that an error below releases the context (Drop).
+        let mut context = Context { device, ctx, name: String::new(), arch: 0, units: 0, nvrtc: OnceLock::new() };
         // SAFETY: the context just retained.
         unsafe { cu::ctx::set_current(ctx) }.map_err(|e| driver("cuCtxSetCurrent", e))?;
         let attribute =
@@ -186,25 +186,23 @@ impl Cuda {
         let nvrtc = self.nvrtc()?;
         let arch = self.0.arch;
         let sources: BTreeMap<&str, &str> = files.iter().map(|(f, s)| (f.as_str(), s.as_str())).collect();
-        // Each distinct source compiles once, on as many threads as there are cores.
+        // A thread a launch: each launch's source (its own entry name) compiles
+        // once, and a later load of the same sizes finds it in the disk cache.
         let cubins: Vec<Result<Vec<u8>, CudaError>> = std::thread::scope(|scope| {
             let jobs: Vec<_> = manifest
                 .launches
                 .iter()
                 .map(|l| {
-                    let source = sources.get(l.file.as_str()).copied().unwrap_or_default();
+                    let source = sources.get(l.file.as_str()).copied();
                     let entry = l.entry.as_str();
-                    // NVRTC's parser recurses deeply: the main thread's stack, not a default thread's 2 MiB.
-                    std::thread::Builder::new()
-                        .stack_size(64 << 20)
-                        .spawn_scoped(scope, move || cache::cubin(nvrtc, entry, source, arch))
+                    scope.spawn(move || match source {
+                        Some(source) => cache::cubin(nvrtc, entry, source, arch),
+                        None => Err(CudaError::Tools(format!("no source `{}` for launch `{entry}`", l.file))),
+                    })
                 })
                 .collect();
             jobs.into_iter()
-                .map(|j| match j {
-                    Ok(j) => j.join().unwrap_or_else(|_| Err(CudaError::Tools("NVRTC panicked".into()))),
-                    Err(e) => Err(CudaError::Tools(format!("no thread for NVRTC: {e}"))),
-                })
+                .map(|j| j.join().unwrap_or_else(|_| Err(CudaError::Tools("NVRTC panicked".into()))))
                 .collect()
         });
         let mut kernels = Kernels {
