@@ -337,7 +337,6 @@ type Held = Vec<(usize, Alloc)>;
 
 /// A plan's kernels loaded on a device: launched from its manifest alone.
 pub struct Kernels {
-    cuda: Cuda,
     manifest: Manifest,
     layout: abi::Layout,
     /// Each launch's `info` bytes, packed once.
@@ -348,6 +347,9 @@ pub struct Kernels {
     constants: BTreeMap<usize, Alloc>,
     /// attnc's own workspace, made at the first launch that gives none.
     pool: Mutex<Option<Alloc>>,
+    /// Last: fields drop in order, and the allocations above are freed
+    /// before the context they live in may be released.
+    cuda: Cuda,
 }
 
 // SAFETY: as for `Context`: every entry point makes the context current.
