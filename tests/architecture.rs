@@ -230,3 +230,72 @@ fn no_rust_file_is_over_800_lines() {
     }
     assert!(long.is_empty(), "over {MAX_LINES} lines:\n{}", long.join("\n"));
 }
+
+/// Whether `source` defines `name`: an item, a field or variant (`name:`,
+/// `name {`, `name(`, `name,` opening a line), a scalar a cubecl macro
+/// defines (`!(pub name)`), or a re-export.
+fn defines(source: &str, name: &str) -> bool {
+    let item = ["fn", "struct", "enum", "const", "static", "type", "trait", "mod", "macro_rules!"]
+        .iter()
+        .any(|kw| source.split(&format!("{kw} {name}")).skip(1).any(|rest| !rest.starts_with(is_ident)));
+    let member = source.lines().any(|l| {
+        let t = l.trim_start();
+        let t = t.strip_prefix("pub(crate) ").or_else(|| t.strip_prefix("pub ")).unwrap_or(t);
+        t.strip_prefix(name).is_some_and(|rest| rest.trim_start().starts_with(['{', '(', ',', ':']))
+    });
+    let reexport =
+        source.lines().any(|l| l.trim_start().starts_with("pub use") && l.split(is_not_ident).any(|w| w == name));
+    item || member || reexport || source.contains(&format!("!(pub {name})"))
+}
+
+fn is_ident(c: char) -> bool {
+    c.is_ascii_alphanumeric() || c == '_'
+}
+
+fn is_not_ident(c: char) -> bool {
+    !is_ident(c)
+}
+
+/// ARCHITECTURE.md names code as `module::name` or `Type::name`: each must
+/// still exist — `name` defined in a file of that module (`module.rs` or
+/// under `module/`), or, for a type, the type (or enum variant) and `name`
+/// somewhere in our sources.
+#[test]
+fn every_name_architecture_md_cites_exists() {
+    let text = std::fs::read_to_string(root().join("ARCHITECTURE.md")).unwrap();
+    let files: Vec<PathBuf> =
+        CRATES.iter().chain(&["tests", "examples"]).flat_map(|dir| rust_files(&root().join(dir))).collect();
+    let sources: Vec<(PathBuf, String)> =
+        files.into_iter().map(|p| (p.clone(), std::fs::read_to_string(&p).unwrap())).collect();
+    let foreign = ["std", "cubecl", "cubek", "egg", "crate", "super", "attnc", "attnc_runtime", "attnc_compiler"];
+    let mut cited = 0;
+    let mut missing = vec![];
+    for quoted in text.split('`').skip(1).step_by(2) {
+        let path = quoted.strip_suffix("()").unwrap_or(quoted);
+        let segments: Vec<&str> = path.split("::").collect();
+        if segments.len() < 2 || segments.iter().any(|s| s.is_empty() || !s.chars().all(is_ident)) {
+            continue;
+        }
+        let (owner, name) = (segments[segments.len() - 2], segments[segments.len() - 1]);
+        if foreign.contains(&segments[0]) || foreign.contains(&owner) {
+            continue;
+        }
+        cited += 1;
+        let found = if owner.starts_with(|c: char| c.is_ascii_uppercase()) {
+            let owner_exists = sources.iter().any(|(_, s)| defines(s, owner));
+            owner_exists && sources.iter().any(|(_, s)| defines(s, name))
+        } else {
+            sources.iter().any(|(p, s)| {
+                let in_module =
+                    p.file_stem().is_some_and(|f| f == owner) || p.components().any(|c| c.as_os_str() == owner);
+                in_module && defines(s, name)
+            })
+        };
+        if !found {
+            missing.push(path.to_string());
+        }
+    }
+    assert!(cited > 40, "only {cited} names cited: is the scan reading ARCHITECTURE.md?");
+    assert!(missing.is_empty(), "ARCHITECTURE.md cites names that no longer exist: {missing:?}");
+    assert!(!defines("fn walk_tiles_x() {}", "walk_tiles") && defines("pub fn walk_tiles(", "walk_tiles"));
+}
