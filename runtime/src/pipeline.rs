@@ -90,16 +90,6 @@ pub enum Device {
     Cuda(Cuda),
 }
 
-impl Device {
-    /// Compute units, where the device reports them (split-KV decoding fills them).
-    pub fn compute_units(&self) -> Option<usize> {
-        match self {
-            Device::Wgpu(gpu) => gpu.compute_units(),
-            Device::Cuda(cuda) => Some(cuda.compute_units()),
-        }
-    }
-}
-
 impl Backend {
     /// A device for a kernel backend (`None` for the interpreter): CUDA's
     /// device 0 (`CUDA_VISIBLE_DEVICES` picks another).
@@ -466,9 +456,7 @@ impl Bound {
     pub fn run_cuda(&self, cuda: &Cuda) -> Result<BTreeMap<String, Tensor>, Error> {
         self.tensors()?;
         bind::check_exact_reads(&self.chosen, &self.inputs)?;
-        let plan = self.plan_for(Some(cuda.compute_units()));
-        let (files, manifest) = Self::emit_plan(&plan, emit::Target::Cuda)?;
-        Ok(cuda.run(&files, manifest, &self.inputs)?)
+        Ok(self.cuda_kernels(cuda)?.run(&self.inputs)?)
     }
 
     /// Run the kernels on a device one already has.

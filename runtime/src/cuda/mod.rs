@@ -7,7 +7,7 @@
 //! records alone (`abi.rs`): on device memory and a stream the caller owns,
 //! temporaries in a workspace the caller gives (or attnc's own), with no
 //! host copy, no synchronisation and no allocation, so a launch sequence
-//! can be captured in a CUDA graph. [`Cuda::run`] is the CLI's way in: it
+//! can be captured in a CUDA graph. [`Kernels::run`] is the CLI's way in: it
 //! allocates, uploads, calls that launcher, and reads the outputs back.
 
 pub mod abi;
@@ -246,25 +246,6 @@ impl Cuda {
         }
         Ok(kernels)
     }
-
-    /// Run `manifest`'s kernels on host tensors: allocate every input and
-    /// output, upload the inputs, launch on a stream of its own, wait, and
-    /// read the outputs back (in the manifest's order of `outputs`, by name).
-    pub fn run(
-        &self,
-        files: &[(String, String)],
-        manifest: Manifest,
-        inputs: &BTreeMap<String, Tensor>,
-    ) -> Result<BTreeMap<String, Tensor>, CudaError> {
-        let kernels = self.load(files, manifest)?;
-        let (held, tensors) = kernels.allocate()?;
-        kernels.upload(&held, inputs, |_| true)?;
-        let stream = Stream::new()?;
-        // SAFETY: every tensor and the workspace are allocations of the sizes the plan needs.
-        unsafe { kernels.launch(&tensors, None, stream.0 as u64) }?;
-        stream.sync("the launches")?;
-        kernels.read_outputs(&held)
-    }
 }
 
 /// A device allocation freed on drop.
@@ -387,6 +368,19 @@ impl Kernels {
                 _ => None,
             })
             .collect()
+    }
+
+    /// Run on host tensors (the CLI's way): allocate every input and
+    /// output, upload the inputs, launch on a stream of its own, wait once,
+    /// and read the outputs back, by name.
+    pub fn run(&self, inputs: &BTreeMap<String, Tensor>) -> Result<BTreeMap<String, Tensor>, CudaError> {
+        let (held, tensors) = self.allocate()?;
+        self.upload(&held, inputs, |_| true)?;
+        let stream = Stream::new()?;
+        // SAFETY: every tensor and the workspace are allocations of the sizes the plan needs.
+        unsafe { self.launch(&tensors, None, stream.0 as u64) }?;
+        stream.sync("the launches")?;
+        self.read_outputs(&held)
     }
 
     /// Make attnc's own workspace now (a synchronous allocation), so that
