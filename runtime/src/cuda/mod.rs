@@ -209,6 +209,7 @@ impl Cuda {
             cuda: self.clone(),
             layout: abi::Layout::of(&manifest),
             infos: abi::infos(&manifest).map_err(CudaError::Tensor)?,
+            dtype: abi::dtype(&manifest).map_err(CudaError::Tensor)?,
             modules: vec![],
             functions: vec![],
             constants: BTreeMap::new(),
@@ -238,7 +239,7 @@ impl Cuda {
         }
         for (id, b) in kernels.manifest.buffers.iter().enumerate() {
             if let (BufferRole::Constant { values }, Place::Constant) = (&b.role, &kernels.layout.places[id]) {
-                let dtype = abi::dtype(&kernels.manifest).map_err(CudaError::Tensor)?;
+                let dtype = kernels.dtype;
                 let alloc = Alloc::new(abi::buffer_bytes(&kernels.manifest, id), &format!("constant {id}"))?;
                 alloc.upload(&crate::dtype::encode(dtype, values))?;
                 kernels.constants.insert(id, alloc);
@@ -322,6 +323,8 @@ pub struct Kernels {
     layout: abi::Layout,
     /// Each launch's `info` bytes, packed once.
     infos: Vec<Vec<u8>>,
+    /// The buffers' storage type.
+    dtype: attnc_compiler::plan::Dtype,
     modules: Vec<sys::CUmodule>,
     /// One function per launch.
     functions: Vec<sys::CUfunction>,
@@ -506,7 +509,7 @@ impl Kernels {
         inputs: &BTreeMap<String, Tensor>,
         pick: impl Fn(bool) -> bool,
     ) -> Result<(), CudaError> {
-        let dtype = abi::dtype(&self.manifest).map_err(CudaError::Tensor)?;
+        let dtype = self.dtype;
         for (id, alloc) in held {
             let BufferRole::Input { name, integers, weight } = &self.manifest.buffers[*id].role else { continue };
             if !pick(*weight) {
@@ -524,7 +527,7 @@ impl Kernels {
 
     /// The outputs, read back from `held` after the launches ran.
     fn read_outputs(&self, held: &Held) -> Result<BTreeMap<String, Tensor>, CudaError> {
-        let dtype = abi::dtype(&self.manifest).map_err(CudaError::Tensor)?;
+        let dtype = self.dtype;
         let mut out = BTreeMap::new();
         for (name, id) in &self.manifest.outputs {
             let alloc = held.iter().find(|(i, _)| i == id).map(|(_, a)| a).expect("outputs are allocated");
