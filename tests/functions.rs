@@ -684,3 +684,31 @@ fn kernels_compute_the_gradients_of_read_tensors() {
 fn compile(text: &str) -> attnc_compiler::Compiled {
     attnc_compiler::compile(text, &[]).unwrap_or_else(|e| panic!("{}", attnc_compiler::render("x.attn", text, &e)))
 }
+
+/// The cost model prices dK and dV as their kernels walk: the tiled kernels
+/// skip the query tiles a mask function hides (as dQ skips key tiles), so
+/// their work is discounted by the visited fraction; the fragment kernels
+/// (half precision) walk the whole band, so theirs is not.
+#[test]
+fn dk_dv_are_priced_as_their_kernels_walk() {
+    let sets = [("N", "1024".to_string()), ("window", "64".to_string())];
+    let c = compile_stdlib("sinks", &sets);
+    let grad = attnc_compiler::grad::differentiate(&c.program, &[]).unwrap();
+    let (tensors, _) = bind::generate_inputs(&grad, 3).unwrap();
+    let inputs: BTreeMap<_, _> = grad.inputs.iter().map(|i| i.name.clone()).zip(tensors).collect();
+    let (_, dims) = bind::bind_inputs(&grad, inputs, &Default::default()).unwrap();
+    let kv = |p: &plan::Plan| -> Vec<(f64, f64, bool)> {
+        (p.launches.iter())
+            .filter(|l| matches!(l.spec, plan::KernelSpec::AttentionGrad { wrt: attnc_compiler::ir::AttnArg::K, .. }))
+            .map(|l| (l.flops, plan::visited_fraction(&l.spec), l.spec.fragments()))
+            .collect()
+    };
+    let tiled = kv(&plan::plan(&grad, &dims));
+    let frags = kv(&plan::plan(&grad, &dims).in_dtype(plan::Dtype::F16));
+    assert_eq!(tiled.len(), 1, "one dK launch (with dV): {tiled:?}");
+    let ((flops, seen, on), (frag_flops, _, frag_on)) = (tiled[0], frags[0]);
+    assert!(!on && frag_on, "f32 tiled, f16 on fragments: {tiled:?} {frags:?}");
+    assert!(seen < 0.5, "a window of 64 of 1024 keys hides most tiles: visited {seen}");
+    let full = flops / seen;
+    assert!((frag_flops - full).abs() <= 1e-9 * full, "fragments priced at the whole band: {frag_flops} vs {full}");
+}

@@ -92,17 +92,18 @@ impl Plan {
                     *fragments = dtype.is_half() && frag_key_tile(d, e, lanes).is_some() && !scalar;
                 }
                 // dQ, dK and dV (a read tensor's gradient stays scalar).
-                KernelSpec::AttentionGrad {
-                    shape: AttnShape { d, e, .. },
-                    wrt,
-                    ref mut fragments,
-                    ref mut tf32,
-                    ..
-                } => {
+                KernelSpec::AttentionGrad { shape: AttnShape { d, e, .. }, wrt, fragments: was, .. } => {
                     let rows = matches!(wrt, AttnArg::Q | AttnArg::K | AttnArg::V);
                     let multiplies = dtype.is_half() || dtype == Dtype::Tf32;
-                    *fragments = multiplies && rows && frag_grad_tiles(d, e, bytes).is_some();
-                    *tf32 = *fragments && dtype == Dtype::Tf32;
+                    let on = multiplies && rows && frag_grad_tiles(d, e, bytes).is_some();
+                    // The fragment dK/dV kernel walks every query tile of the mask's
+                    // band: a mask function's tiles are not skipped there, so not priced so.
+                    if on && !was && matches!(wrt, AttnArg::K | AttnArg::V) {
+                        l.flops /= super::visited::visited_fraction(&l.spec);
+                    }
+                    let KernelSpec::AttentionGrad { fragments, tf32, .. } = &mut l.spec else { unreachable!() };
+                    *fragments = on;
+                    *tf32 = on && dtype == Dtype::Tf32;
                 }
                 _ => {}
             }

@@ -34,7 +34,7 @@ use serde::Serialize;
 pub use split::{KvSplit, SPLIT_KEYS};
 use std::collections::BTreeMap;
 use visited::{attn_shape, kernel_fns};
-pub use visited::{value_elements, INTEGER_DIGITS};
+pub use visited::{value_elements, visited_fraction, INTEGER_DIGITS};
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(tag = "role", rename_all = "snake_case")]

@@ -8,7 +8,7 @@ use super::split::KvSplit;
 use super::tiles::*;
 use super::view::{RowView, View};
 pub use super::visited::{AttnShape, KernelFns};
-use crate::ir::{AttnArg, BinaryOp, MaskKind, ReduceKind, UnaryOp};
+use crate::ir::{AttnArg, BinaryOp, ReduceKind, UnaryOp};
 use serde::Serialize;
 
 /// Attention's keys and values in a paged cache (`Op::Paged` read in
@@ -472,12 +472,9 @@ impl KernelSpec {
                 lanes: 1,
                 row_units: ATTN_ROWS,
             },
-            KernelSpec::Attention { shape: AttnShape { s, sk, d, e, mask, window, block, ref fns, .. }, .. } => {
+            KernelSpec::Attention { shape: ref sh @ AttnShape { s, sk, d, e, window, block, .. }, .. } => {
                 let l = self.line_size();
-                // A mask function is tiled as a mask: smaller query tiles skip more.
-                let masked =
-                    mask != MaskKind::None || window.is_some() || fns.as_ref().is_some_and(|f| f.mask.is_some());
-                AttnTiles::new(d / l, e / l, s, sk, masked, window.unwrap_or(0) * block)
+                AttnTiles::new(d / l, e / l, s, sk, sh.masked(), window.unwrap_or(0) * block)
             }
             KernelSpec::AttentionGrad { shape: AttnShape { d, e, .. }, fragments: true, tf32, .. } => {
                 frag_grad_tiles(d, e, frag_bytes(tf32)).expect("tiled for fragments where they fit")
@@ -486,14 +483,9 @@ impl KernelSpec {
             // forward's tiling at widths `2 dl + el`), dV one of each
             // (`dl + el`); dK and dV tile key rows against query tiles.
             KernelSpec::AttentionGrad {
-                shape: AttnShape { s, sk, d, e, mask, window, block, ref fns, .. },
-                wrt,
-                dv,
-                ..
+                shape: ref sh @ AttnShape { s, sk, d, e, window, block, .. }, wrt, dv, ..
             } if self.tiled_grad() => {
-                let l = self.line_size();
-                let masked =
-                    mask != MaskKind::None || window.is_some() || fns.as_ref().is_some_and(|f| f.mask.is_some());
+                let (l, masked) = (self.line_size(), sh.masked());
                 let w = window.unwrap_or(0) * block;
                 match wrt {
                     AttnArg::V => AttnTiles::new(d / l, e / l, sk, s, masked, w),
@@ -504,14 +496,10 @@ impl KernelSpec {
             }
             // The forward's kernel without values.
             KernelSpec::AttentionLse {
-                shape: AttnShape { s, sk, d, mask, window, block, ref fns, .. },
-                split: 0,
-                ..
+                shape: ref sh @ AttnShape { s, sk, d, window, block, .. }, split: 0, ..
             } => {
                 let l = self.line_size();
-                let masked =
-                    mask != MaskKind::None || window.is_some() || fns.as_ref().is_some_and(|f| f.mask.is_some());
-                AttnTiles::new(d / l, 0, s, sk, masked, window.unwrap_or(0) * block)
+                AttnTiles::new(d / l, 0, s, sk, sh.masked(), window.unwrap_or(0) * block)
             }
             KernelSpec::AttentionLse { tile, split, .. } | KernelSpec::AttentionGrad { tile, split, .. } => {
                 AttnTiles { unit_rows: 1, key_tile: tile, lanes: split.max(1), row_units: ATTN_ROWS }

@@ -121,7 +121,7 @@ impl KernelSpec {
     /// log-sum-exp and dQ on the CPU drivers' tiling): one loop over the
     /// visible key tiles, `parts` more per tile walked in parts
     /// ([`KernelSpec::part_trips`]); with tile functions, unit 0 first lists
-    /// the tiles (`tiles::walk_tiles`) and the cube reads what they read.
+    /// the tiles (`runtime::gpu::kit::walk::KeyWalk`) and the cube reads what they read.
     fn key_walk_trips(&self, sk: usize, parts: usize, fns: &Option<KernelFns>) -> usize {
         let t = self.attention_tiles();
         let tiles = sk.div_ceil(t.key_tile);

@@ -216,4 +216,10 @@ impl AttnShape {
     pub fn scale(&self) -> f32 {
         f64::from_bits(self.scale_bits) as f32
     }
+
+    /// Whether some pair may be hidden: a built-in mask, a window or a mask
+    /// function (the kernels tile such a launch as masked: smaller tiles skip more).
+    pub fn masked(&self) -> bool {
+        self.mask != MaskKind::None || self.window.is_some() || self.fns.as_ref().is_some_and(|f| f.mask.is_some())
+    }
 }

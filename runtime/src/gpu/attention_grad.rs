@@ -28,143 +28,37 @@
 //! Mesa's compiler take minutes at d = 256), so every row of the other
 //! side counts against Mesa's loop bound (`KernelSpec::loop_trips`).
 
-use super::attention::{key_hi, key_lo, key_row_of, log_sum_exp, view_row, M_INIT};
 use super::attention_split::xor_add;
 use super::func::{prep_hook, score_hook, slope_hook, tile_hook, Hook};
-use super::kernels::{self as k, shifted, visible, Stored, MASK_CAUSAL, MASK_TOKEN_CAUSAL};
+use super::kernels::{self as k, Stored};
+pub use super::kit::launch::Dims;
+use super::kit::mask::sees;
+use super::kit::norm::{self, live, push};
+use super::kit::source::view_row;
+use super::kit::walk::{key_tiles, query_tiles};
 use attnc_compiler::plan::{grad_chunk, RowView};
 use cubecl::prelude::*;
 
-pub use super::attention::NO_KEYS;
-pub(super) const NO_KEYS_BELOW: f32 = -1.0e38;
-
-/// The comptime sizes of an attention backward launch.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Dims {
-    pub h: usize,
-    pub hk: usize,
-    pub s: usize,
-    pub sk: usize,
-    pub d: usize,
-    pub e: usize,
-    /// `kernels::MASK_*`.
-    pub kind: u32,
-    /// 0: none.
-    pub window: usize,
-    pub block: usize,
-    /// Rows per shared-memory tile.
-    pub tile: usize,
-    /// `KernelSpec::fold_x`.
-    pub fold: usize,
-    /// Units sharing each row, lanes of one plane, each holding the row's
-    /// channels `c · lanes + lane` (register tiling; 1: a unit a row).
-    pub lanes: usize,
-    /// Rows per cube (`AttnTiles::cube_rows`).
-    pub rows: usize,
-}
-
-impl Dims {
-    /// Units per cube.
-    fn units(&self) -> usize {
-        self.rows * self.lanes
-    }
-}
-
-impl Dims {
-    /// The masks' position of query row 0 and of key row 0: the queries are
-    /// the last `s` of `sk` positions (`Mask::visible`), so with unequal
-    /// lengths query row `i` is position `i + sk` against key `j + s`.
-    fn offsets(&self) -> (usize, usize) {
-        if self.s == self.sk {
-            (0, 0)
-        } else {
-            (self.sk, self.s)
-        }
-    }
-}
-
-/// Whether query row `i` sees key row `j` (`Mask::visible`: the queries
-/// are the last `s` of `sk` positions).
-#[cube]
-pub(super) fn sees(i: usize, j: usize, #[comptime] g: Dims) -> bool {
-    let (qoff, koff) = comptime![g.offsets()];
-    visible(shifted(i, qoff), shifted(j, koff), comptime![g.kind], comptime![g.window], comptime![g.block])
-}
-
-/// Tiles `lo .. hi` of the other side that a cube walks.
+/// The bindings attention's `#[cube]` backward kernels read: the forward's
+/// inputs and output, the output's gradient and the saved log-sum-exp.
 #[derive(CubeType)]
-pub(super) struct Tiles {
-    pub lo: usize,
-    pub hi: usize,
+pub struct Saved<'a> {
+    pub q: &'a [Stored],
+    pub k: &'a [Stored],
+    pub v: &'a [Stored],
+    pub o: &'a [Stored],
+    pub dout: &'a [Stored],
+    pub lse: &'a [Stored],
 }
 
-/// The tiles of `tile` rows holding rows `lo .. hi` (none when empty).
-#[cube]
-fn tiles_of(lo: usize, hi: usize, #[comptime] tile: usize) -> Tiles {
-    let t0 = lo / tile;
-    let mut t1 = (hi + comptime![tile - 1]) / tile;
-    if hi <= lo {
-        t1 = t0;
-    }
-    Tiles { lo: t0, hi: t1 }
-}
-
-/// The key tiles that some query row `q0 ..= q1` sees (a mask's band,
-/// as the forward's `setup` finds it): the others are never loaded.
-#[cube]
-pub(super) fn key_tiles(q0: usize, q1: usize, #[comptime] g: Dims) -> Tiles {
-    let (qoff, koff) = comptime![g.offsets()];
-    let lo = key_lo(shifted(q0, qoff), comptime![g.kind], comptime![g.window], comptime![g.block]);
-    let hi =
-        key_hi(shifted(q1, qoff), comptime![g.kind], comptime![g.window], comptime![g.block], comptime![g.sk + koff]);
-    tiles_of(key_row_of(lo, koff, comptime![g.sk]), key_row_of(hi, koff, comptime![g.sk]), comptime![g.tile])
-}
-
-/// First query position that sees key position `p` (`visible`, inverted).
-#[cube]
-fn query_lo(p: usize, #[comptime] kind: u32, #[comptime] window: usize, #[comptime] block: usize) -> usize {
-    let mut lo = 0usize;
-    if comptime![kind == MASK_CAUSAL] {
-        lo = p;
-    } else if comptime![kind == MASK_TOKEN_CAUSAL] {
-        lo = p / block * block;
-    } else if comptime![window > 0] {
-        let m = p / block;
-        if m + 1 > window {
-            lo = (m + 1 - window) * block;
-        }
-    }
-    lo
-}
-
-/// One past the last query position that sees key position `p` (`inf` when unbounded).
-#[cube]
-fn query_hi(
-    p: usize,
-    #[comptime] kind: u32,
-    #[comptime] window: usize,
-    #[comptime] block: usize,
-    #[comptime] inf: usize,
-) -> usize {
-    let mut hi = inf.runtime();
-    if comptime![window > 0] {
-        if comptime![kind == MASK_CAUSAL] {
-            hi = p + comptime![window * block];
-        } else {
-            hi = (p / block + window) * block;
-        }
-    }
-    hi
-}
-
-/// The query tiles holding some query row that sees a key row `j0 ..= j1`.
-#[cube]
-pub(super) fn query_tiles(j0: usize, j1: usize, #[comptime] g: Dims) -> Tiles {
-    let (qoff, koff) = comptime![g.offsets()];
-    let lo = query_lo(shifted(j0, koff), comptime![g.kind], comptime![g.window], comptime![g.block]);
-    let hi =
-        query_hi(shifted(j1, koff), comptime![g.kind], comptime![g.window], comptime![g.block], comptime![g.s + qoff]);
-    tiles_of(key_row_of(lo, qoff, comptime![g.s]), key_row_of(hi, qoff, comptime![g.s]), comptime![g.tile])
+/// The comptime arguments of a backward launch beside its [`Dims`]: the
+/// layouts of q, k, v, o, dout, the gradient and dV, the attention's scale
+/// and its score and mask functions.
+#[derive(Clone)]
+pub struct GradArgs {
+    pub views: [RowView; 7],
+    pub scale: f32,
+    pub hook: Hook,
 }
 
 /// The first and last rows (of `n`) of this unit's cube.
@@ -219,22 +113,29 @@ fn lane_sum(v: f32, #[comptime] lanes: usize) -> f32 {
     x
 }
 
-/// Tile `t` (rows `t·rows ..`, clamped to the last of `n`) of `width`
-/// floats a row of head `(b, hh)` of `x` into `tile`, the cube's units
-/// sharing the copy.
+/// The rows of one side of a head as a kernel reads them: their layout,
+/// floats a row and how many.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct Side {
+    view: RowView,
+    width: usize,
+    rows: usize,
+}
+
+/// Tile `t` (rows `t·rows ..`, clamped to the last of `side.rows`) of
+/// `side.width` floats a row of head `(b, hh)` of `x` into `tile`, the
+/// cube's units sharing the copy.
 #[cube]
-#[allow(clippy::too_many_arguments)]
 fn load_tile(
     x: &[Stored],
     tile: &mut [f32],
     b: usize,
     hh: usize,
     t: usize,
-    #[comptime] v: RowView,
-    #[comptime] width: usize,
-    #[comptime] n: usize,
+    #[comptime] side: Side,
     #[comptime] g: Dims,
 ) {
+    let (v, width, n) = comptime![(side.view, side.width, side.rows)];
     let (rows, units) = comptime![(g.tile, g.units())];
     #[unroll]
     for c in 0..comptime![(rows * width).div_ceil(units)] {
@@ -376,9 +277,9 @@ fn query_row(#[comptime] g: Dims) -> QueryRow {
 }
 
 /// `D_i = dO_i · O_i`, given this unit's slice of `dO_i` (of `e` values)
-/// and query row `i` of head `(b, hi)` of `o`, summed over the row's lanes.
+/// and query row `i` of head `(b, hi)` of `o`, summed over the row's lanes
+/// (`g.e` values, `g.lanes` lanes).
 #[cube]
-#[allow(clippy::too_many_arguments)]
 fn delta_row(
     dor: &Array<f32>,
     o: &[Stored],
@@ -386,9 +287,9 @@ fn delta_row(
     hi: usize,
     i: usize,
     #[comptime] ov: RowView,
-    #[comptime] e: usize,
-    #[comptime] lanes: usize,
+    #[comptime] g: Dims,
 ) -> f32 {
+    let (e, lanes) = comptime![(g.e, g.lanes)];
     let or = load_row(o, b, hi, i, ov, e, lanes);
     let mut delta = f32::new(0.0);
     #[unroll]
@@ -399,28 +300,21 @@ fn delta_row(
 }
 
 /// The log-sum-exp of each query row's scaled visible scores, row-major
-/// `[B, H, S]` (`NO_KEYS` for a row that sees none).
+/// `[B, H, S]` (`NO_KEYS` for a row that sees none); of `args.views`, q's
+/// and k's are read.
 #[cube]
-pub fn lse(
-    q: &[Stored],
-    kb: &[Stored],
-    out: &mut [Stored],
-    #[comptime] g: Dims,
-    #[comptime] qv: RowView,
-    #[comptime] kv: RowView,
-    #[comptime] scale: f32,
-    #[comptime] hook: Hook,
-) {
+pub fn lse(q: &[Stored], kb: &[Stored], out: &mut [Stored], #[comptime] g: Dims, #[comptime] args: GradArgs) {
+    let (qv, kv, scale, hook) = comptime![(args.views[0], args.views[1], args.scale, args.hook.clone())];
     let QueryRow { bh, b, hi, kh, i, real } = query_row(g);
     let qr = load_row(q, b, hi, i, qv, comptime![g.d], comptime![g.lanes]);
     let mut kt = Shared::<[f32]>::new_slice(comptime![g.tile * g.d]);
-    let mut m = f32::new(M_INIT);
+    let mut m = f32::new(norm::M_INIT);
     let mut l = f32::new(0.0);
     let rows = cube_rows(comptime![g.s], g);
     let band = key_tiles(rows[0], rows[1], g);
     prep_hook(b, hi, rows[0], rows[1], true, hook.clone());
     for t in band.lo..band.hi {
-        load_tile(kb, &mut kt, b, kh, t, kv, comptime![g.d], comptime![g.sk], g);
+        load_tile(kb, &mut kt, b, kh, t, comptime![Side { view: kv, width: g.d, rows: g.sk }], g);
         sync_cube();
         if tile_hook(b, hi, rows[0], rows[1], t, comptime![g.tile], comptime![g.sk], true, hook.clone()) {
             for jj in 0..comptime![g.tile] {
@@ -430,45 +324,33 @@ pub fn lse(
                     dot_tile(&qr, &kt, jj * comptime![g.d], comptime![g.d], comptime![g.lanes]),
                     comptime![g.lanes],
                 );
-                if j < comptime![g.sk] && sees(i, j, g) {
+                if j < comptime![g.sk] && sees(i, j, comptime![g.mask()]) {
                     let sc = score_hook(dot * f32::new(scale), b, hi, i, j, hook.clone());
-                    let mn = max(m, sc);
-                    l = l * (m - mn).exp() + (sc - mn).exp();
-                    m = mn;
+                    let st = push(m, l, sc);
+                    m = st.m;
+                    l = st.l;
                 }
             }
         }
         sync_cube();
     }
     if real && plus_lane(0usize, comptime![g.lanes]) == 0 {
-        out[bh * comptime![g.s] + i] = Stored::cast_from(log_sum_exp(m, l, NO_KEYS));
+        out[bh * comptime![g.s] + i] = Stored::cast_from(norm::finish_lse(m, l));
     }
 }
 
 /// `dQ`, row-major `[B, H, S, d]`: a unit (or `lanes` units) per query row
 /// walks the key and value tiles of its key/value head.
 #[cube]
-#[allow(clippy::too_many_arguments)]
-pub fn grad_q(
-    q: &[Stored],
-    kb: &[Stored],
-    v: &[Stored],
-    o: &[Stored],
-    dout: &[Stored],
-    lse: &[Stored],
-    out: &mut [Stored],
-    #[comptime] g: Dims,
-    #[comptime] views: [RowView; 7],
-    #[comptime] scale: f32,
-    #[comptime] hook: Hook,
-) {
+pub fn grad_q(x: &Saved, out: &mut [Stored], #[comptime] g: Dims, #[comptime] args: GradArgs) {
+    let (views, scale, hook) = comptime![(args.views, args.scale, args.hook.clone())];
     let lanes = comptime![g.lanes];
     let QueryRow { bh, b, hi, kh, i, real } = query_row(g);
-    let qr = load_row(q, b, hi, i, comptime![views[0]], comptime![g.d], lanes);
-    let dor = load_row(dout, b, hi, i, comptime![views[4]], comptime![g.e], lanes);
-    let delta = delta_row(&dor, o, b, hi, i, comptime![views[3]], comptime![g.e], lanes);
-    let l = f32::cast_from(lse[bh * comptime![g.s] + i]);
-    let live = real && l > f32::new(NO_KEYS_BELOW);
+    let qr = load_row(x.q, b, hi, i, comptime![views[0]], comptime![g.d], lanes);
+    let dor = load_row(x.dout, b, hi, i, comptime![views[4]], comptime![g.e], lanes);
+    let delta = delta_row(&dor, x.o, b, hi, i, comptime![views[3]], g);
+    let l = f32::cast_from(x.lse[bh * comptime![g.s] + i]);
+    let alive = real && live(l);
     let mut dq = k::zeros(comptime![g.d / g.lanes]);
     let mut kt = Shared::<[f32]>::new_slice(comptime![g.tile * g.d]);
     let mut vt = Shared::<[f32]>::new_slice(comptime![g.tile * g.e]);
@@ -476,8 +358,8 @@ pub fn grad_q(
     let band = key_tiles(rows[0], rows[1], g);
     prep_hook(b, hi, rows[0], rows[1], true, hook.clone());
     for t in band.lo..band.hi {
-        load_tile(kb, &mut kt, b, kh, t, comptime![views[1]], comptime![g.d], comptime![g.sk], g);
-        load_tile(v, &mut vt, b, kh, t, comptime![views[2]], comptime![g.e], comptime![g.sk], g);
+        load_tile(x.k, &mut kt, b, kh, t, comptime![Side { view: views[1], width: g.d, rows: g.sk }], g);
+        load_tile(x.v, &mut vt, b, kh, t, comptime![Side { view: views[2], width: g.e, rows: g.sk }], g);
         sync_cube();
         if tile_hook(b, hi, rows[0], rows[1], t, comptime![g.tile], comptime![g.sk], true, hook.clone()) {
             for jj in 0..comptime![g.tile] {
@@ -485,8 +367,8 @@ pub fn grad_q(
                 let sc =
                     lane_sum(dot_tile(&qr, &kt, jj * comptime![g.d], comptime![g.d], lanes), lanes) * f32::new(scale);
                 let dp = lane_sum(dot_tile(&dor, &vt, jj * comptime![g.e], comptime![g.e], lanes), lanes);
-                if live && j < comptime![g.sk] && sees(i, j, g) {
-                    let p = (score_hook(sc, b, hi, i, j, hook.clone()) - l).exp();
+                if alive && j < comptime![g.sk] && sees(i, j, comptime![g.mask()]) {
+                    let p = norm::prob(score_hook(sc, b, hi, i, j, hook.clone()), l);
                     let ds = slope_hook(p * (dp - delta), sc, b, hi, i, j, hook.clone()) * f32::new(scale);
                     axpy_tile(&mut dq, ds, &kt, jj * comptime![g.d], comptime![g.d], lanes);
                 }
@@ -504,23 +386,16 @@ pub fn grad_q(
 /// that reads its key/value head. `v` and `o` are read for `dK` only. With
 /// `with_v` (and `wrt_k`), `dV` too, into `out_v`, from the same probabilities.
 #[cube]
-#[allow(clippy::too_many_arguments)]
 pub fn grad_kv(
-    q: &[Stored],
-    kb: &[Stored],
-    v: &[Stored],
-    o: &[Stored],
-    dout: &[Stored],
-    lse: &[Stored],
+    x: &Saved,
     out: &mut [Stored],
     out_v: &mut [Stored],
     #[comptime] g: Dims,
-    #[comptime] views: [RowView; 7],
-    #[comptime] scale: f32,
+    #[comptime] args: GradArgs,
     #[comptime] wrt_k: bool,
     #[comptime] with_v: bool,
-    #[comptime] hook: Hook,
 ) {
+    let (views, scale, hook) = comptime![(args.views, args.scale, args.hook.clone())];
     let lanes = comptime![g.lanes];
     let bh = k::cube_y(comptime![g.fold]);
     let b = bh / comptime![g.hk];
@@ -528,12 +403,12 @@ pub fn grad_kv(
     let row = unit_row(g);
     let real = row < comptime![g.sk];
     let j = min(row, comptime![g.sk - 1]);
-    let kr = load_row(kb, b, kh, j, comptime![views[1]], comptime![g.d], lanes);
+    let kr = load_row(x.k, b, kh, j, comptime![views[1]], comptime![g.d], lanes);
     let width = comptime![if wrt_k { g.d } else { g.e }];
     let mut acc = k::zeros(comptime![width / g.lanes]);
     let mut acc_v = k::zeros(comptime![if with_v { g.e / g.lanes } else { 1 }]);
     let vr = if comptime![wrt_k] {
-        load_row(v, b, kh, j, comptime![views[2]], comptime![g.e], lanes)
+        load_row(x.v, b, kh, j, comptime![views[2]], comptime![g.e], lanes)
     } else {
         k::zeros(1usize)
     };
@@ -550,19 +425,19 @@ pub fn grad_kv(
         let hi = kh * comptime![g.h / g.hk] + hq;
         prep_hook(b, hi, rows[0], rows[1], false, hook.clone());
         for t in band.lo..band.hi {
-            load_tile(q, &mut qt, b, hi, t, comptime![views[0]], comptime![g.d], comptime![g.s], g);
-            load_tile(dout, &mut dt, b, hi, t, comptime![views[4]], comptime![g.e], comptime![g.s], g);
+            load_tile(x.q, &mut qt, b, hi, t, comptime![Side { view: views[0], width: g.d, rows: g.s }], g);
+            load_tile(x.dout, &mut dt, b, hi, t, comptime![Side { view: views[4], width: g.e, rows: g.s }], g);
             let i = min(t * comptime![g.tile] + mine, comptime![g.s - 1]);
             if comptime![wrt_k] {
                 // Every row of lanes sums a D_i (the shuffles); the first `tile` rows keep theirs.
-                let dor = load_row(dout, b, hi, i, comptime![views[4]], comptime![g.e], lanes);
-                let delta = delta_row(&dor, o, b, hi, i, comptime![views[3]], comptime![g.e], lanes);
+                let dor = load_row(x.dout, b, hi, i, comptime![views[4]], comptime![g.e], lanes);
+                let delta = delta_row(&dor, x.o, b, hi, i, comptime![views[3]], g);
                 if fetches {
                     st[comptime![g.tile] + mine] = delta;
                 }
             }
             if fetches {
-                st[mine] = f32::cast_from(lse[(b * comptime![g.h] + hi) * comptime![g.s] + i]);
+                st[mine] = f32::cast_from(x.lse[(b * comptime![g.h] + hi) * comptime![g.s] + i]);
             }
             sync_cube();
             if tile_hook(b, hi, rows[0], rows[1], t, comptime![g.tile], comptime![g.s], false, hook.clone()) {
@@ -576,8 +451,8 @@ pub fn grad_kv(
                     } else {
                         f32::new(0.0)
                     };
-                    if real && i < comptime![g.s] && l > f32::new(NO_KEYS_BELOW) && sees(i, j, g) {
-                        let p = (score_hook(sc, b, hi, i, j, hook.clone()) - l).exp();
+                    if real && i < comptime![g.s] && live(l) && sees(i, j, comptime![g.mask()]) {
+                        let p = norm::prob(score_hook(sc, b, hi, i, j, hook.clone()), l);
                         if comptime![wrt_k] {
                             let ds = slope_hook(p * (dp - st[comptime![g.tile] + ii]), sc, b, hi, i, j, hook.clone())
                                 * f32::new(scale);

@@ -13,11 +13,15 @@
 //! may let through; rows are read from global memory a pair at a time (no
 //! shared tiles): this is the simple kernel, not a fast one.
 
-use super::attention::view_row;
-use super::attention_grad::{key_tiles, query_tiles, sees, Dims, NO_KEYS_BELOW};
+use super::attention_grad::{GradArgs, Saved};
 use super::func::{index_hook, read_hook, score_hook, Hook};
 use super::kernels::{self as k, Stored};
-use attnc_compiler::plan::{read_chunk, Lines, RowView, SUM_UNROLL};
+use super::kit::launch::Dims;
+use super::kit::mask::sees;
+use super::kit::norm::{self, live};
+use super::kit::source::view_row;
+use super::kit::walk::{key_tiles, query_tiles};
+use attnc_compiler::plan::{read_chunk, Lines, SUM_UNROLL};
 use cubecl::prelude::*;
 
 /// What both launches walk: the lines and, of the tensor, its reads.
@@ -101,22 +105,15 @@ fn dot(
 /// Line `line` (of every (batch, head)'s `Walk::count`) writes its sum of
 /// each read `r` at `out[(r · batch · h + bh) · count + l]`.
 #[cube]
-#[allow(clippy::too_many_arguments)]
 pub fn read_lines(
-    q: &[Stored],
-    kb: &[Stored],
-    v: &[Stored],
-    o: &[Stored],
-    dout: &[Stored],
-    lse: &[Stored],
+    x: &Saved,
     out: &mut [Stored],
     line: usize,
     #[comptime] g: Dims,
     #[comptime] walk: Walk,
-    #[comptime] views: [RowView; 5],
-    #[comptime] scale: f32,
-    #[comptime] hook: Hook,
+    #[comptime] args: GradArgs,
 ) {
+    let (views, scale, hook) = comptime![(args.views, args.scale, args.hook.clone())];
     let count = comptime![walk.count(&g)];
     let bh = line / count;
     let l = line % count;
@@ -138,7 +135,7 @@ pub fn read_lines(
         first = band.lo;
         last = min(band.hi, start.n);
     } else if comptime![g.block == 1] {
-        if start.n > 0 && !sees(start.i, start.j, g) {
+        if start.n > 0 && !sees(start.i, start.j, comptime![g.mask()]) {
             last = 0;
         }
     }
@@ -152,15 +149,15 @@ pub fn read_lines(
         if comptime![walk.lines != Lines::Rows] {
             i += t;
         }
-        let lv = f32::cast_from(lse[bh * comptime![g.s] + i]);
-        if lv > f32::new(NO_KEYS_BELOW) && sees(i, j, g) {
+        let lv = f32::cast_from(x.lse[bh * comptime![g.s] + i]);
+        if live(lv) && sees(i, j, comptime![g.mask()]) {
             let (qa, ka) = (view_row(b, hi, i, comptime![views[0]]), view_row(b, kh, j, comptime![views[1]]));
             let (va, oa) = (view_row(b, kh, j, comptime![views[2]]), view_row(b, hi, i, comptime![views[3]]));
             let da = view_row(b, hi, i, comptime![views[4]]);
-            let sc = dot(q, qa, kb, ka, kb, ka, comptime![g.d], false) * f32::new(scale);
+            let sc = dot(x.q, qa, x.k, ka, x.k, ka, comptime![g.d], false) * f32::new(scale);
             // dO_i · v_j − D_i in one pass.
-            let dp = dot(dout, da, v, va, o, oa, comptime![g.e], true);
-            let p = (score_hook(sc, b, hi, i, j, hook.clone()) - lv).exp();
+            let dp = dot(x.dout, da, x.v, va, x.o, oa, comptime![g.e], true);
+            let p = norm::prob(score_hook(sc, b, hi, i, j, hook.clone()), lv);
             read_hook(&mut acc, p * dp, sc, b, hi, i, j, comptime![walk.capture], hook.clone());
         }
     }

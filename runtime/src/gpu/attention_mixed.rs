@@ -19,10 +19,13 @@
 //! product (up to 64 at a time) and a unit's statistics and accumulators
 //! are unrolled (`MixTiles::loop_trips` counts the loops for Mesa's bound).
 
-use super::attention::{log_sum_exp, view_row};
-use super::attention_grad::{key_tiles, sees, Dims, NO_KEYS, NO_KEYS_BELOW};
 use super::func::{score_hook, slope_hook, Hook};
-use super::kernels::{self as k, Stored, M_INIT};
+use super::kernels::{self as k, Stored};
+use super::kit::launch::Dims;
+use super::kit::mask::{sees, unmasked};
+use super::kit::norm::{self, live, push};
+use super::kit::source::view_row;
+use super::kit::walk::key_tiles;
 use attnc_compiler::plan::{grad_chunk, RowView};
 use cubecl::prelude::*;
 
@@ -45,12 +48,11 @@ pub struct MixDims {
 /// Whether softmax head `h`'s query row `i` sees key row `j`: the built-in
 /// mask and the mask function (`mask`, a hook without a score function).
 #[cube]
-#[allow(clippy::too_many_arguments)]
 pub(super) fn seen(b: usize, h: usize, i: usize, j: usize, #[comptime] g: Dims, #[comptime] mask: Hook) -> bool {
     let mut ok = false;
     if j < comptime![g.sk] {
-        if sees(i, j, g) {
-            ok = score_hook(f32::new(0.0), b, h, i, j, mask) > f32::new(NO_KEYS_BELOW);
+        if sees(i, j, comptime![g.mask()]) {
+            ok = unmasked(score_hook(f32::new(0.0), b, h, i, j, mask));
         }
     }
     ok
@@ -178,8 +180,8 @@ pub(super) fn probabilities(
                 let i = i0 + r;
                 let l = ls[idx];
                 let mut p = f32::new(0.0);
-                if i < comptime![m.g.s] && l > f32::new(NO_KEYS_BELOW) && seen(b, h, i, j0 + jj, m.g, mask.clone()) {
-                    p = (mixed_logit(sc, wls, r, h, jj, m, nt) - l).exp();
+                if i < comptime![m.g.s] && live(l) && seen(b, h, i, j0 + jj, m.g, mask.clone()) {
+                    p = norm::prob(mixed_logit(sc, wls, r, h, jj, m, nt), l);
                 }
                 pr[idx * nt + jj] = p;
             }
@@ -242,7 +244,7 @@ pub fn mixed(
     for it in 0..comptime![stats.div_ceil(units)] {
         let idx = UNIT_POS as usize + comptime![it * units];
         if idx < stats {
-            st_m[idx] = f32::new(M_INIT);
+            st_m[idx] = f32::new(norm::M_INIT);
             st_l[idx] = f32::new(0.0);
         }
     }
@@ -263,10 +265,9 @@ pub fn mixed(
                     let h = idx % hs;
                     if seen(b, h, min(r0 + r, comptime![g.s - 1]), j, g, mask.clone()) {
                         let x = mixed_logit(&sc, &wls, r, h, jj, m, tile);
-                        let (mx, l) = (st_m[idx], st_l[idx]);
-                        let mn = max(mx, x);
-                        st_l[idx] = l * (mx - mn).exp() + (x - mn).exp();
-                        st_m[idx] = mn;
+                        let st = push(st_m[idx], st_l[idx], x);
+                        st_m[idx] = st.m;
+                        st_l[idx] = st.l;
                     }
                 }
             }
@@ -278,7 +279,7 @@ pub fn mixed(
     for it in 0..comptime![stats.div_ceil(units)] {
         let idx = UNIT_POS as usize + comptime![it * units];
         if idx < stats {
-            st_m[idx] = log_sum_exp(st_m[idx], st_l[idx], NO_KEYS);
+            st_m[idx] = norm::finish_lse(st_m[idx], st_l[idx]);
         }
     }
     sync_cube();

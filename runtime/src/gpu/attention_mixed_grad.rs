@@ -18,11 +18,11 @@
 //! Products are laid out `(query row, head, key)` in shared memory in both
 //! orientations, as [`scores`] writes them.
 
-use super::attention::view_row;
-use super::attention_grad::{key_tiles, query_tiles};
 use super::attention_mixed::{dot, load_matrix, probabilities, scores, MixDims};
 use super::func::Hook;
 use super::kernels::{self as k, Stored};
+use super::kit::source::view_row;
+use super::kit::walk::{key_tiles, query_tiles};
 use attnc_compiler::plan::{MixPass, RowView};
 use cubecl::prelude::*;
 

@@ -27,11 +27,12 @@
 //! `attention_mixed.rs`); its first plane walks the keys, the others walk
 //! none (their loop is empty, which Mesa's drivers skip).
 
-use super::attention::{log_sum_exp, view_row};
-use super::attention_grad::{key_tiles, NO_KEYS};
 use super::attention_mixed::{seen, MixDims};
 use super::func::{score_hook, Hook};
-use super::kernels::{self as k, Stored, M_INIT};
+use super::kernels::{self as k, Stored};
+use super::kit::norm::{self, push};
+use super::kit::source::view_row;
+use super::kit::walk::key_tiles;
 use attnc_compiler::plan::RowView;
 use cubecl::prelude::*;
 
@@ -234,7 +235,7 @@ pub fn mixed_rows<N: Size>(
     let mut l = Array::<f32>::new(comptime![per * hs]);
     #[unroll]
     for x in 0..comptime![per * hs] {
-        mx[x] = f32::new(M_INIT);
+        mx[x] = f32::new(norm::M_INIT);
         l[x] = f32::new(0.0);
     }
     for j in j0..j1 {
@@ -246,15 +247,9 @@ pub fn mixed_rows<N: Size>(
             for h in 0..hs {
                 let at = comptime![t * hs + h];
                 if seen(b, h, i, j, g, mask.clone()) {
-                    let x = sm[at];
-                    let gap = x - mx[at];
-                    let w = (f32::new(0.0) - gap.abs()).exp();
-                    if gap > f32::new(0.0) {
-                        l[at] = l[at] * w + f32::new(1.0);
-                        mx[at] = x;
-                    } else {
-                        l[at] += w;
-                    }
+                    let st = push(mx[at], l[at], sm[at]);
+                    mx[at] = st.m;
+                    l[at] = st.l;
                 }
             }
         }
@@ -262,7 +257,7 @@ pub fn mixed_rows<N: Size>(
     // The log-sum-exp, in place of the maximum.
     #[unroll]
     for x in 0..comptime![per * hs] {
-        mx[x] = log_sum_exp(mx[x], l[x], NO_KEYS);
+        mx[x] = norm::finish_lse(mx[x], l[x]);
     }
     if comptime![lse] {
         #[unroll]
@@ -295,7 +290,7 @@ pub fn mixed_rows<N: Size>(
                 for h in 0..hs {
                     let mut x = f32::new(0.0);
                     if seen(b, h, i, j, g, mask.clone()) {
-                        x = (sm[comptime![t * hs + h]] - mx[comptime![t * hs + h]]).exp();
+                        x = norm::prob(sm[comptime![t * hs + h]], mx[comptime![t * hs + h]]);
                     }
                     p[comptime![t * hs + h]] = x;
                 }

@@ -15,39 +15,36 @@
 //! channels. A cube is 64 query rows (32 at eight lanes a row, so that a
 //! cube of at most 256 threads may use 255 registers each); key tiles,
 //! masks, the tiles visited and the heaviest-first order are the CPU
-//! kernel's (`attention::setup`), so what a mask means is written once.
+//! kernel's (`kit::walk::setup`), so what a mask means is written once.
 
-use super::attention::{
-    key_address, load_query, mask_scores, query_tile, setup, softmax_state, store_lse, store_partial, store_row,
-    view_row, Shape, ROW_I, ROW_OUT, ROW_Q, SET_K, SET_V,
-};
+use super::attention::{load_query, store_row};
 use super::kernels::{self as k, Stored};
-use super::tiles::{prepare_tiles, walk_tiles};
+use super::kit::launch::{Dims, Inputs, Shape, ROW_I, ROW_OUT, ROW_Q};
+use super::kit::norm::{self, store_lse, store_partial, Step};
+use super::kit::pair::mask_scores;
+use super::kit::source::{key_address, view_row};
+use super::kit::walk::{query_tile, setup, KeyWalk, SET_K, SET_V};
 use attnc_compiler::plan::RowView;
 use cubecl::prelude::*;
 
 /// This unit's query row (`ROW_*` slots: the addresses of its slices of
 /// the query and output rows, `dg` and `eg` vectors a lane) and its slice.
 #[cube]
-#[allow(clippy::too_many_arguments)]
 fn lane_slots(
-    #[comptime] h: usize,
-    #[comptime] s: usize,
+    #[comptime] dims: Dims,
     #[comptime] bq: usize,
-    #[comptime] kind: u32,
-    #[comptime] g: usize,
     #[comptime] dg: usize,
     #[comptime] eg: usize,
     #[comptime] views: [RowView; 4],
-    #[comptime] fold: usize,
     #[comptime] split_stride: usize,
 ) -> Array<usize> {
     // A fifth slot (the output row's start) where a split's log-sum-exp needs it.
     let mut a = Array::<usize>::new(comptime![if split_stride > 0 { 5usize } else { 4usize }]);
-    let bh = k::cube_y(fold);
+    let (h, g) = comptime![(dims.h, dims.lanes)];
+    let bh = k::cube_y(comptime![dims.fold]);
     let unit = UNIT_POS as usize;
-    let i = query_tile(s, bq, kind, fold) * bq + unit / g;
-    let row = min(i, comptime![s - 1]);
+    let i = query_tile(dims, bq) * bq + unit / g;
+    let row = min(i, comptime![dims.s - 1]);
     let part = unit % g;
     a[ROW_Q] = view_row(bh / h, bh % h, row, comptime![views[0]]) + part * dg;
     // Split-KV: the cube's chunk of partial rows (grid z).
@@ -112,40 +109,35 @@ fn rescale<N: Size>(acc: &mut Array<Vector<f32, N>>, corr: f32, #[comptime] n: u
 }
 
 /// Emit the kernel body for vectors of `N` (`lanes` floats).
-#[allow(clippy::too_many_arguments)]
 pub fn build<N: Size>(
     scope: &Scope,
-    q: &NativeExpand<[Vector<Stored, N>]>,
-    kb: &NativeExpand<[Vector<Stored, N>]>,
-    v: &NativeExpand<[Vector<Stored, N>]>,
+    x: &Inputs<N>,
     out: &mut NativeExpand<[Vector<Stored, N>]>,
     scale: NativeExpand<f32>,
     a: &Shape,
-    lanes: usize,
 ) {
+    let (q, kb, v, lanes) = (x.q, x.k, x.v, a.lanes);
     let g = a.tiles.lanes;
-    let (dg, eg) = (a.d / lanes / g, a.e / lanes / g);
+    let (dg, eg) = (a.g.d / lanes / g, a.g.e / lanes / g);
     let (bk, bq) = (a.tiles.key_tile, a.tiles.cube_rows());
     let (split_tiles, split_stride) = a.kv.map_or((0, 0), |kv| (kv.tiles, kv.stride));
-    let set =
-        setup::expand(scope, a.h, a.hk, a.s, a.sk, bq, bk, a.kind, a.window, a.block, a.views, a.fold, split_tiles);
-    let rows = lane_slots::expand(scope, a.h, a.s, bq, a.kind, g, dg, eg, a.views, a.fold, split_stride);
+    let set = setup::expand(scope, a.g, bq, bk, a.views, split_tiles);
+    let rows = lane_slots::expand(scope, a.g, bq, dg, eg, a.views, split_stride);
     let part = k::uget::expand(scope, &rows, PART);
     let qr = load_query::expand::<N>(scope, q, k::uget::expand(scope, &rows, ROW_Q), scale, dg);
     let acc = k::vzeros::expand::<N>(scope, eg);
-    let state = softmax_state::expand(scope);
+    let state = norm::state::expand(scope);
     let body = Body { a, set: &set, rows: &rows, part, qr: &qr, acc: &acc, state: &state, kb, v, g, dg, eg, bk };
-    let prep = prepare_tiles(scope, &set, a);
-    walk_tiles(scope, &set, a, bk, &prep, |scope, kt, masked, hidden| {
+    KeyWalk::new(scope, &set, a, bk).walk(scope, |scope, (kt, masked, hidden)| {
         body.tile(scope, k::mul_const::expand(scope, kt, bk), masked, hidden)
     });
     match a.kv {
-        Some(kv) => store_partial::expand::<N>(scope, out, &acc, &state, &rows, OUT_ROW, a.s, eg, kv),
-        None => store_row::expand::<N>(scope, out, &acc, &state, &rows, a.s, eg),
+        Some(kv) => store_partial::expand::<N>(scope, out, &acc, &state, &rows, OUT_ROW, a.g.s, eg, kv),
+        None => store_row::expand::<N>(scope, out, &acc, &state, &rows, a.g.s, eg),
     }
     if let Some(lse) = &a.lse {
         // Every lane of a row holds its whole state: they write the same value.
-        store_lse::expand(scope, &mut lse.clone_unchecked(), &state, &rows, a.s, a.fold);
+        store_lse::expand(scope, &mut lse.clone_unchecked(), &state, &rows, a.g.s, a.g.fold);
     }
 }
 
@@ -191,21 +183,15 @@ impl<N: Size> Body<'_, N> {
             scores.push((0..self.g.trailing_zeros()).fold(dot, |v, b| xor_add::expand(scope, v, 1 << b)));
         }
         let scores = mask_scores(scope, scores, &masked, hidden, i, k0, a);
-        let m_old = k::fget::expand(scope, self.state, 0);
-        let m_new = scores.iter().fold(m_old, |m, s| k::fmax::expand(scope, m, *s));
-        let corr = k::exp_diff::expand(scope, m_old, m_new);
-        let mut l = k::fmul::expand(scope, k::fget::expand(scope, self.state, 1), corr);
+        let mut step = Step::open(scope, self.state, &scores);
         let mut acc = *self.acc;
-        rescale::expand::<N>(scope, &mut acc, corr, self.eg);
+        rescale::expand::<N>(scope, &mut acc, step.corr, self.eg);
         for (jj, score) in scores.into_iter().enumerate() {
-            let p = k::exp_diff::expand(scope, score, m_new);
-            l = k::fadd::expand(scope, l, p);
+            let p = step.weight(scope, score);
             let row = key_address(scope, a, k0, v_base, jj, masked.is_some(), a.views[2]);
             let at = k::add_index::expand(scope, row, v_part);
             axpy_slice::expand::<N>(scope, &mut acc, self.v, at, p, self.eg);
         }
-        let mut state = *self.state;
-        k::fset::expand(scope, &mut state, 0, m_new);
-        k::fset::expand(scope, &mut state, 1, l);
+        step.close(scope, self.state);
     }
 }

@@ -13,7 +13,7 @@
 //! The tiles visited come from the mask, per cube: every visible key lies in
 //! an interval of rows per query row, monotone in the row, so the visible
 //! tiles are consecutive, the few at either end partly masked and those
-//! between seen whole by every row; one loop walks them (`tiles::walk_tiles`), its
+//! between seen whole by every row; one loop walks them (`kit::walk::KeyWalk`), its
 //! tile emitted once, and masks a tile's scores only on the boundary (one
 //! uniform branch a tile); tiles no row sees are never loaded. Causal cubes
 //! run heaviest first.
@@ -21,12 +21,13 @@
 //! Loop iterations per unit: one per key tile, and per part of a tile
 //! unrolled in parts (see `plan::KernelSpec::loop_trips`).
 
-use super::attention::{
-    key_address, load_query, mask_scores, row_slots, setup, softmax_state, store_lse, store_partial, store_row, Shape,
-    ROW_I, ROW_OUT, ROW_Q, SET_K, SET_V,
-};
+use super::attention::{load_query, row_slots, store_row};
 use super::kernels::{self as k, Stored};
-use super::tiles::{in_parts, prepare_tiles, walk_tiles};
+use super::kit::launch::{Inputs, Shape, ROW_I, ROW_OUT, ROW_Q};
+use super::kit::norm::{self, store_lse, store_partial, Step};
+use super::kit::pair::mask_scores;
+use super::kit::source::key_address;
+use super::kit::walk::{in_parts, setup, KeyWalk, SET_K, SET_V};
 use attnc_compiler::plan::ATTN_ROWS;
 use cubecl::prelude::*;
 
@@ -40,39 +41,27 @@ pub enum Out<'a, N: Size> {
 
 /// Emit the kernel body for vectors of `N` (`lanes` floats), spreading each
 /// key and value row over planes of `plane` units (1: every unit loads whole rows).
-#[allow(clippy::too_many_arguments)]
-pub fn build<N: Size>(
-    scope: &Scope,
-    q: &NativeExpand<[Vector<Stored, N>]>,
-    kb: &NativeExpand<[Vector<Stored, N>]>,
-    v: &NativeExpand<[Vector<Stored, N>]>,
-    out: Out<N>,
-    scale: NativeExpand<f32>,
-    a: &Shape,
-    lanes: usize,
-    plane: u32,
-) {
-    let dl = a.d / lanes;
-    let el = if matches!(out, Out::Lse(_)) { 0 } else { a.e / lanes };
+pub fn build<N: Size>(scope: &Scope, x: &Inputs<N>, out: Out<N>, scale: NativeExpand<f32>, a: &Shape, plane: u32) {
+    let (q, kb, v, lanes) = (x.q, x.k, x.v, a.lanes);
+    let dl = a.g.d / lanes;
+    let el = if matches!(out, Out::Lse(_)) { 0 } else { a.g.e / lanes };
     let (bk, nr) = (a.tiles.key_tile, a.tiles.unit_rows);
     let bq = ATTN_ROWS * nr;
     let (split_tiles, split_stride) = a.kv.map_or((0, 0), |kv| (kv.tiles, kv.stride));
-    let set =
-        setup::expand(scope, a.h, a.hk, a.s, a.sk, bq, bk, a.kind, a.window, a.block, a.views, a.fold, split_tiles);
+    let set = setup::expand(scope, a.g, bq, bk, a.views, split_tiles);
     let mut units = Vec::with_capacity(nr);
     for r in 0..nr {
-        let slots = row_slots::expand(scope, a.h, a.s, bq, a.kind, r, a.views, a.fold, split_stride);
+        let slots = row_slots::expand(scope, a.g, bq, r, a.views, split_stride);
         let qr = load_query::expand::<N>(scope, q, k::uget::expand(scope, &slots, ROW_Q), scale, dl);
         let acc = k::vzeros::expand::<N>(scope, el);
-        let state = softmax_state::expand(scope);
+        let state = norm::state::expand(scope);
         units.push(UnitRow { slots, qr, acc, state });
     }
     let lane = k::plane_lane::expand(scope, plane.max(1));
     // The tile's rows unrolled at once; a wider tile (fragment tiling) is
     // walked in parts, an online-softmax step each.
     let part = a.tiles.unrolled_rows(dl + el, a.half);
-    let prep = prepare_tiles(scope, &set, a);
-    walk_tiles(scope, &set, a, bk, &prep, |scope, kt, masked, hidden| {
+    KeyWalk::new(scope, &set, a, bk).walk(scope, |scope, (kt, masked, hidden)| {
         let k0 = k::mul_const::expand(scope, kt, bk);
         let tile = |scope: &Scope, k0| {
             let t = KeyTile { a, set: &set, kb, v, rows: &units, lane, k0, bk: part, dl, el, plane, masked, hidden };
@@ -85,18 +74,18 @@ pub fn build<N: Size>(
             for u in &units {
                 match a.kv {
                     Some(kv) => {
-                        store_partial::expand::<N>(scope, out, &u.acc, &u.state, &u.slots, ROW_OUT, a.s, el, kv)
+                        store_partial::expand::<N>(scope, out, &u.acc, &u.state, &u.slots, ROW_OUT, a.g.s, el, kv)
                     }
-                    None => store_row::expand::<N>(scope, out, &u.acc, &u.state, &u.slots, a.s, el),
+                    None => store_row::expand::<N>(scope, out, &u.acc, &u.state, &u.slots, a.g.s, el),
                 }
                 if let Some(lse) = &a.lse {
-                    store_lse::expand(scope, &mut lse.clone_unchecked(), &u.state, &u.slots, a.s, a.fold);
+                    store_lse::expand(scope, &mut lse.clone_unchecked(), &u.state, &u.slots, a.g.s, a.g.fold);
                 }
             }
         }
         Out::Lse(out) => {
             for u in &units {
-                store_lse::expand(scope, out, &u.state, &u.slots, a.s, a.fold);
+                store_lse::expand(scope, out, &u.state, &u.slots, a.g.s, a.g.fold);
             }
         }
     }
@@ -125,7 +114,7 @@ struct KeyTile<'a, N: Size> {
     el: usize,
     plane: u32,
     masked: Option<NativeExpand<bool>>,
-    /// Whether the mask function may hide a key of the tile (`tile_state`).
+    /// Whether the mask function may hide a key of the tile (`kit::walk::KeyWalk`).
     hidden: Option<NativeExpand<bool>>,
 }
 
@@ -176,25 +165,20 @@ impl<N: Size> KeyTile<'_, N> {
             .collect();
         // One rescale per row and tile.
         let mut outs = vec![];
-        let mut m_news = vec![];
-        let mut ls = vec![];
+        let mut steps = vec![];
         for (u, sc) in self.rows.iter().zip(&scores) {
-            let m_old = k::fget::expand(scope, &u.state, 0);
-            let m_new = sc.iter().fold(m_old, |m, s| k::fmax::expand(scope, m, *s));
-            let corr = k::exp_diff::expand(scope, m_old, m_new);
-            ls.push(k::fmul::expand(scope, k::fget::expand(scope, &u.state, 1), corr));
+            let step = Step::open(scope, &u.state, sc);
             outs.push(
                 (0..self.el)
-                    .map(|c| k::vscale::expand::<N>(scope, k::vget::expand::<N>(scope, &u.acc, c), corr))
+                    .map(|c| k::vscale::expand::<N>(scope, k::vget::expand::<N>(scope, &u.acc, c), step.corr))
                     .collect::<Vec<_>>(),
             );
-            m_news.push(m_new);
+            steps.push(step);
         }
         for (jj, row) in value_rows.into_iter().enumerate() {
             let vals = self.row(scope, self.v, row, self.el);
             for r in 0..self.rows.len() {
-                let p = k::exp_diff::expand(scope, scores[r][jj], m_news[r]);
-                ls[r] = k::fadd::expand(scope, ls[r], p);
+                let p = steps[r].weight(scope, scores[r][jj]);
                 for (o, vc) in outs[r].iter_mut().zip(&vals) {
                     *o = k::axpy::expand::<N>(scope, *o, p, *vc);
                 }
@@ -202,12 +186,10 @@ impl<N: Size> KeyTile<'_, N> {
         }
         for (r, u) in self.rows.iter().enumerate() {
             let mut acc = u.acc;
-            let mut state = u.state;
             for (c, o) in outs[r].iter().enumerate() {
                 k::vset::expand::<N>(scope, &mut acc, c, *o);
             }
-            k::fset::expand(scope, &mut state, 0, m_news[r]);
-            k::fset::expand(scope, &mut state, 1, ls[r]);
+            steps[r].close(scope, &u.state);
         }
     }
 }

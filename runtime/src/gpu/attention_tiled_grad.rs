@@ -3,10 +3,10 @@
 //! of one (batch, head), `R` a unit, and holds per row its query (scaled),
 //! its output-gradient `dO_i`, `D_i = dO_i · O_i`, its log-sum-exp and the
 //! accumulator `dQ_i` in registers as vectors. It walks the key tiles the
-//! forward walks (`tiles::walk_tiles`: the mask's band, a mask function's
+//! forward walks (`kit::walk::KeyWalk`: the mask's band, a mask function's
 //! listed tiles); per tile, each key row is loaded once (by the lanes of a
 //! plane, then broadcast) for every row's score, the scores are masked and
-//! go through the score function as in the forward (`attention::mask_scores`),
+//! go through the score function as in the forward (`kit::pair::mask_scores`),
 //! then each value and key row is loaded once more for
 //! `P_ij = exp(score − lse_i)`, `dS_ij = P_ij (dO_i · v_j − D_i)` (times the
 //! score function's slope) and `dQ_i += dS_ij k_j`; finally
@@ -15,21 +15,17 @@
 //! `NO_KEYS_BELOW`) gets 0. Every sum runs in one unit in a fixed order:
 //! deterministic, as the shared-memory kernels (`attention_grad`).
 
-use super::attention::{
-    cube_head, key_row, load_query, mask_score, mask_scores, row_slots, seen_or_masked, setup, view_row, Shape, ROW_I,
-    ROW_OUT, ROW_Q, SET_K, SET_V,
-};
-use super::attention_grad::{query_tiles, Dims, NO_KEYS_BELOW};
+use super::attention::{load_query, row_slots};
 use super::attention_tiled::shared_row;
 use super::func::Indices;
 use super::kernels::{self as k, Stored};
-use super::tiles::{in_parts, prepare_tiles, walk_tiles};
+use super::kit::launch::{Shape, ROW_I, ROW_OUT, ROW_Q};
+use super::kit::norm;
+use super::kit::pair::{grad_weight, mask_scores, pair_score, times_slope};
+use super::kit::source::{key_row, view_row};
+use super::kit::walk::{in_parts, setup, walk_query_tiles, KeyWalk, SET_K, SET_V};
 use attnc_compiler::plan::{RowView, ATTN_ROWS};
 use cubecl::prelude::*;
-
-/// What the log-sum-exp of a row that saw no key becomes: every
-/// `exp(score − lse)` is then 0.
-pub(super) const DEAD_ROW: f32 = 3.0e38;
 
 /// The buffers of a `dQ` launch (in vectors, but the log-sum-exp).
 pub struct GradBuffers<'a, N: Size> {
@@ -39,45 +35,45 @@ pub struct GradBuffers<'a, N: Size> {
     pub o: &'a NativeExpand<[Vector<Stored, N>]>,
     pub dout: &'a NativeExpand<[Vector<Stored, N>]>,
     pub lse: &'a NativeExpand<[Stored]>,
+    /// The layouts of `o` and `dout`, in vectors.
+    pub side: [RowView; 2],
+    /// The attention's scale.
+    pub scale: f32,
 }
 
 /// Emit `dQ` (row-major `[B, H, S, d]`, `a.views[3]`) for vectors of `N`
 /// (`lanes` floats); `views`: the layouts of `o` and `dout`.
-#[allow(clippy::too_many_arguments)]
 pub fn build_grad_q<N: Size>(
     scope: &Scope,
     b: &GradBuffers<N>,
     out: &mut NativeExpand<[Vector<Stored, N>]>,
-    scale: f32,
     a: &Shape,
-    [ov, dov]: [RowView; 2],
-    lanes: usize,
     plane: u32,
 ) {
-    let (dl, el) = (a.d / lanes, a.e / lanes);
+    let ([ov, dov], scale, lanes) = (b.side, b.scale, a.lanes);
+    let (dl, el) = (a.g.d / lanes, a.g.e / lanes);
     let (bk, nr) = (a.tiles.key_tile, a.tiles.unit_rows);
     let bq = a.tiles.cube_rows();
-    let set = setup::expand(scope, a.h, a.hk, a.s, a.sk, bq, bk, a.kind, a.window, a.block, a.views, a.fold, 0);
+    let set = setup::expand(scope, a.g, bq, bk, a.views, 0);
     // `row_slots` of these views give the rows of `o` (ROW_Q) and `dout` (ROW_OUT).
     let side_views = [ov, a.views[1], a.views[2], dov];
     let scaled = k::fconst::expand(scope, scale);
     let one = k::fconst::expand(scope, 1.0);
     let mut rows = Vec::with_capacity(nr);
     for r in 0..nr {
-        let slots = row_slots::expand(scope, a.h, a.s, bq, a.kind, r, a.views, a.fold, 0);
-        let side = row_slots::expand(scope, a.h, a.s, bq, a.kind, r, side_views, a.fold, 0);
+        let slots = row_slots::expand(scope, a.g, bq, r, a.views, 0);
+        let side = row_slots::expand(scope, a.g, bq, r, side_views, 0);
         let qr = load_query::expand::<N>(scope, b.q, k::uget::expand(scope, &slots, ROW_Q), scaled, dl);
         let dor = load_query::expand::<N>(scope, b.dout, k::uget::expand(scope, &side, ROW_OUT), one, el);
         let or = load_query::expand::<N>(scope, b.o, k::uget::expand(scope, &side, ROW_Q), one, el);
         let delta = row_dot::expand::<N>(scope, &dor, &or, el);
-        let lse = row_lse::expand(scope, b.lse, &slots, a.s, a.fold);
+        let lse = norm::row_lse::expand(scope, b.lse, &slots, a.g.s, a.g.fold);
         let acc = k::vzeros::expand::<N>(scope, dl);
         rows.push(GradRow { slots, qr, dor, delta, lse, acc });
     }
     let lane = k::plane_lane::expand(scope, plane.max(1));
     let part = a.tiles.unrolled_rows(2 * dl + el, a.half);
-    let prep = prepare_tiles(scope, &set, a);
-    walk_tiles(scope, &set, a, bk, &prep, |scope, kt, masked, hidden| {
+    KeyWalk::new(scope, &set, a, bk).walk(scope, |scope, (kt, masked, hidden)| {
         let k0 = k::mul_const::expand(scope, kt, bk);
         let tile = |scope: &Scope, k0| {
             let t = GradTile { a, set: &set, b, rows: &rows, lane, k0, bk: part, dl, el, plane, masked, hidden };
@@ -86,12 +82,12 @@ pub fn build_grad_q<N: Size>(
         in_parts(scope, k0, bk, part, tile);
     });
     for u in &rows {
-        store_scaled::expand::<N>(scope, out, &u.acc, &u.slots, scale, a.s, dl);
+        store_scaled::expand::<N>(scope, out, &u.acc, &u.slots, scale, a.g.s, dl);
     }
 }
 
 /// One query row of a unit: its addresses, scaled query, output gradient,
-/// `D_i`, log-sum-exp ([`DEAD_ROW`] for a row that saw no key) and `dQ_i`.
+/// `D_i`, log-sum-exp (`norm::DEAD_ROW` for a row that saw no key) and `dQ_i`.
 struct GradRow<N: Size> {
     slots: NativeExpand<Array<usize>>,
     qr: NativeExpand<Array<Vector<f32, N>>>,
@@ -124,9 +120,9 @@ impl<N: Size> GradTile<'_, N> {
         let v_base = k::uget::expand(scope, self.set, SET_V);
         let clamp = self.masked.is_some();
         let key_rows: Vec<_> =
-            (0..self.bk).map(|jj| key_row::expand(scope, self.k0, k_base, jj, a.sk, clamp, a.views[1])).collect();
+            (0..self.bk).map(|jj| key_row::expand(scope, self.k0, k_base, jj, a.g.sk, clamp, a.views[1])).collect();
         let value_rows: Vec<_> =
-            (0..self.bk).map(|jj| key_row::expand(scope, self.k0, v_base, jj, a.sk, clamp, a.views[2])).collect();
+            (0..self.bk).map(|jj| key_row::expand(scope, self.k0, v_base, jj, a.g.sk, clamp, a.views[2])).collect();
         // The scaled logits of every row against every key of the tile.
         let mut logits = vec![Vec::with_capacity(self.bk); self.rows.len()];
         for row in &key_rows {
@@ -150,7 +146,7 @@ impl<N: Size> GradTile<'_, N> {
             .collect();
         let slope_fns = a.fns.as_ref().filter(|f| f.score.is_some());
         // The cube's batch and head, for the score function's slope.
-        let head = slope_fns.map(|_| cube_head(scope, a));
+        let head = slope_fns.map(|_| a.cube_head(scope));
         for jj in 0..self.bk {
             let values = shared_row(scope, self.b.v, value_rows[jj], self.el, self.lane, self.plane);
             let keys = shared_row(scope, self.b.k, key_rows[jj], self.dl, self.lane, self.plane);
@@ -159,7 +155,7 @@ impl<N: Size> GradTile<'_, N> {
                 for (c, vc) in values.iter().enumerate() {
                     dp = k::dot_add::expand::<N>(scope, dp, k::vget::expand::<N>(scope, &u.dor, c), *vc);
                 }
-                let p = k::exp_diff::expand(scope, scores[r][jj], u.lse);
+                let p = norm::prob::expand(scope, scores[r][jj], u.lse);
                 let mut ds = grad_weight::expand(scope, p, dp, u.delta);
                 if let (Some(fns), Some((b, h))) = (slope_fns, head) {
                     let i = k::uget::expand(scope, &u.slots, ROW_I);
@@ -181,12 +177,6 @@ impl<N: Size> GradTile<'_, N> {
     }
 }
 
-/// `dS = p · (dp − D)`.
-#[cube]
-pub(super) fn grad_weight(p: f32, dp: f32, delta: f32) -> f32 {
-    p * (dp - delta)
-}
-
 /// `Σ_c a[c] · b[c]` over `n` vectors.
 #[cube]
 fn row_dot<N: Size>(a: &Array<Vector<f32, N>>, b: &Array<Vector<f32, N>>, #[comptime] n: usize) -> f32 {
@@ -196,16 +186,6 @@ fn row_dot<N: Size>(a: &Array<Vector<f32, N>>, b: &Array<Vector<f32, N>>, #[comp
         acc += a[c].dot(b[c]);
     }
     acc
-}
-
-/// The log-sum-exp of the unit's query row (`rows`: its `ROW_*` slots),
-/// [`DEAD_ROW`] where the row saw no key.
-#[cube]
-pub(super) fn row_lse(lse: &[Stored], rows: &Array<usize>, #[comptime] s: usize, #[comptime] fold: usize) -> f32 {
-    let bh = k::cube_y(fold);
-    let i = min(rows[ROW_I], comptime![s - 1]);
-    let l = f32::cast_from(lse[bh * comptime![s] + i]);
-    select(l > f32::new(NO_KEYS_BELOW), l, f32::new(DEAD_ROW))
 }
 
 /// `out = acc · scale` at the row's `ROW_OUT`, for rows inside the `s` queries.
@@ -232,38 +212,35 @@ fn store_scaled<N: Size>(
 /// on the same tiling turned around: a cube owns key rows of one (batch,
 /// key/value head), `R` a unit, their keys (scaled), values (for `dK`) and
 /// accumulators in registers, and walks the query tiles that some of its
-/// key rows' positions see (`attention_grad::query_tiles`) of every query
+/// key rows' positions see (`kit::walk::walk_query_tiles`) of every query
 /// head reading that key/value head. Each query row is loaded once a plane
 /// and broadcast; every unit computes `D_i` of it. `dV_j += P_ij dO_i`;
 /// `dK_j += dS_ij q_i`, stored times `scale`. The mask (built in, then the
 /// mask function) is applied to every pair. `dV` binds q, k, dout and the
 /// log-sum-exp: `b.v` and `b.o` are not read.
-#[allow(clippy::too_many_arguments)]
 pub fn build_grad_kv<N: Size>(
     scope: &Scope,
     b: &GradBuffers<N>,
     out: &mut NativeExpand<[Vector<Stored, N>]>,
-    scale: f32,
     a: &Shape,
-    [ov, dov]: [RowView; 2],
-    lanes: usize,
     plane: u32,
     wrt_k: bool,
     mut dv: Option<(&mut NativeExpand<[Vector<Stored, N>]>, RowView)>,
 ) {
-    let (dl, el) = (a.d / lanes, a.e / lanes);
+    let ([ov, dov], scale, lanes) = (b.side, b.scale, a.lanes);
+    let (dl, el) = (a.g.d / lanes, a.g.e / lanes);
     let with_v = dv.is_some();
     let (bq, nr) = (a.tiles.key_tile, a.tiles.unit_rows);
     let cube_rows = a.tiles.cube_rows();
     assert!(nr == 1 || a.tiles.row_units == ATTN_ROWS, "rows a unit in cubes of ATTN_ROWS units (key_unit_row)");
-    let bh = k::cube_y::expand(scope, a.fold);
-    let (bb, kh) = (k::idx_div::expand(scope, bh, a.hk), k::idx_mod::expand(scope, bh, a.hk));
+    let bh = k::cube_y::expand(scope, a.g.fold);
+    let (bb, kh) = (k::idx_div::expand(scope, bh, a.g.hk), k::idx_mod::expand(scope, bh, a.g.hk));
     let scaled = k::fconst::expand(scope, scale);
     let one = k::fconst::expand(scope, 1.0);
     let mut rows = Vec::with_capacity(nr);
     for r in 0..nr {
-        let j = key_unit_row::expand(scope, r, cube_rows, a.fold);
-        let jc = last_row::expand(scope, j, a.sk);
+        let j = key_unit_row::expand(scope, r, cube_rows, a.g.fold);
+        let jc = last_row::expand(scope, j, a.g.sk);
         let kr = load_query::expand::<N>(scope, b.k, view_row::expand(scope, bb, kh, jc, a.views[1]), scaled, dl);
         let vr = wrt_k
             .then(|| load_query::expand::<N>(scope, b.v, view_row::expand(scope, bb, kh, jc, a.views[2]), one, el));
@@ -280,7 +257,7 @@ pub fn build_grad_kv<N: Size>(
         },
         a.half,
     );
-    walk_query_tiles(scope, a, kh, bq, cube_rows, |scope, hi, i0| {
+    walk_query_tiles(scope, a, (bb, kh), (bq, cube_rows), true, |scope, hi, i0| {
         let tile = |scope: &Scope, i0| {
             let t =
                 KeyTileGrad { a, b, rows: &rows, bb, hi, i0, bq: part, dl, el, lane, plane, views: [ov, dov], wrt_k };
@@ -291,9 +268,9 @@ pub fn build_grad_kv<N: Size>(
     let width = if wrt_k { dl } else { el };
     let factor = if wrt_k { scale } else { 1.0 };
     for u in &rows {
-        store_key_row::expand::<N>(scope, out, &u.acc, bb, kh, u.j, factor, a.sk, width, a.views[3]);
+        store_key_row::expand::<N>(scope, out, &u.acc, bb, kh, u.j, factor, a.g.sk, width, a.views[3]);
         if let (Some((dv, view)), Some(acc_v)) = (dv.as_mut(), &u.acc_v) {
-            store_key_row::expand::<N>(scope, dv, acc_v, bb, kh, u.j, 1.0, a.sk, el, *view);
+            store_key_row::expand::<N>(scope, dv, acc_v, bb, kh, u.j, 1.0, a.g.sk, el, *view);
         }
     }
 }
@@ -342,14 +319,14 @@ impl<N: Size> KeyTileGrad<'_, N> {
             .collect();
         for ii in 0..self.bq {
             let i = k::add_index::expand(scope, self.i0, k::const_index::expand(scope, ii));
-            let ic = last_row::expand(scope, i, a.s);
+            let ic = last_row::expand(scope, i, a.g.s);
             let load = |x, view, n| {
                 let at = view_row::expand(scope, self.bb, self.hi, ic, view);
                 shared_row(scope, x, at, n, self.lane, self.plane)
             };
             let q = load(self.b.q, a.views[0], self.dl);
             let dout = load(self.b.dout, self.views[1], self.el);
-            let lse = query_lse::expand(scope, self.b.lse, self.bb, self.hi, i, a.h, a.s);
+            let lse = norm::query_lse::expand(scope, self.b.lse, self.bb, self.hi, i, a.g.h, a.g.s);
             let delta = self.wrt_k.then(|| {
                 let o = load(self.b.o, self.views[0], self.el);
                 let mut delta = k::fconst::expand(scope, 0.0);
@@ -364,13 +341,8 @@ impl<N: Size> KeyTileGrad<'_, N> {
                     logit = k::dot_add::expand::<N>(scope, logit, *qc, k::vget::expand::<N>(scope, &u.kr, c));
                 }
                 let at = Indices { b: self.bb, h: self.hi, i: ic, j: u.jc };
-                let fns = a.fns.as_ref();
-                let score = fns.map_or(logit, |f| f.score(scope, logit, &at));
-                let mut score = mask_score::expand(scope, score, i, u.j, 0, a.s, a.sk, a.kind, a.window, a.block);
-                if let Some(seen) = fns.and_then(|f| f.visible(scope, &at)) {
-                    score = seen_or_masked::expand(scope, seen, score);
-                }
-                let p = k::exp_diff::expand(scope, score, lse);
+                let score = pair_score(scope, a, logit, i, u.j, &at);
+                let p = norm::prob::expand(scope, score, lse);
                 if let Some(acc_v) = acc_v {
                     for (o, dc) in acc_v.iter_mut().zip(&dout) {
                         *o = k::axpy::expand::<N>(scope, *o, p, *dc);
@@ -382,10 +354,8 @@ impl<N: Size> KeyTileGrad<'_, N> {
                         for (c, dc) in dout.iter().enumerate() {
                             dp = k::dot_add::expand::<N>(scope, dp, *dc, k::vget::expand::<N>(scope, vr, c));
                         }
-                        let mut ds = grad_weight::expand(scope, p, dp, delta);
-                        if let Some(slope) = fns.and_then(|f| f.slope(scope, logit, &at)) {
-                            ds = k::fmul::expand(scope, ds, slope);
-                        }
+                        let ds = grad_weight::expand(scope, p, dp, delta);
+                        let ds = times_slope(scope, a, ds, logit, &at);
                         for (o, qc) in acc.iter_mut().zip(&q) {
                             *o = k::axpy::expand::<N>(scope, *o, ds, *qc);
                         }
@@ -412,35 +382,6 @@ impl<N: Size> KeyTileGrad<'_, N> {
     }
 }
 
-/// Runs `tile(scope, hi, i0)` for every query head `hi` reading key/value
-/// head `kh` and every query tile (of `tile` rows, from row `i0`) holding a
-/// query row that sees one of the cube's `rows` key rows (the dK and dV
-/// kernels' walk: this one and `mma::flash_grad`'s).
-pub(super) fn walk_query_tiles(
-    scope: &Scope,
-    a: &Shape,
-    kh: NativeExpand<usize>,
-    tile: usize,
-    rows: usize,
-    mut body: impl FnMut(&Scope, NativeExpand<usize>, NativeExpand<usize>),
-) {
-    let keys = cube_keys::expand(scope, rows, a.sk, a.fold);
-    let (h, hk, s, sk, d, e) = (a.h, a.hk, a.s, a.sk, a.d, a.e);
-    let (kind, window, block, fold) = (a.kind, a.window, a.block, a.fold);
-    let dims = Dims { h, hk, s, sk, d, e, kind, window, block, tile, fold, lanes: 1, rows };
-    let (j0, j1) = (k::uget::expand(scope, &keys, 0), k::uget::expand(scope, &keys, 1));
-    let band = query_tiles::expand(scope, j0, j1, dims);
-    let heads = RangeExpand::new(NativeExpand::from_lit(scope, 0usize), NativeExpand::from_lit(scope, a.h / a.hk));
-    for_expand(scope, heads, false, |scope, hq| {
-        let hi = k::add_index::expand(scope, k::mul_const::expand(scope, kh, a.h / a.hk), hq);
-        let tiles = RangeExpand::new(band.lo.clone(), band.hi.clone());
-        for_expand(scope, tiles, false, |scope, t| {
-            let i0 = k::mul_const::expand(scope, t, tile);
-            body(scope, hi, i0)
-        });
-    });
-}
-
 /// This unit's `r`-th key row (past the last for a unit with none).
 #[cube]
 pub(super) fn key_unit_row(#[comptime] r: usize, #[comptime] cube_rows: usize, #[comptime] fold: usize) -> usize {
@@ -451,35 +392,6 @@ pub(super) fn key_unit_row(#[comptime] r: usize, #[comptime] cube_rows: usize, #
 #[cube]
 pub(super) fn last_row(i: usize, #[comptime] n: usize) -> usize {
     min(i, comptime![n - 1])
-}
-
-/// The cube's first and last key rows.
-#[cube]
-pub(super) fn cube_keys(#[comptime] cube_rows: usize, #[comptime] sk: usize, #[comptime] fold: usize) -> Array<usize> {
-    let mut a = Array::<usize>::new(2usize);
-    let j0 = k::cube_x(fold) * cube_rows;
-    a[0] = j0;
-    a[1] = min(j0 + comptime![cube_rows - 1], comptime![sk - 1]);
-    a
-}
-
-/// The log-sum-exp of query row `i` of head `(b, hi)`, [`DEAD_ROW`] past the
-/// last row or where the row saw no key.
-#[cube]
-pub(super) fn query_lse(
-    lse: &[Stored],
-    b: usize,
-    hi: usize,
-    i: usize,
-    #[comptime] h: usize,
-    #[comptime] s: usize,
-) -> f32 {
-    let mut l = f32::new(DEAD_ROW);
-    if i < s {
-        let x = f32::cast_from(lse[(b * comptime![h] + hi) * comptime![s] + i]);
-        l = select(x > f32::new(NO_KEYS_BELOW), x, f32::new(DEAD_ROW));
-    }
-    l
 }
 
 /// `out = acc · factor` at key row `j` of head `(b, kh)`, for rows inside the `sk` keys.

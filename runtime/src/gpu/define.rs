@@ -6,9 +6,11 @@
 use super::device::{elem_type, fragment_type, matrix_units, plane_width, stages_gemm, Mma};
 use super::func::{self, Fns, Hook};
 use super::kernels::{self as k, Stored};
+use super::kit::launch::{Dims, Inputs, Paged, Shape, Split};
+use super::kit::{norm, source};
 use super::{
-    attention, attention_grad, attention_grad_read, attention_split, attention_tiled, attention_tiled_grad, gemm,
-    mixed_launch, mma,
+    attention_grad, attention_grad_read, attention_split, attention_tiled, attention_tiled_grad, gemm, mixed_launch,
+    mma,
 };
 use attnc_compiler::ir::{AttnArg, BinaryOp, ReduceKind};
 use attnc_compiler::plan::group::{GroupStep, MapOp};
@@ -292,25 +294,20 @@ impl IrKernel {
                         o: &bufs[if dv { 0 } else { 3 }],
                         dout: &bufs[if dv { 2 } else { 4 }],
                         lse: &scalars[0],
+                        side: [o, dout].map(|view| view.in_vectors(lanes)),
+                        scale: sh.scale(),
                     };
-                    let views = [o, dout].map(|view| view.in_vectors(lanes));
-                    let (scale, plane, wrt_k) = (sh.scale(), self.plane, wrt == AttnArg::K);
+                    let (plane, wrt_k) = (self.plane, wrt == AttnArg::K);
                     // dK and dV in one launch: dV's buffer is the last vector binding before dK's.
                     let mut dv = dv_view
                         .map(|view| (bufs.last().expect("dV's binding").clone_unchecked(), view.in_vectors(lanes)));
                     let dv = dv.as_mut().map(|(buf, view)| (buf, *view));
                     let (o, sh) = (&mut out, &shape);
                     match (wrt, self.frag_device()) {
-                        (AttnArg::Q, Some(dev)) => mma::build_grad_q::<N>(scope, &b, o, scale, sh, views, lanes, dev),
-                        (AttnArg::Q, None) => {
-                            attention_tiled_grad::build_grad_q::<N>(scope, &b, o, scale, sh, views, lanes, plane)
-                        }
-                        (_, Some(dev)) => {
-                            mma::build_grad_kv::<N>(scope, &b, o, scale, sh, views, lanes, dev, wrt_k, dv)
-                        }
-                        (_, None) => attention_tiled_grad::build_grad_kv::<N>(
-                            scope, &b, o, scale, sh, views, lanes, plane, wrt_k, dv,
-                        ),
+                        (AttnArg::Q, Some(dev)) => mma::build_grad_q::<N>(scope, &b, o, sh, dev),
+                        (AttnArg::Q, None) => attention_tiled_grad::build_grad_q::<N>(scope, &b, o, sh, plane),
+                        (_, Some(dev)) => mma::build_grad_kv::<N>(scope, &b, o, sh, dev, wrt_k, dv),
+                        (_, None) => attention_tiled_grad::build_grad_kv::<N>(scope, &b, o, sh, plane, wrt_k, dv),
                     }
                 }
                 KernelSpec::AttentionLse { shape: ref sh, q, k: kv, .. } => {
@@ -321,9 +318,8 @@ impl IrKernel {
                     let mut lse = scalars.last().expect("the log-sum-exp binding").clone_unchecked();
                     let scale = k::fconst::expand(scope, sh.scale());
                     let out = attention_tiled::Out::Lse(&mut lse);
-                    attention_tiled::build::<N>(
-                        scope, &bufs[0], &bufs[1], &bufs[0], out, scale, &shape, lanes, self.plane,
-                    )
+                    let x = Inputs { q: &bufs[0], k: &bufs[1], v: &bufs[0] };
+                    attention_tiled::build::<N>(scope, &x, out, scale, &shape, self.plane)
                 }
                 KernelSpec::Attention { shape: ref sh, q, k: kv, v, out: o, .. } => {
                     let caps = captures(sh);
@@ -331,25 +327,21 @@ impl IrKernel {
                     let mut shape = self.attention_shape(sh, [q, kv, v, o], lanes, fns);
                     if let KernelSpec::Attention { paged: Some(rows), .. } = self.spec {
                         let digits = value_elements(rows.integers, self.dtype);
-                        shape.paged = Some(attention::Paged { rows, table: scalars[caps].clone_unchecked(), digits });
+                        shape.paged = Some(Paged { rows, table: scalars[caps].clone_unchecked(), digits });
                     }
                     if let KernelSpec::Attention { lse: true, .. } = self.spec {
                         shape.lse = Some(scalars.last().expect("the log-sum-exp binding").clone_unchecked());
                     }
                     let scale = scale.expect("attention takes a scale");
+                    let x = Inputs { q: &bufs[0], k: &bufs[1], v: &bufs[2] };
                     if let Some(dev) = self.frag_device() {
-                        let (q, kb, v) = (&bufs[0], &bufs[1], &bufs[2]);
-                        return mma::build_attention::<N>(scope, q, kb, v, &mut out, scale, &shape, lanes, dev);
+                        return mma::build_attention::<N>(scope, &x, &mut out, scale, &shape, dev);
                     }
                     if matches!(self.spec, KernelSpec::Attention { split: 1.., .. }) {
-                        return attention_split::build::<N>(
-                            scope, &bufs[0], &bufs[1], &bufs[2], &mut out, scale, &shape, lanes,
-                        );
+                        return attention_split::build::<N>(scope, &x, &mut out, scale, &shape);
                     }
                     let out = attention_tiled::Out::Rows(&mut out);
-                    attention_tiled::build::<N>(
-                        scope, &bufs[0], &bufs[1], &bufs[2], out, scale, &shape, lanes, self.plane,
-                    )
+                    attention_tiled::build::<N>(scope, &x, out, scale, &shape, self.plane)
                 }
                 KernelSpec::MixedAttention { .. } => {
                     mixed_launch::cpu_body::<N>(scope, &bufs, &scalars, &mut out, &self.spec, self.plane, self.dtype)
@@ -370,24 +362,17 @@ impl IrKernel {
 
     /// An attention launch's shape for the host-assembled kernels, `views`
     /// (of q, k, v and the output) in floats.
-    fn attention_shape(&self, sh: &AttnShape, views: [RowView; 4], lanes: usize, fns: Option<Fns>) -> attention::Shape {
-        attention::Shape {
-            h: sh.h,
-            hk: sh.hk,
-            s: sh.s,
-            sk: sh.sk,
-            d: sh.d,
-            e: sh.e,
-            kind: k::mask_code(sh.mask),
-            window: sh.window.unwrap_or(0),
-            block: sh.block,
+    fn attention_shape(&self, sh: &AttnShape, views: [RowView; 4], lanes: usize, fns: Option<Fns>) -> Shape {
+        let tiles = self.spec.attention_tiles();
+        Shape {
+            g: Dims::of(sh, tiles.key_tile, tiles.cube_rows(), tiles.lanes, self.spec.fold_x()),
             views: views.map(|view| view.in_vectors(lanes)),
-            tiles: self.spec.attention_tiles(),
-            fold: self.spec.fold_x(),
+            lanes,
+            tiles,
             half: self.dtype.is_half(),
             fns,
             kv: match self.spec {
-                KernelSpec::Attention { kv: Some(kv), .. } => Some(attention::Split {
+                KernelSpec::Attention { kv: Some(kv), .. } => Some(Split {
                     tiles: kv.keys / self.spec.attention_tiles().key_tile,
                     stride: sh.batch * sh.h * sh.s * kv.row / lanes,
                     lo: sh.e / lanes,
@@ -410,7 +395,8 @@ impl IrKernel {
         } else if let KernelSpec::AttentionLse { ref shape, q, k: kv, tile, .. } = *spec {
             let g = grad_dims(spec, shape, tile, fold);
             let hook = hook(shape, &bufs[2..], self.dtype);
-            attention_grad::lse::expand(scope, &bufs[0], &bufs[1], &mut out, g, q, kv, shape.scale(), hook);
+            let args = attention_grad::GradArgs { views: [q, kv, q, q, q, q, q], scale: shape.scale(), hook };
+            attention_grad::lse::expand(scope, &bufs[0], &bufs[1], &mut out, g, args);
         } else if let KernelSpec::MixedAttention { ref shape, mix, q, k: kv, v, out: o, pass } = *spec {
             let hooks = mixed_launch::hooks(shape, &bufs[pass.operands()..], self.dtype);
             mixed_launch::body(scope, bufs, out, shape, mix, [q, kv, v, o], pass, fold, hooks);
@@ -420,11 +406,10 @@ impl IrKernel {
             let i = ABSOLUTE_POS::expand(scope);
             let inside = k::below::expand(scope, i, shape.batch * shape.h * lines.count(shape.s, shape.sk));
             if_expand(scope, inside, |scope| {
-                let (views, scale, hk) = ([q, kv, v, o, dout], shape.scale(), hook(shape, &bufs[6..], self.dtype));
-                let b = bufs;
-                attention_grad_read::read_lines::expand(
-                    scope, &b[0], &b[1], &b[2], &b[3], &b[4], &b[5], &mut out, i, g, walk, views, scale, hk,
-                )
+                let views = [q, kv, v, o, dout, dout, dout];
+                let args =
+                    attention_grad::GradArgs { views, scale: shape.scale(), hook: hook(shape, &bufs[6..], self.dtype) };
+                attention_grad_read::read_lines::expand(scope, &saved(bufs), &mut out, i, g, walk, args)
             });
         } else if let KernelSpec::AttentionReadSum { ref shape, capture, reads, lines } = *spec {
             let (g, walk) = read_dims(spec, shape, capture, reads, lines);
@@ -445,63 +430,26 @@ impl IrKernel {
             let (scale, views) = (shape.scale(), [q, kv, v, o, dout, to, dv.unwrap_or(to)]);
             let b = bufs;
             match wrt {
-                AttnArg::Q => attention_grad::grad_q::expand(
-                    scope,
-                    &b[0],
-                    &b[1],
-                    &b[2],
-                    &b[3],
-                    &b[4],
-                    &b[5],
-                    &mut out,
-                    g,
-                    views,
-                    scale,
-                    hook(shape, &b[6..], self.dtype),
-                ),
+                AttnArg::Q => {
+                    let args = attention_grad::GradArgs { views, scale, hook: hook(shape, &b[6..], self.dtype) };
+                    attention_grad::grad_q::expand(scope, &saved(b), &mut out, g, args)
+                }
                 AttnArg::K => {
                     // dV beside dK: its buffer after the captures.
                     let with_v = dv.is_some();
                     let caps = captures(shape);
                     let mut dv = if with_v { b[6 + caps].clone_unchecked() } else { out.clone_unchecked() };
-                    attention_grad::grad_kv::expand(
-                        scope,
-                        &b[0],
-                        &b[1],
-                        &b[2],
-                        &b[3],
-                        &b[4],
-                        &b[5],
-                        &mut out,
-                        &mut dv,
-                        g,
-                        views,
-                        scale,
-                        true,
-                        with_v,
-                        hook(shape, &b[6..6 + caps], self.dtype),
-                    )
+                    let args =
+                        attention_grad::GradArgs { views, scale, hook: hook(shape, &b[6..6 + caps], self.dtype) };
+                    attention_grad::grad_kv::expand(scope, &saved(b), &mut out, &mut dv, g, args, true, with_v)
                 }
                 // dV binds q, k, dout and the log-sum-exp; `v` and `o` are not read.
                 AttnArg::V => {
                     let mut unused = out.clone_unchecked();
-                    attention_grad::grad_kv::expand(
-                        scope,
-                        &b[0],
-                        &b[1],
-                        &b[0],
-                        &b[0],
-                        &b[2],
-                        &b[3],
-                        &mut out,
-                        &mut unused,
-                        g,
-                        views,
-                        scale,
-                        false,
-                        false,
-                        hook(shape, &b[4..], self.dtype),
-                    )
+                    let x =
+                        attention_grad::SavedExpand { q: &b[0], k: &b[1], v: &b[0], o: &b[0], dout: &b[2], lse: &b[3] };
+                    let args = attention_grad::GradArgs { views, scale, hook: hook(shape, &b[4..], self.dtype) };
+                    attention_grad::grad_kv::expand(scope, &x, &mut out, &mut unused, g, args, false, false)
                 }
                 AttnArg::Read(_) => unreachable!("refused before building (`KernelSpec::kernel_gap`)"),
             }
@@ -567,9 +515,10 @@ impl IrKernel {
                     k::concat::expand(scope, &bufs[0], &bufs[1], &mut out, i, *f1, *f2)
                 }
                 KernelSpec::Combine { batch, h, s, e, kv, out: o } => {
-                    let at = attention::combined_at::expand(scope, i, *h, *s, *e, *o);
+                    let at = source::combined_at::expand(scope, i, *h, *s, *e, *o);
                     let rows = batch * h * s;
-                    attention::combine::expand(scope, &bufs[0], &mut out, i, at, kv.splits, rows, *e, kv.row, kv.lanes)
+                    let c = norm::Chunks { splits: kv.splits, rows, e: *e, row: kv.row, lanes: kv.lanes };
+                    norm::combine::expand(scope, &bufs[0], &mut out, i, at, c)
                 }
                 KernelSpec::Paged { slots, blocks, page, heads, width, integers, .. } => {
                     let digits = value_elements(*integers, self.dtype);
@@ -613,25 +562,15 @@ impl IrKernel {
     }
 }
 
+/// The bindings of attention's `#[cube]` backward kernels, the first six.
+fn saved(b: &[NativeExpand<[Stored]>]) -> attention_grad::SavedExpand<'_> {
+    attention_grad::SavedExpand { q: &b[0], k: &b[1], v: &b[2], o: &b[3], dout: &b[4], lse: &b[5] }
+}
+
 /// The comptime sizes of attention's backward launches.
-fn grad_dims(spec: &KernelSpec, a: &AttnShape, tile: usize, fold: usize) -> attention_grad::Dims {
-    let AttnShape { h, hk, s, sk, d, e, mask, window, block, .. } = *a;
+fn grad_dims(spec: &KernelSpec, a: &AttnShape, tile: usize, fold: usize) -> Dims {
     let tiles = spec.attention_tiles();
-    attention_grad::Dims {
-        h,
-        hk,
-        s,
-        sk,
-        d,
-        e,
-        kind: k::mask_code(mask),
-        window: window.unwrap_or(0),
-        block,
-        tile,
-        fold,
-        lanes: tiles.lanes,
-        rows: tiles.cube_rows(),
-    }
+    Dims::of(a, tile, tiles.cube_rows(), tiles.lanes, fold)
 }
 
 /// A read gradient's sizes ([`attention_grad_read`]; no tiles, a unit a line).
@@ -641,8 +580,8 @@ fn read_dims(
     capture: usize,
     reads: usize,
     lines: Lines,
-) -> (attention_grad::Dims, attention_grad_read::Walk) {
-    let g = attention_grad::Dims { tile: 1, lanes: 1, rows: 1, ..grad_dims(spec, a, 1, 0) };
+) -> (Dims, attention_grad_read::Walk) {
+    let g = Dims { tile: 1, lanes: 1, rows: 1, ..grad_dims(spec, a, 1, 0) };
     (g, attention_grad_read::Walk { batch: a.batch, lines, reads, capture })
 }
 

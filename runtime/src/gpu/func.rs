@@ -4,7 +4,8 @@
 //! 32-bit in kernels; a read of a captured tensor clamps each index into
 //! its axis (docs/language.md, "Score and mask functions").
 
-use super::kernels::{self as k, math, Stored, MASKED};
+use super::kernels::{self as k, math, Stored};
+use super::kit::mask::MASKED;
 use attnc_compiler::grad::read_partials;
 use attnc_compiler::ir::{FBin, FExpr, Func, UnaryOp, READ_BOX};
 use attnc_compiler::plan::{value_elements, Dtype, KernelFns};

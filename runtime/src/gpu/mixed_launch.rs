@@ -4,9 +4,9 @@
 //! CPU drivers' forward and log-sum-exp, bound in vectors: `cpu_body`) or a
 //! backward pass of `attention_mixed_grad`.
 
-use super::attention_grad::Dims;
 use super::func::{fns_of, Fns, Hook};
-use super::kernels::{mask_code, Stored};
+use super::kernels::Stored;
+use super::kit::launch::Dims;
 use super::{attention_mixed, attention_mixed_grad, attention_mixed_tiled};
 use attnc_compiler::plan::{line_size, AttnShape, Dtype, KernelSpec, MixPass, MixTiles, RowView, MIX_UNITS};
 use cubecl::prelude::*;
@@ -72,22 +72,7 @@ pub(super) fn hooks(shape: &AttnShape, caps: &[NativeExpand<[Stored]>], dtype: D
 /// The kernels' sizes of head mixing of `shape`, tiled by `mix`, folding
 /// `fold` cubes into the grid's x.
 fn mix_dims(shape: &AttnShape, mix: MixTiles, fold: usize) -> attention_mixed::MixDims {
-    let AttnShape { h, hk, s, sk, d, e, window, block, .. } = *shape;
-    let g = Dims {
-        h,
-        hk,
-        s,
-        sk,
-        d,
-        e,
-        kind: mask_code(shape.mask),
-        window: window.unwrap_or(0),
-        block,
-        tile: mix.tile,
-        fold,
-        lanes: 1,
-        rows: mix.rows,
-    };
+    let g = Dims::of(shape, mix.tile, mix.rows, 1, fold);
     let MixTiles { hs, ho, hv, logits, probs, .. } = mix;
     attention_mixed::MixDims { g, hs, ho, hv, logits, probs, units: MIX_UNITS }
 }

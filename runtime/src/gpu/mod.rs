@@ -2,9 +2,13 @@
 //! folder, so its API changes touch nothing else.
 //!
 //! The plan it runs (`attnc_compiler::plan`) is plain data made without it.
-//! - `kernels.rs` — the `#[cube]` kernel bodies and helpers;
-//! - `attention.rs`, `gemm.rs` — the tiled kernels, assembled from helpers;
-//! - `mma.rs` — the same on matrix fragments (tensor cores) for half precision;
+//! - `kit/` — the attention kernel kit: launch description, mask, pair
+//!   step, tile walks, normaliser, key/value sources, each written once;
+//! - `kernels/` — the `#[cube]` kernel bodies and helpers;
+//! - `attention_tiled.rs`, `attention_split.rs`, `gemm.rs` — the tiled
+//!   kernels, assembled from helpers (`attention.rs`: what the forward
+//!   mainloops share beyond the kit);
+//! - `mma/` — the same on matrix fragments (tensor cores);
 //! - `attention_grad.rs` — attention's backward and the log-sum-exp it saves;
 //! - `attention_mixed.rs`, `attention_mixed_grad.rs` — attention that mixes
 //!   heads inside the softmax, forward and backward; `attention_mixed_tiled.rs`
@@ -31,6 +35,6 @@ pub mod exec;
 pub mod func;
 pub mod gemm;
 pub mod kernels;
+pub mod kit;
 pub mod mixed_launch;
 pub mod mma;
-pub mod tiles;

@@ -24,12 +24,6 @@ cubecl::define_scalar!(pub Stored);
 // The element type of matrix-fragment operands: `Stored`, or TF32 for f32 storage.
 cubecl::define_scalar!(pub Operand);
 
-/// Masked score for a key no query sees: `exp(MASKED − m)` is 0 for any
-/// finite running max `m ≥ M_INIT` (WGSL has no infinite literals).
-pub const MASKED: f32 = -3.4e38;
-/// The running max before any key.
-pub const M_INIT: f32 = -3.0e38;
-
 // The parts of a term `((i / div) % modulo) · stride` of a
 // [`attnc_compiler::plan::View`]; `view` leaves out the parts that
 // cannot change the value.
@@ -536,53 +530,6 @@ fn contract_finish(acc: &Array<f32>, out: &mut [Stored], o: usize) {
     if unit == 0 {
         out[o] = Stored::cast_from(partial[0]);
     }
-}
-
-pub const MASK_NONE: u32 = 0;
-pub const MASK_CAUSAL: u32 = 1;
-pub const MASK_TOKEN_CAUSAL: u32 = 2;
-
-/// The kernels' code (`MASK_*`) of a built-in mask.
-pub fn mask_code(mask: attnc_compiler::ir::MaskKind) -> u32 {
-    use attnc_compiler::ir::MaskKind;
-    match mask {
-        MaskKind::None => MASK_NONE,
-        MaskKind::Causal => MASK_CAUSAL,
-        MaskKind::TokenCausal => MASK_TOKEN_CAUSAL,
-    }
-}
-
-/// `x + off`, with no addition emitted when `off` is 0.
-#[cube]
-pub fn shifted(x: usize, #[comptime] off: usize) -> usize {
-    let mut y = x;
-    if comptime![off > 0] {
-        y += off;
-    }
-    y
-}
-
-/// Whether query row `i` sees key row `j` (as `Mask::visible`, whose shifts
-/// the caller has applied); `window` 0 is none.
-#[cube]
-pub fn visible(i: usize, j: usize, #[comptime] kind: u32, #[comptime] window: usize, #[comptime] block: usize) -> bool {
-    let n = i / block;
-    let m = j / block;
-    let mut ok = true;
-    if comptime![kind == MASK_CAUSAL] {
-        ok = j <= i;
-        if comptime![window > 0] {
-            ok = ok && i < j + comptime![window * block];
-        }
-    } else if comptime![kind == MASK_TOKEN_CAUSAL] {
-        ok = m <= n;
-        if comptime![window > 0] {
-            ok = ok && n < m + window;
-        }
-    } else if comptime![window > 0] {
-        ok = n < m + window && m < n + window;
-    }
-    ok
 }
 
 // Group kernels (`KernelSpec::Group`): one cube per group; every value of the

@@ -6,7 +6,7 @@ use super::*;
 /// Vector offset of key row `min(k0 + j, sk − 1)` in view `v` from `base`, row 0 of the head.
 #[cube]
 fn key_row(k0: usize, j: usize, base: usize, #[comptime] sk: usize, #[comptime] v: RowView) -> usize {
-    att::row_at(base, min(k0 + j, comptime![sk - 1]), v)
+    source::row_at(base, min(k0 + j, comptime![sk - 1]), v)
 }
 
 /// Copy `rows` rows of `width` vectors (`used` of them real, the rest zero)
@@ -124,11 +124,7 @@ fn softmax_tile<N: Size>(
     #[comptime] rest: usize,
     #[comptime] maskable: bool,
     masked: bool,
-    #[comptime] s: usize,
-    #[comptime] sk: usize,
-    #[comptime] kind: u32,
-    #[comptime] window: usize,
-    #[comptime] block: usize,
+    #[comptime] mask: mask::Mask,
 ) {
     // The row's scores are scaled and masked in place (this unit's own row
     // of the shared scores) rather than held: a unit already holds its
@@ -142,7 +138,7 @@ fn softmax_tile<N: Size>(
         if masked {
             #[unroll]
             for jj in 0..bk {
-                scores[row + jj] = att::mask_score(scores[row + jj], i, k0, jj, s, sk, kind, window, block);
+                scores[row + jj] = mask::mask_score(scores[row + jj], i, k0, jj, mask);
             }
         }
     }
@@ -151,21 +147,19 @@ fn softmax_tile<N: Size>(
     for jj in 0..bk {
         m = max(m, scores[row + jj]);
     }
-    let alpha = (state[0] - m).exp();
     let mut sum = f32::new(0.0);
     #[unroll]
     for v in 0..comptime![bk / N::value()] {
         let mut p = Vector::<f32, N>::empty();
         #[unroll]
         for c in 0..N::value() {
-            let x = (scores[row + comptime![v * N::value() + c]] - m).exp();
+            let x = norm::weight(scores[row + comptime![v * N::value() + c]], m);
             sum += x;
             p.insert(c, x);
         }
         sh[comptime![dst] + row / N::value() + v] = Vector::<Stored, N>::cast_from(p);
     }
-    state[0] = m;
-    state[1] = state[1] * alpha + sum;
+    let alpha = norm::advance(state, m, sum);
     #[unroll]
     for c in 0..e {
         o[c] = o[c] * alpha;
@@ -290,7 +284,7 @@ fn store_row<N: Size>(
     #[comptime] el: usize,
     #[comptime] held: usize,
 ) {
-    let inv = att::inverse_sum(state);
+    let inv = norm::inverse_sum(state);
     store_columns::<N>(out, o, o_rest, inv, slots[ROW_OUT], slots[ROW_I] < s, 0usize, el, held, ATTN_ROWS);
 }
 
@@ -432,24 +426,21 @@ pub(super) fn accumulate<N: Size>(
 /// padded with zeros to multiples of 16); `S = Q·Kᵀ` goes through shared f32
 /// scores, each unit runs the online softmax of its row and keeps its output
 /// row in f32 registers, and `P·V` comes back through the same f32 scratch.
-#[allow(clippy::too_many_arguments)]
 pub fn build_attention<N: Size>(
     scope: &Scope,
-    q: &NativeExpand<[Vector<Stored, N>]>,
-    kb: &NativeExpand<[Vector<Stored, N>]>,
-    v: &NativeExpand<[Vector<Stored, N>]>,
+    x: &Inputs<N>,
     out: &mut NativeExpand<[Vector<Stored, N>]>,
     scale: NativeExpand<f32>,
-    a: &att::Shape,
-    lanes: usize,
+    a: &Shape,
     dev: FragDevice,
 ) {
+    let (q, kb, v, lanes) = (x.q, x.k, x.v, a.lanes);
     let FragDevice { hardware, dtype, shared_limit } = dev;
     let (bq, bk) = (ATTN_ROWS, a.tiles.key_tile);
     assert_eq!(a.tiles.unit_rows, 1, "fragment attention owns one row per unit");
     assert!(bk % F == 0, "key tiles of whole fragments");
-    let (dp, ep) = (a.d.next_multiple_of(F), a.e.next_multiple_of(F));
-    let (dpl, epl, dl, el) = (dp / lanes, ep / lanes, a.d / lanes, a.e / lanes);
+    let (dp, ep) = (a.g.d.next_multiple_of(F), a.g.e.next_multiple_of(F));
+    let (dpl, epl, dl, el) = (dp / lanes, ep / lanes, a.g.d / lanes, a.g.e / lanes);
     let q_off = 0;
     let k_off = q_off + bq * dpl;
     let v_off = k_off + bk * dpl;
@@ -459,28 +450,25 @@ pub fn build_attention<N: Size>(
     let sf: NativeExpand<[f32]> = (*shared_floats::expand(scope, (bq * bk).max(bq * F))).clone_unchecked();
     let frags = Frags::new(scope, hardware, dtype);
     let warp = warp_of::expand(scope);
-    let set = att::setup::expand(scope, a.h, a.hk, a.s, a.sk, bq, bk, a.kind, a.window, a.block, a.views, a.fold, 0);
-    let slots = att::row_slots::expand(scope, a.h, a.s, bq, a.kind, 0, a.views, a.fold, 0);
+    let set = tiles::setup::expand(scope, a.g, bq, bk, a.views, 0);
+    let slots = att::row_slots::expand(scope, a.g, bq, 0, a.views, 0);
     let i = k::uget::expand(scope, &slots, ROW_I);
     copy_query::expand::<N>(scope, q, &mut x, k::uget::expand(scope, &slots, ROW_Q), q_off, dpl, dl, dev.rounds());
     let base = len * lanes * dtype.storage().size() + (bq * bk).max(bq * F) * 4;
     let held = held_columns(ep, base, shared_limit, HELD, ATTN_ROWS);
     let (o, o_rest) = accumulators(scope, ep, held, ATTN_ROWS, &sf);
-    let state = att::softmax_state::expand(scope);
+    let state = norm::state::expand(scope);
     let (k_base, v_base) = (k::uget::expand(scope, &set, SET_K), k::uget::expand(scope, &set, SET_V));
     // Score and mask functions: each unit applies them to its own row of the
     // shared scores (scaled first), before the online softmax.
-    let prep = tiles::prepare_tiles(scope, &set, a);
-    let tile = |scope: &Scope,
-                kt: NativeExpand<usize>,
-                masked: Option<NativeExpand<bool>>,
-                hidden: Option<NativeExpand<bool>>| {
+    let walk = tiles::KeyWalk::new(scope, &set, a, bk);
+    let tile = |scope: &Scope, (kt, masked, hidden): tiles::TileFlags| {
         let k0 = k::mul_const::expand(scope, kt, bk);
         let mut xs = x.clone_unchecked();
         match &a.paged {
             // Key and value rows looked up in the block table.
             Some(p) => {
-                let (b, _) = att::cube_head(scope, a);
+                let (b, _) = a.cube_head(scope);
                 let r = p.rows;
                 let pages = (r.page, r.slots, r.blocks, p.digits);
                 let (kv, vv) = (a.views[1].outer, a.views[2].outer);
@@ -497,7 +485,7 @@ pub fn build_attention<N: Size>(
                     bk,
                     dpl,
                     dl,
-                    a.sk,
+                    a.g.sk,
                     kv,
                     pages,
                 );
@@ -513,7 +501,7 @@ pub fn build_attention<N: Size>(
                     bk,
                     epl,
                     el,
-                    a.sk,
+                    a.g.sk,
                     vv,
                     pages,
                 );
@@ -529,7 +517,7 @@ pub fn build_attention<N: Size>(
                     bk,
                     dpl,
                     dl,
-                    a.sk,
+                    a.g.sk,
                     a.views[1],
                     ATTN_ROWS,
                     dev.rounds(),
@@ -544,7 +532,7 @@ pub fn build_attention<N: Size>(
                     bk,
                     epl,
                     el,
-                    a.sk,
+                    a.g.sk,
                     a.views[2],
                     ATTN_ROWS,
                     dev.rounds(),
@@ -564,7 +552,7 @@ pub fn build_attention<N: Size>(
                     k::fmul::expand(scope, k::read::expand::<f32>(scope, &sf, at), scale.clone())
                 })
                 .collect();
-            let scores = att::mask_scores(scope, scores, &masked, hidden, i.clone(), k0.clone(), a);
+            let scores = pair::mask_scores(scope, scores, &masked, hidden, i.clone(), k0.clone(), a);
             for (jj, v) in scores.into_iter().enumerate() {
                 let at = k::add_index::expand(scope, row.clone(), k::const_index::expand(scope, jj));
                 k::write::expand::<f32>(scope, &mut sf.clone_unchecked(), at, v);
@@ -588,11 +576,7 @@ pub fn build_attention<N: Size>(
             ep - held,
             masked.is_some() && !with_fns,
             masked.unwrap_or_else(|| NativeExpand::from_lit(scope, false)),
-            a.s,
-            a.sk,
-            a.kind,
-            a.window,
-            a.block,
+            a.mask(),
         );
         k::barrier::expand(scope);
         // P·V, 16 output columns at a time through the scratch.
@@ -600,10 +584,10 @@ pub fn build_attention<N: Size>(
         let b_v = (k::const_index::expand(scope, v_off), ep);
         accumulate::<N>(scope, &frags, &x, &sf, &mut ov, &mut orest, &warp, (p_off, bk), b_v, 0, held, lanes);
     };
-    tiles::visit_tiles(scope, &set, a, bk, &prep, tile);
-    store_row::expand::<N>(scope, out, &o, &o_rest, &state, &slots, a.s, el, held);
+    walk.visit(scope, tile);
+    store_row::expand::<N>(scope, out, &o, &o_rest, &state, &slots, a.g.s, el, held);
     if let Some(lse) = &a.lse {
-        att::store_lse::expand(scope, &mut lse.clone_unchecked(), &state, &slots, a.s, a.fold);
+        norm::store_lse::expand(scope, &mut lse.clone_unchecked(), &state, &slots, a.g.s, a.g.fold);
     }
 }
 

@@ -24,9 +24,7 @@ use super::flash::{
     HELD,
 };
 use super::*;
-use crate::gpu::attention_tiled_grad::{
-    grad_weight, key_unit_row, last_row, query_lse, row_lse, walk_query_tiles, GradBuffers,
-};
+use crate::gpu::attention_tiled_grad::{key_unit_row, last_row, GradBuffers};
 use crate::gpu::func::Indices;
 
 /// Columns `c0 .. c0 + n` of this unit's row (of `cols` elements) of the
@@ -141,22 +139,19 @@ const DS_CHUNK: usize = 8;
 
 /// `dQ` on fragments (`KernelSpec::AttentionGrad` with `wrt` Q and
 /// `fragments`): see the module doc. `views`: the layouts of `o` and `dout`.
-#[allow(clippy::too_many_arguments)]
 pub fn build_grad_q<N: Size>(
     scope: &Scope,
     b: &GradBuffers<N>,
     out: &mut NativeExpand<[Vector<Stored, N>]>,
-    scale: f32,
-    a: &att::Shape,
-    [ov, dov]: [RowView; 2],
-    lanes: usize,
+    a: &Shape,
     dev: FragDevice,
 ) {
+    let ([ov, dov], scale, lanes) = (b.side, b.scale, a.lanes);
     let (bq, bk) = (a.tiles.units(), a.tiles.key_tile);
     assert_eq!(a.tiles.unit_rows, 1, "fragment kernels own one row per unit");
     assert!(bk % F == 0, "key tiles of whole fragments");
-    let (dp, ep) = (a.d.next_multiple_of(F), a.e.next_multiple_of(F));
-    let (dpl, epl, dl, el) = (dp / lanes, ep / lanes, a.d / lanes, a.e / lanes);
+    let (dp, ep) = (a.g.d.next_multiple_of(F), a.g.e.next_multiple_of(F));
+    let (dpl, epl, dl, el) = (dp / lanes, ep / lanes, a.g.d / lanes, a.g.e / lanes);
     let q_off = 0;
     let do_off = q_off + bq * dpl;
     let k_off = do_off + bq * epl;
@@ -169,10 +164,10 @@ pub fn build_grad_q<N: Size>(
     let dpf: NativeExpand<[f32]> = (*shared_floats::expand(scope, bq * bk)).clone_unchecked();
     let frags = Frags::new(scope, dev.hardware, dev.dtype);
     let warp = warp_of::expand(scope);
-    let set = att::setup::expand(scope, a.h, a.hk, a.s, a.sk, bq, bk, a.kind, a.window, a.block, a.views, a.fold, 0);
-    let slots = att::row_slots::expand(scope, a.h, a.s, bq, a.kind, 0, a.views, a.fold, 0);
+    let set = tiles::setup::expand(scope, a.g, bq, bk, a.views, 0);
+    let slots = att::row_slots::expand(scope, a.g, bq, 0, a.views, 0);
     // `row_slots` of these views: the rows of `o` (ROW_Q) and `dout` (ROW_OUT).
-    let side = att::row_slots::expand(scope, a.h, a.s, bq, a.kind, 0, [ov, a.views[1], a.views[2], dov], a.fold, 0);
+    let side = att::row_slots::expand(scope, a.g, bq, 0, [ov, a.views[1], a.views[2], dov], 0);
     let i = k::uget::expand(scope, &slots, ROW_I);
     copy_query::expand::<N>(scope, b.q, &mut x, k::uget::expand(scope, &slots, ROW_Q), q_off, dpl, dl, dev.rounds());
     copy_query::expand::<N>(
@@ -187,7 +182,7 @@ pub fn build_grad_q<N: Size>(
     );
     let own = unit_vectors::expand(scope, do_off, epl);
     let delta = row_delta::expand::<N>(scope, &x, own, b.o, k::uget::expand(scope, &side, ROW_Q), el);
-    let lse = row_lse::expand(scope, b.lse, &slots, a.s, a.fold);
+    let lse = norm::row_lse::expand(scope, b.lse, &slots, a.g.s, a.g.fold);
     // The vectors, the two f32 products and the parked rows.
     let base = len * lanes * dev.dtype.storage().size() + (floats + bq * bk + bq) * 4;
     let held = held_columns(dp, base, dev.shared_limit, held_most(dev.dtype).dq, bq);
@@ -195,16 +190,41 @@ pub fn build_grad_q<N: Size>(
     let (k_base, v_base) = (k::uget::expand(scope, &set, SET_K), k::uget::expand(scope, &set, SET_V));
     let scale_c = k::fconst::expand(scope, scale);
     let slope_fns = a.fns.as_ref().filter(|f| f.score.is_some());
-    let head = slope_fns.map(|_| att::cube_head(scope, a));
-    let prep = tiles::prepare_tiles(scope, &set, a);
-    let tile = |scope: &Scope,
-                kt: NativeExpand<usize>,
-                masked: Option<NativeExpand<bool>>,
-                hidden: Option<NativeExpand<bool>>| {
+    let head = slope_fns.map(|_| a.cube_head(scope));
+    let walk = tiles::KeyWalk::new(scope, &set, a, bk);
+    let tile = |scope: &Scope, (kt, masked, hidden): tiles::TileFlags| {
         let k0 = k::mul_const::expand(scope, kt, bk);
         let mut xs = x.clone_unchecked();
-        copy_rows::expand::<N>(scope, b.k, &mut xs, k0, k_base, k_off, bk, dpl, dl, a.sk, a.views[1], bq, dev.rounds());
-        copy_rows::expand::<N>(scope, b.v, &mut xs, k0, v_base, v_off, bk, epl, el, a.sk, a.views[2], bq, dev.rounds());
+        copy_rows::expand::<N>(
+            scope,
+            b.k,
+            &mut xs,
+            k0,
+            k_base,
+            k_off,
+            bk,
+            dpl,
+            dl,
+            a.g.sk,
+            a.views[1],
+            bq,
+            dev.rounds(),
+        );
+        copy_rows::expand::<N>(
+            scope,
+            b.v,
+            &mut xs,
+            k0,
+            v_base,
+            v_off,
+            bk,
+            epl,
+            el,
+            a.g.sk,
+            a.views[2],
+            bq,
+            dev.rounds(),
+        );
         k::barrier::expand(scope);
         // S = Q·Kᵀ and dP = dO·Vᵀ, each plane its 32 rows by the tile's keys.
         products_t::<N>(scope, &frags, &x, &mut sf.clone_unchecked(), &warp, q_off, k_off, dp, bk, lanes);
@@ -219,13 +239,13 @@ pub fn build_grad_q<N: Size>(
         for c0 in (0..bk).step_by(DS_CHUNK) {
             let kc = k::add_index::expand(scope, k0, k::const_index::expand(scope, c0));
             let logits = (c0..c0 + DS_CHUNK).map(logit).collect();
-            let scores = att::mask_scores(scope, logits, &masked, hidden, i, kc, a);
+            let scores = pair::mask_scores(scope, logits, &masked, hidden, i, kc, a);
             let mut ds_row = k::zeros::expand(scope, DS_CHUNK);
             for (jc, score) in scores.into_iter().enumerate() {
                 let jj = c0 + jc;
-                let p = k::exp_diff::expand(scope, score, lse);
+                let p = norm::prob::expand(scope, score, lse);
                 let dp = k::read::expand::<f32>(scope, &dpf, at(jj));
-                let mut ds = grad_weight::expand(scope, p, dp, delta);
+                let mut ds = pair::grad_weight::expand(scope, p, dp, delta);
                 if let (Some(fns), Some((b, h))) = (slope_fns, head) {
                     let j = k::add_index::expand(scope, k0, k::const_index::expand(scope, jj));
                     let slope = fns.slope(scope, logit(jj), &Indices { b, h, i, j }).expect("a score function");
@@ -246,8 +266,8 @@ pub fn build_grad_q<N: Size>(
     // across the walk, used only after it, ptxas spilled it to reach an
     // occupancy the kernel's shared memory rules out anyway.
     let mut parked: NativeExpand<[u32]> = (*k::shared_words::expand(scope, bq)).clone_unchecked();
-    park_row::expand(scope, &mut parked, k::uget::expand(scope, &slots, ROW_OUT), i, a.s);
-    tiles::visit_tiles(scope, &set, a, bk, &prep, tile);
+    park_row::expand(scope, &mut parked, k::uget::expand(scope, &slots, ROW_OUT), i, a.g.s);
+    walk.visit(scope, tile);
     let (at, inside) = parked_row(scope, &parked);
     store_columns::expand::<N>(scope, out, &o, &o_rest, scale_c, at, inside, 0, dl, held, bq);
 }
@@ -277,9 +297,9 @@ fn tile_stats<N: Size>(
     let u = UNIT_POS as usize;
     if u < bq {
         let i = i0 + u;
-        stats[u] = query_lse(lse, b, hi, i, h, s);
+        stats[u] = norm::query_lse(lse, b, hi, i, h, s);
         if comptime![delta] {
-            let at = att::view_row(b, hi, min(i, comptime![s - 1]), ov);
+            let at = source::view_row(b, hi, min(i, comptime![s - 1]), ov);
             stats[comptime![bq] + u] = row_delta::<N>(sh, comptime![do_off] + u * epl, o, at, el);
         }
     }
@@ -302,25 +322,22 @@ enum Walk {
 /// again: the accumulators of both rows (256 columns a unit at d = 128) are
 /// more than CUDA's registers and 48 KiB of shared memory hold, and one
 /// walk's code run twice keeps the kernel's source within bounds.
-#[allow(clippy::too_many_arguments)]
 pub fn build_grad_kv<N: Size>(
     scope: &Scope,
     b: &GradBuffers<N>,
     out: &mut NativeExpand<[Vector<Stored, N>]>,
-    scale: f32,
-    a: &att::Shape,
-    [ov, dov]: [RowView; 2],
-    lanes: usize,
+    a: &Shape,
     dev: FragDevice,
     wrt_k: bool,
     mut dv: Option<(&mut NativeExpand<[Vector<Stored, N>]>, RowView)>,
 ) {
+    let ([ov, dov], scale, lanes) = (b.side, b.scale, a.lanes);
     let (rows, bq) = (a.tiles.units(), a.tiles.key_tile);
     assert_eq!(a.tiles.unit_rows, 1, "fragment kernels own one row per unit");
     assert!(bq % F == 0, "query tiles of whole fragments");
     let with_v = dv.is_some() || !wrt_k;
-    let (dp, ep) = (a.d.next_multiple_of(F), a.e.next_multiple_of(F));
-    let (dpl, epl, dl, el) = (dp / lanes, ep / lanes, a.d / lanes, a.e / lanes);
+    let (dp, ep) = (a.g.d.next_multiple_of(F), a.g.e.next_multiple_of(F));
+    let (dpl, epl, dl, el) = (dp / lanes, ep / lanes, a.g.d / lanes, a.g.e / lanes);
     let twice = wrt_k && with_v && rows < ATTN_ROWS;
     assert!(!twice || dp == ep, "two walks accumulate dK and dV in the same columns");
     // Own keys and (for dK) values, the query and output-gradient tile, the tile's P or dS.
@@ -339,14 +356,14 @@ pub fn build_grad_kv<N: Size>(
     let stats: NativeExpand<[f32]> = (*shared_floats::expand(scope, 2 * bq)).clone_unchecked();
     let frags = Frags::new(scope, dev.hardware, dev.dtype);
     let warp = warp_of::expand(scope);
-    let bh = k::cube_y::expand(scope, a.fold);
-    let (bb, kh) = (k::idx_div::expand(scope, bh, a.hk), k::idx_mod::expand(scope, bh, a.hk));
-    let j = key_unit_row::expand(scope, 0, rows, a.fold);
-    let jc = last_row::expand(scope, j.clone(), a.sk);
-    let key_at = att::view_row::expand(scope, bb.clone(), kh.clone(), jc.clone(), a.views[1]);
+    let bh = k::cube_y::expand(scope, a.g.fold);
+    let (bb, kh) = (k::idx_div::expand(scope, bh, a.g.hk), k::idx_mod::expand(scope, bh, a.g.hk));
+    let j = key_unit_row::expand(scope, 0, rows, a.g.fold);
+    let jc = last_row::expand(scope, j.clone(), a.g.sk);
+    let key_at = source::view_row::expand(scope, bb.clone(), kh.clone(), jc.clone(), a.views[1]);
     copy_query::expand::<N>(scope, b.k, &mut x, key_at, k_off, dpl, dl, dev.rounds());
     if wrt_k {
-        let value_at = att::view_row::expand(scope, bb.clone(), kh.clone(), jc.clone(), a.views[2]);
+        let value_at = source::view_row::expand(scope, bb.clone(), kh.clone(), jc.clone(), a.views[2]);
         copy_query::expand::<N>(scope, b.v, &mut x, value_at, v_off, epl, el, dev.rounds());
     }
     // Accumulator columns: dK's `dp`, then dV's `ep` (one of them a walk when twice).
@@ -361,11 +378,11 @@ pub fn build_grad_kv<N: Size>(
             Walk::Fixed { k, .. } => *k,
             Walk::Either(_) => true,
         };
-        walk_query_tiles(scope, a, kh.clone(), bq, rows, |scope, hi, i0| {
+        tiles::walk_query_tiles(scope, a, (bb.clone(), kh.clone()), (bq, rows), false, |scope, hi, i0| {
             let mut xs = x.clone_unchecked();
             let row0 = k::const_index::expand(scope, 0);
-            let q_base = att::view_row::expand(scope, bb.clone(), hi.clone(), row0.clone(), a.views[0]);
-            let do_base = att::view_row::expand(scope, bb.clone(), hi.clone(), row0, dov);
+            let q_base = source::view_row::expand(scope, bb.clone(), hi.clone(), row0.clone(), a.views[0]);
+            let do_base = source::view_row::expand(scope, bb.clone(), hi.clone(), row0, dov);
             copy_rows::expand::<N>(
                 scope,
                 b.q,
@@ -376,7 +393,7 @@ pub fn build_grad_kv<N: Size>(
                 bq,
                 dpl,
                 dl,
-                a.s,
+                a.g.s,
                 a.views[0],
                 rows,
                 dev.rounds(),
@@ -391,7 +408,7 @@ pub fn build_grad_kv<N: Size>(
                 bq,
                 epl,
                 el,
-                a.s,
+                a.g.s,
                 dov,
                 rows,
                 dev.rounds(),
@@ -400,7 +417,7 @@ pub fn build_grad_kv<N: Size>(
             let mut st = stats.clone_unchecked();
             let (bb, hi0, i00) = (bb.clone(), hi.clone(), i0.clone());
             tile_stats::expand::<N>(
-                scope, &mut st, b.lse, &x, b.o, bb, hi0, i00, do_off, ov, bq, epl, el, a.h, a.s, dk,
+                scope, &mut st, b.lse, &x, b.o, bb, hi0, i00, do_off, ov, bq, epl, el, a.g.h, a.g.s, dk,
             );
             // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ, each plane its 32 key rows by the tile's queries.
             products_t::<N>(scope, &frags, &x, &mut sf.clone_unchecked(), &warp, k_off, q_off, dp, bq, lanes);
@@ -416,30 +433,22 @@ pub fn build_grad_kv<N: Size>(
             // This unit's key row against the tile's queries: P and dS.
             let row = unit_scores::expand(scope, bq);
             let at = |jj: usize| k::add_index::expand(scope, row.clone(), k::const_index::expand(scope, jj));
-            let fns = a.fns.as_ref();
             let mut p_row = k::zeros::expand(scope, bq);
             let mut ds_row = k::zeros::expand(scope, bq);
             for ii in 0..bq {
                 let i = k::add_index::expand(scope, i0.clone(), k::const_index::expand(scope, ii));
-                let ic = last_row::expand(scope, i.clone(), a.s);
+                let ic = last_row::expand(scope, i.clone(), a.g.s);
                 let logit = k::fmul::expand(scope, k::read::expand::<f32>(scope, &sf, at(ii)), scale_c.clone());
                 let pair = Indices { b: bb.clone(), h: hi.clone(), i: ic, j: jc.clone() };
-                let score = fns.map_or(logit.clone(), |f| f.score(scope, logit.clone(), &pair));
-                let mut score =
-                    att::mask_score::expand(scope, score, i, j.clone(), 0, a.s, a.sk, a.kind, a.window, a.block);
-                if let Some(seen) = fns.and_then(|f| f.visible(scope, &pair)) {
-                    score = att::seen_or_masked::expand(scope, seen, score);
-                }
+                let score = pair::pair_score(scope, a, logit.clone(), i, j.clone(), &pair);
                 let lse = k::read::expand::<f32>(scope, &stats, k::const_index::expand(scope, ii));
-                let p = k::exp_diff::expand(scope, score, lse);
+                let p = norm::prob::expand(scope, score, lse);
                 k::fset::expand(scope, &mut p_row, ii, p.clone());
                 if dk {
                     let delta = k::read::expand::<f32>(scope, &stats, k::const_index::expand(scope, bq + ii));
                     let dp = k::read::expand::<f32>(scope, &dpf, at(ii));
-                    let mut ds = grad_weight::expand(scope, p.clone(), dp, delta);
-                    if let Some(slope) = fns.and_then(|f| f.slope(scope, logit, &pair)) {
-                        ds = k::fmul::expand(scope, ds, slope);
-                    }
+                    let ds = pair::grad_weight::expand(scope, p.clone(), dp, delta);
+                    let mut ds = pair::times_slope(scope, a, ds, logit, &pair);
                     if let Walk::Either(v_pass) = walk {
                         ds = select::expand(scope, v_pass.clone(), p, ds);
                     }
@@ -479,8 +488,8 @@ pub fn build_grad_kv<N: Size>(
             }
         });
     };
-    let inside = k::below::expand(scope, j.clone(), a.sk);
-    let out_at = att::view_row::expand(scope, bb.clone(), kh.clone(), j.clone(), a.views[3]);
+    let inside = k::below::expand(scope, j.clone(), a.g.sk);
+    let out_at = source::view_row::expand(scope, bb.clone(), kh.clone(), j.clone(), a.views[3]);
     let one = k::fconst::expand(scope, 1.0);
     let store_k = |scope: &Scope, out: &mut NativeExpand<[Vector<Stored, N>]>| {
         let (at, inside) = (out_at.clone(), inside.clone());
@@ -491,7 +500,7 @@ pub fn build_grad_kv<N: Size>(
     };
     if twice {
         let (dv, view) = dv.as_mut().expect("dK and dV");
-        let dv_at = att::view_row::expand(scope, bb.clone(), kh.clone(), j.clone(), *view);
+        let dv_at = source::view_row::expand(scope, bb.clone(), kh.clone(), j.clone(), *view);
         let passes = RangeExpand::new(NativeExpand::from_lit(scope, 0usize), NativeExpand::from_lit(scope, 2usize));
         for_expand(scope, passes, false, |scope, pass| {
             let v_pass = k::below::expand(scope, pass, 1);
@@ -512,7 +521,7 @@ pub fn build_grad_kv<N: Size>(
     }
     match dv.as_mut() {
         Some((dv, view)) => {
-            let dv_at = att::view_row::expand(scope, bb.clone(), kh.clone(), j.clone(), *view);
+            let dv_at = source::view_row::expand(scope, bb.clone(), kh.clone(), j.clone(), *view);
             store_v(scope, dv, dv_at, k_cols);
         }
         None if !wrt_k => store_v(scope, out, out_at.clone(), 0),

@@ -23,10 +23,12 @@ pub use flash::build_attention;
 pub use flash_grad::{build_grad_kv, build_grad_q};
 pub use trips::software_trips;
 
-use super::attention::{self as att, ROW_I, ROW_OUT, ROW_Q, SET_K, SET_V};
+use super::attention as att;
 use super::gemm;
 use super::kernels::{self as k, Operand, Stored};
-use super::tiles;
+use super::kit::launch::{Inputs, Shape, ROW_I, ROW_OUT, ROW_Q};
+use super::kit::walk::{self as tiles, SET_K, SET_V};
+use super::kit::{mask, norm, pair, source};
 use attnc_compiler::plan::{Dtype, RowView, ATTN_ROWS, GEMM_ROWS, GEMM_UNITS};
 use cubecl::cmma::{self, MatrixIdent, MatrixLayout};
 use cubecl::prelude::*;
