@@ -45,6 +45,32 @@ pub struct MixDims {
     pub units: usize,
 }
 
+/// The bindings of the `#[cube]` head-mixing kernels: q, k, v, the output's
+/// gradient, the saved log-sum-exp and `D`, and the two mixing matrices
+/// (a pass that does not read one binds `q` in its place).
+#[derive(CubeType)]
+pub struct MixBufs<'a> {
+    pub q: &'a [Stored],
+    pub k: &'a [Stored],
+    pub v: &'a [Stored],
+    pub dout: &'a [Stored],
+    pub lse: &'a [Stored],
+    pub delta: &'a [Stored],
+    pub wl: &'a [Stored],
+    pub wp: &'a [Stored],
+}
+
+/// The comptime arguments of a head-mixing launch beside its [`MixDims`]:
+/// the layouts of q, k, v and the output (or `dO`), the scale, and the
+/// score function and mask function as hooks.
+#[derive(Clone)]
+pub struct MixArgs {
+    pub views: [RowView; 4],
+    pub scale: f32,
+    pub score: Hook,
+    pub mask: Hook,
+}
+
 /// Whether softmax head `h`'s query row `i` sees key row `j`: the built-in
 /// mask and the mask function (`mask`, a hook without a score function).
 #[cube]
@@ -206,21 +232,14 @@ pub(super) fn load_matrix(src: &[Stored], dst: &mut [f32], #[comptime] n: usize,
 /// row-major `[B, H_s, S]`) of attention mixing heads by `wl` and `wp`
 /// (unread where `MixDims` says the identity).
 #[cube]
-#[allow(clippy::too_many_arguments)]
 pub fn mixed(
-    q: &[Stored],
-    kb: &[Stored],
-    v: &[Stored],
-    wl: &[Stored],
-    wp: &[Stored],
+    bufs: &MixBufs,
     out: &mut [Stored],
     #[comptime] m: MixDims,
-    #[comptime] views: [RowView; 4],
-    #[comptime] scale: f32,
+    #[comptime] args: MixArgs,
     #[comptime] lse: bool,
-    #[comptime] score: Hook,
-    #[comptime] mask: Hook,
 ) {
+    let (views, scale, score, mask) = comptime![(args.views, args.scale, args.score.clone(), args.mask.clone())];
     let g = comptime![m.g];
     let (rows, tile, units) = comptime![(g.rows, g.tile, m.units)];
     let (hq, hs, ho) = comptime![(g.h, m.hs, m.ho)];
@@ -235,10 +254,10 @@ pub fn mixed(
     let mut st_m = Shared::<[f32]>::new_slice(stats);
     let mut st_l = Shared::<[f32]>::new_slice(stats);
     if comptime![m.logits] {
-        load_matrix(wl, &mut wls, comptime![hq * hs], units);
+        load_matrix(bufs.wl, &mut wls, comptime![hq * hs], units);
     }
     if comptime![m.probs] {
-        load_matrix(wp, &mut wps, comptime![hs * ho], units);
+        load_matrix(bufs.wp, &mut wps, comptime![hs * ho], units);
     }
     #[unroll]
     for it in 0..comptime![stats.div_ceil(units)] {
@@ -253,7 +272,7 @@ pub fn mixed(
     // The first walk: each softmax head's running maximum and sum.
     for t in band.lo..band.hi {
         let (qv, kv) = comptime![(views[0], views[1])];
-        scores(q, kb, &mut sc, &mut sl, b, r0, t * tile, m, rows, tile, qv, kv, scale, false, score.clone());
+        scores(bufs.q, bufs.k, &mut sc, &mut sl, b, r0, t * tile, m, rows, tile, qv, kv, scale, false, score.clone());
         sync_cube();
         for jj in 0..tile {
             let j = t * tile + jj;
@@ -293,7 +312,7 @@ pub fn mixed(
             }
         }
     } else {
-        walk_values(q, kb, v, out, &wls, &wps, &st_m, b, r0, band.lo, band.hi, m, views, scale, score, mask);
+        walk_values(bufs, out, &wls, &wps, &st_m, b, r0, band.lo, band.hi, m, args);
     }
 }
 
@@ -302,9 +321,7 @@ pub fn mixed(
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn walk_values(
-    q: &[Stored],
-    kb: &[Stored],
-    v: &[Stored],
+    bufs: &MixBufs,
     out: &mut [Stored],
     wls: &[f32],
     wps: &[f32],
@@ -314,11 +331,9 @@ fn walk_values(
     t0: usize,
     t1: usize,
     #[comptime] m: MixDims,
-    #[comptime] views: [RowView; 4],
-    #[comptime] scale: f32,
-    #[comptime] score: Hook,
-    #[comptime] mask: Hook,
+    #[comptime] args: MixArgs,
 ) {
+    let (views, scale, score, mask) = comptime![(args.views, args.scale, args.score.clone(), args.mask.clone())];
     let g = comptime![m.g];
     let (rows, tile, units) = comptime![(g.rows, g.tile, m.units)];
     let (hs, ho, hv, e) = comptime![(m.hs, m.ho, m.hv, g.e)];
@@ -336,7 +351,7 @@ fn walk_values(
     }
     for t in t0..t1 {
         let (qv, kv) = comptime![(views[0], views[1])];
-        scores(q, kb, &mut sc, &mut sl, b, r0, t * tile, m, rows, tile, qv, kv, scale, false, score.clone());
+        scores(bufs.q, bufs.k, &mut sc, &mut sl, b, r0, t * tile, m, rows, tile, qv, kv, scale, false, score.clone());
         sync_cube();
         probabilities(&sc, wls, lse, &mut pr, b, r0, t * tile, m, rows, tile, mask.clone());
         sync_cube();
@@ -371,7 +386,7 @@ fn walk_values(
                             p = pt[w];
                         }
                         let vh = go / comptime![ho / hv];
-                        acc[a] += p * f32::cast_from(v[view_row(b, vh, j, comptime![views[2]]) + idx % e]);
+                        acc[a] += p * f32::cast_from(bufs.v[view_row(b, vh, j, comptime![views[2]]) + idx % e]);
                     }
                 }
             }

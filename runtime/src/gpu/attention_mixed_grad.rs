@@ -18,8 +18,7 @@
 //! Products are laid out `(query row, head, key)` in shared memory in both
 //! orientations, as [`scores`] writes them.
 
-use super::attention_mixed::{dot, load_matrix, probabilities, scores, MixDims};
-use super::func::Hook;
+use super::attention_mixed::{dot, load_matrix, probabilities, scores, MixArgs, MixBufs, MixDims};
 use super::kernels::{self as k, Stored};
 use super::kit::source::view_row;
 use super::kit::walk::{key_tiles, query_tiles};
@@ -145,25 +144,15 @@ fn score_grads(
 /// The passes over query rows: `D`, `dQ`, and the mixing matrices'
 /// gradients per query row.
 #[cube]
-#[allow(clippy::too_many_arguments)]
 pub fn rows_grad(
-    q: &[Stored],
-    kb: &[Stored],
-    v: &[Stored],
-    dout: &[Stored],
-    lse: &[Stored],
-    delta: &[Stored],
-    wl: &[Stored],
-    wp: &[Stored],
+    bufs: &MixBufs,
     out: &mut [Stored],
     #[comptime] m: MixDims,
-    #[comptime] views: [RowView; 4],
-    #[comptime] scale: f32,
+    #[comptime] args: MixArgs,
     #[comptime] pass: MixPass,
     #[comptime] slopes: bool,
-    #[comptime] score: Hook,
-    #[comptime] mask: Hook,
 ) {
+    let (views, scale, score, mask) = comptime![(args.views, args.scale, args.score.clone(), args.mask.clone())];
     let g = comptime![m.g];
     let (rows, tile, units) = comptime![(g.rows, g.tile, m.units)];
     let (hq, hs, ho, d) = comptime![(g.h, m.hs, m.ho, g.d)];
@@ -188,20 +177,20 @@ pub fn rows_grad(
     let mut ls = Shared::<[f32]>::new_slice(stats);
     let mut dd = Shared::<[f32]>::new_slice(stats);
     if comptime![m.logits] {
-        load_matrix(wl, &mut wls, comptime![hq * hs], units);
+        load_matrix(bufs.wl, &mut wls, comptime![hq * hs], units);
     }
     if comptime![m.probs] {
-        load_matrix(wp, &mut wps, comptime![hs * ho], units);
+        load_matrix(bufs.wp, &mut wps, comptime![hs * ho], units);
     }
     #[unroll]
     for it in 0..comptime![stats.div_ceil(units)] {
         let idx = UNIT_POS as usize + comptime![it * units];
         if idx < stats {
             let at = (b * hs + idx % hs) * comptime![g.s] + min(r0 + idx / hs, comptime![g.s - 1]);
-            ls[idx] = f32::cast_from(lse[at]);
+            ls[idx] = f32::cast_from(bufs.lse[at]);
             let mut x = f32::new(0.0);
             if comptime![pass != MixPass::Delta] {
-                x = f32::cast_from(delta[at]);
+                x = f32::cast_from(bufs.delta[at]);
             }
             dd[idx] = x;
         }
@@ -216,11 +205,11 @@ pub fn rows_grad(
     for t in band.lo..band.hi {
         let j0 = t * tile;
         let (qv, kv) = comptime![(views[0], views[1])];
-        scores(q, kb, &mut sc, &mut sl, b, r0, j0, m, rows, tile, qv, kv, scale, slopes, score.clone());
+        scores(bufs.q, bufs.k, &mut sc, &mut sl, b, r0, j0, m, rows, tile, qv, kv, scale, slopes, score.clone());
         sync_cube();
         probabilities(&sc, &wls, &ls, &mut pr, b, r0, j0, m, rows, tile, mask.clone());
         let (vv, dov) = comptime![(views[2], views[3])];
-        products(dout, v, &mut dpt, b, r0, j0, m, rows, tile, dov, vv);
+        products(bufs.dout, bufs.v, &mut dpt, b, r0, j0, m, rows, tile, dov, vv);
         sync_cube();
         if comptime![pass == MixPass::Delta] {
             for jj in 0..tile {
@@ -257,7 +246,7 @@ pub fn rows_grad(
                             let mh = idx / d % hq;
                             let j = min(j0 + jj, comptime![g.sk - 1]);
                             let kr = view_row(b, mh / comptime![hq / g.hk], j, comptime![views[1]]);
-                            acc[a] += sc[(r * hq + mh) * tile + jj] * f32::cast_from(kb[kr + idx % d]);
+                            acc[a] += sc[(r * hq + mh) * tile + jj] * f32::cast_from(bufs.k[kr + idx % d]);
                         } else {
                             let r = idx / comptime![hq * hs];
                             let mh = idx / hs % hq;
@@ -301,25 +290,15 @@ pub fn rows_grad(
 
 /// The passes over key rows: `dK` and `dV`.
 #[cube]
-#[allow(clippy::too_many_arguments)]
 pub fn keys_grad(
-    q: &[Stored],
-    kb: &[Stored],
-    v: &[Stored],
-    dout: &[Stored],
-    lse: &[Stored],
-    delta: &[Stored],
-    wl: &[Stored],
-    wp: &[Stored],
+    bufs: &MixBufs,
     out: &mut [Stored],
     #[comptime] m: MixDims,
-    #[comptime] views: [RowView; 4],
-    #[comptime] scale: f32,
+    #[comptime] args: MixArgs,
     #[comptime] pass: MixPass,
     #[comptime] slopes: bool,
-    #[comptime] score: Hook,
-    #[comptime] mask: Hook,
 ) {
+    let (views, scale, score, mask) = comptime![(args.views, args.scale, args.score.clone(), args.mask.clone())];
     let g = comptime![m.g];
     // `rows` key rows a cube, query tiles of `tile` rows.
     let (nk, nq, units) = comptime![(g.rows, g.tile, m.units)];
@@ -342,10 +321,10 @@ pub fn keys_grad(
     let mut ls = Shared::<[f32]>::new_slice(stats);
     let mut dd = Shared::<[f32]>::new_slice(stats);
     if comptime![m.logits] {
-        load_matrix(wl, &mut wls, comptime![hq * hs], units);
+        load_matrix(bufs.wl, &mut wls, comptime![hq * hs], units);
     }
     if comptime![m.probs] {
-        load_matrix(wp, &mut wps, comptime![hs * ho], units);
+        load_matrix(bufs.wp, &mut wps, comptime![hs * ho], units);
     }
     let mut acc = Array::<f32>::new(n_acc);
     #[unroll]
@@ -360,16 +339,16 @@ pub fn keys_grad(
             let idx = UNIT_POS as usize + comptime![it * units];
             if idx < stats {
                 let at = (b * hs + idx % hs) * comptime![g.s] + min(i0 + idx / hs, comptime![g.s - 1]);
-                ls[idx] = f32::cast_from(lse[at]);
-                dd[idx] = f32::cast_from(delta[at]);
+                ls[idx] = f32::cast_from(bufs.lse[at]);
+                dd[idx] = f32::cast_from(bufs.delta[at]);
             }
         }
         let (qv, kv) = comptime![(views[0], views[1])];
-        scores(q, kb, &mut sc, &mut sl, b, i0, j0, m, nq, nk, qv, kv, scale, slopes && dk, score.clone());
+        scores(bufs.q, bufs.k, &mut sc, &mut sl, b, i0, j0, m, nq, nk, qv, kv, scale, slopes && dk, score.clone());
         sync_cube();
         probabilities(&sc, &wls, &ls, &mut pr, b, i0, j0, m, nq, nk, mask.clone());
         let (vv, dov) = comptime![(views[2], views[3])];
-        products(dout, v, &mut dpt, b, i0, j0, m, nq, nk, dov, vv);
+        products(bufs.dout, bufs.v, &mut dpt, b, i0, j0, m, nq, nk, dov, vv);
         sync_cube();
         if comptime![dk] {
             score_grads(&mut sc, &sl, &pr, &dpt, &dd, &mut dst, &wls, &wps, m, nq, nk, true, slopes);
@@ -410,14 +389,14 @@ pub fn keys_grad(
                         for gm in 0..comptime![hq / hk] {
                             let mh = hh * comptime![hq / hk] + gm;
                             let qa = view_row(b, mh, i, comptime![views[0]]);
-                            acc[a] += sc[(ii * hq + mh) * nk + jj] * f32::cast_from(q[qa + c]);
+                            acc[a] += sc[(ii * hq + mh) * nk + jj] * f32::cast_from(bufs.q[qa + c]);
                         }
                     } else {
                         #[unroll]
                         for gm in 0..comptime![ho / hv] {
                             let go = hh * comptime![ho / hv] + gm;
                             let oa = view_row(b, go, i, comptime![views[3]]);
-                            acc[a] += dst[(ii * ho + go) * nk + jj] * f32::cast_from(dout[oa + c]);
+                            acc[a] += dst[(ii * ho + go) * nk + jj] * f32::cast_from(bufs.dout[oa + c]);
                         }
                     }
                 }

@@ -27,7 +27,7 @@
 //! `attention_mixed.rs`); its first plane walks the keys, the others walk
 //! none (their loop is empty, which Mesa's drivers skip).
 
-use super::attention_mixed::{seen, MixDims};
+use super::attention_mixed::{seen, MixArgs, MixDims};
 use super::func::{score_hook, Hook};
 use super::kernels::{self as k, Stored};
 use super::kit::norm::{self, push};
@@ -35,6 +35,17 @@ use super::kit::source::view_row;
 use super::kit::walk::key_tiles;
 use attnc_compiler::plan::RowView;
 use cubecl::prelude::*;
+
+/// The bindings of the CPU head-mixing kernel: q, k and v in vectors of
+/// `N` (the log-sum-exp binds `q` for `v`), and the two mixing matrices.
+#[derive(CubeType)]
+pub struct MixRows<'a, N: Size> {
+    pub q: &'a [Vector<Stored, N>],
+    pub k: &'a [Vector<Stored, N>],
+    pub v: &'a [Vector<Stored, N>],
+    pub wl: &'a [Stored],
+    pub wp: &'a [Stored],
+}
 
 /// Query rows each walking unit of a cube of `rows` holds (one plane of
 /// `plane` units walks; `rows` and `plane` are powers of two).
@@ -179,23 +190,16 @@ fn mix_row(
 /// mixing heads by `wl` and `wp`, on planes of `plane` units, each walking
 /// unit holding [`unit_rows`] rows; rows in vectors of `N` (`views` too).
 #[cube]
-#[allow(clippy::too_many_arguments)]
 pub fn mixed_rows<N: Size>(
-    q: &[Vector<Stored, N>],
-    kb: &[Vector<Stored, N>],
-    v: &[Vector<Stored, N>],
-    wl: &[Stored],
-    wp: &[Stored],
+    bufs: &MixRows<N>,
     out: &mut [Vector<Stored, N>],
     lse_out: &mut [Stored],
     #[comptime] m: MixDims,
-    #[comptime] views: [RowView; 4],
-    #[comptime] scale: f32,
+    #[comptime] args: MixArgs,
     #[comptime] lse: bool,
     #[comptime] plane: u32,
-    #[comptime] score: Hook,
-    #[comptime] mask: Hook,
 ) {
+    let (views, scale, score, mask) = comptime![(args.views, args.scale, args.score.clone(), args.mask.clone())];
     let g = comptime![m.g];
     let (rows, tile) = comptime![(g.rows, g.tile)];
     let (hq, hs, ho, hv) = comptime![(g.h, m.hs, m.ho, m.hv)];
@@ -206,8 +210,8 @@ pub fn mixed_rows<N: Size>(
     let r0 = k::cube_x(comptime![g.fold]) * rows;
     let u = UNIT_POS as usize;
     let lane = k::plane_lane(plane);
-    let wls = held_matrix(wl, comptime![if m.logits { hq * hs } else { 0 }]);
-    let wps = held_matrix(wp, comptime![if m.probs { hs * ho } else { 0 }]);
+    let wls = held_matrix(bufs.wl, comptime![if m.logits { hq * hs } else { 0 }]);
+    let wps = held_matrix(bufs.wp, comptime![if m.probs { hs * ho } else { 0 }]);
     let mut qr = Array::<Vector<f32, N>>::new(comptime![per * hq * d]);
     #[unroll]
     for t in 0..per {
@@ -218,7 +222,7 @@ pub fn mixed_rows<N: Size>(
             #[unroll]
             for c in 0..d {
                 qr[comptime![(t * hq + mh) * d + c]] =
-                    Vector::<f32, N>::cast_from(q[at + c]) * Vector::new(f32::new(scale));
+                    Vector::<f32, N>::cast_from(bufs.q[at + c]) * Vector::new(f32::new(scale));
             }
         }
     }
@@ -239,7 +243,7 @@ pub fn mixed_rows<N: Size>(
         l[x] = f32::new(0.0);
     }
     for j in j0..j1 {
-        mixed_logits::<N>(&qr, kb, &wls, &mut sm, j, m, views[1], plane, score.clone());
+        mixed_logits::<N>(&qr, bufs.k, &wls, &mut sm, j, m, views[1], plane, score.clone());
         #[unroll]
         for t in 0..per {
             let i = row_of(r0, u, t, rows, per, comptime![g.s]);
@@ -282,7 +286,7 @@ pub fn mixed_rows<N: Size>(
         let mut vrow = Array::<Vector<f32, N>>::new(e);
         let group = comptime![ho / hv];
         for j in j0..j1 {
-            mixed_logits::<N>(&qr, kb, &wls, &mut sm, j, m, views[1], plane, score.clone());
+            mixed_logits::<N>(&qr, bufs.k, &wls, &mut sm, j, m, views[1], plane, score.clone());
             #[unroll]
             for t in 0..per {
                 let i = row_of(r0, u, t, rows, per, comptime![g.s]);
@@ -298,7 +302,7 @@ pub fn mixed_rows<N: Size>(
             }
             #[unroll]
             for vh in 0..hv {
-                load_row::<N>(v, view_row(b, vh, j, comptime![views[2]]), lane, &mut vrow, e, plane);
+                load_row::<N>(bufs.v, view_row(b, vh, j, comptime![views[2]]), lane, &mut vrow, e, plane);
                 #[unroll]
                 for t in 0..per {
                     #[unroll]

@@ -110,17 +110,16 @@ pub(super) fn body(
     let at = |i: usize| if i < pass.operands() { &bufs[i] } else { &bufs[0] };
     let (v, dout, lse, delta) = (at(2), at(3), at(4), at(5));
     let slopes = shape.fns.as_ref().is_some_and(|f| f.score.is_some());
+    let x = attention_mixed::MixBufsExpand { q, k: kb, v, dout, lse, delta, wl, wp };
+    let args = attention_mixed::MixArgs { views, scale, score: sc, mask: mk };
     match pass {
         MixPass::Forward | MixPass::Lse => {
-            let lse = pass == MixPass::Lse;
-            attention_mixed::mixed::expand(scope, q, kb, v, wl, wp, &mut out, m, views, scale, lse, sc, mk)
+            attention_mixed::mixed::expand(scope, &x, &mut out, m, args, pass == MixPass::Lse)
         }
-        MixPass::GradK | MixPass::GradV => attention_mixed_grad::keys_grad::expand(
-            scope, q, kb, v, dout, lse, delta, wl, wp, &mut out, m, views, scale, pass, slopes, sc, mk,
-        ),
-        _ => attention_mixed_grad::rows_grad::expand(
-            scope, q, kb, v, dout, lse, delta, wl, wp, &mut out, m, views, scale, pass, slopes, sc, mk,
-        ),
+        MixPass::GradK | MixPass::GradV => {
+            attention_mixed_grad::keys_grad::expand(scope, &x, &mut out, m, args, pass, slopes)
+        }
+        _ => attention_mixed_grad::rows_grad::expand(scope, &x, &mut out, m, args, pass, slopes),
     }
 }
 
@@ -151,21 +150,7 @@ pub(super) fn cpu_body<N: Size>(
     let (wl, wp) = (wl.clone_unchecked(), wp.clone_unchecked());
     let (q, kb) = (&rows[0], &rows[1]);
     let v = if lse { q } else { &rows[2] };
-    attention_mixed_tiled::mixed_rows::expand::<N>(
-        scope,
-        q,
-        kb,
-        v,
-        &wl,
-        &wp,
-        out,
-        &mut lse_out,
-        m,
-        views,
-        shape.scale(),
-        lse,
-        plane,
-        sc,
-        mk,
-    )
+    let x = attention_mixed_tiled::MixRowsExpand { q, k: kb, v, wl: &wl, wp: &wp };
+    let args = attention_mixed::MixArgs { views, scale: shape.scale(), score: sc, mask: mk };
+    attention_mixed_tiled::mixed_rows::expand::<N>(scope, &x, out, &mut lse_out, m, args, lse, plane)
 }
