@@ -79,6 +79,50 @@ fn copy_paged_rows<N: Size>(
     }
 }
 
+/// How a fragment kernel copies key and value tiles into shared memory:
+/// rows under their views ([`copy_rows`]), or a paged cache's rows through
+/// its block table ([`copy_paged_rows`]); `units` units share a copy.
+pub(super) struct KvRows<'a> {
+    a: &'a Shape,
+    units: usize,
+    round: bool,
+    /// The cube's batch, for a paged cache's block table.
+    batch: Option<NativeExpand<usize>>,
+}
+
+impl<'a> KvRows<'a> {
+    pub(super) fn new(scope: &Scope, a: &'a Shape, units: usize, round: bool) -> KvRows<'a> {
+        let batch = a.paged.as_ref().map(|_| a.cube_head(scope).0);
+        KvRows { a, units, round, batch }
+    }
+
+    /// Rows `k0 ..` of `x` (from `base`, the head's row 0, under `view`)
+    /// into `sh` at `dst`: `rows` rows of `width` vectors, `used` of them read.
+    pub(super) fn copy<N: Size>(
+        &self,
+        scope: &Scope,
+        x: &NativeExpand<[Vector<Stored, N>]>,
+        sh: &mut NativeExpand<[Vector<Stored, N>]>,
+        (k0, base): (NativeExpand<usize>, NativeExpand<usize>),
+        (dst, rows, width, used): (usize, usize, usize, usize),
+        view: RowView,
+    ) {
+        let sk = self.a.g.sk;
+        match (&self.a.paged, &self.batch) {
+            (Some(p), Some(b)) => {
+                let r = p.rows;
+                let pages = (r.page, r.slots, r.blocks, p.digits);
+                copy_paged_rows::expand::<N>(
+                    scope, x, sh, &p.table, *b, k0, base, dst, rows, width, used, sk, view.outer, pages,
+                )
+            }
+            _ => {
+                copy_rows::expand::<N>(scope, x, sh, k0, base, dst, rows, width, used, sk, view, self.units, self.round)
+            }
+        }
+    }
+}
+
 /// This unit's query row (`width` vectors, `used` real) into the shared array at `dst + UNIT_POS · width`.
 #[cube]
 pub(super) fn copy_query<N: Size>(
@@ -465,80 +509,9 @@ pub fn build_attention<N: Size>(
     let tile = |scope: &Scope, (kt, masked, hidden): tiles::TileFlags| {
         let k0 = k::mul_const::expand(scope, kt, bk);
         let mut xs = x.clone_unchecked();
-        match &a.paged {
-            // Key and value rows looked up in the block table.
-            Some(p) => {
-                let (b, _) = a.cube_head(scope);
-                let r = p.rows;
-                let pages = (r.page, r.slots, r.blocks, p.digits);
-                let (kv, vv) = (a.views[1].outer, a.views[2].outer);
-                let (kb0, vb0) = (k_base.clone(), v_base.clone());
-                copy_paged_rows::expand::<N>(
-                    scope,
-                    kb,
-                    &mut xs,
-                    &p.table,
-                    b,
-                    k0.clone(),
-                    kb0,
-                    k_off,
-                    bk,
-                    dpl,
-                    dl,
-                    a.g.sk,
-                    kv,
-                    pages,
-                );
-                copy_paged_rows::expand::<N>(
-                    scope,
-                    v,
-                    &mut xs,
-                    &p.table,
-                    b,
-                    k0.clone(),
-                    vb0,
-                    v_off,
-                    bk,
-                    epl,
-                    el,
-                    a.g.sk,
-                    vv,
-                    pages,
-                );
-            }
-            None => {
-                copy_rows::expand::<N>(
-                    scope,
-                    kb,
-                    &mut xs,
-                    k0.clone(),
-                    k_base.clone(),
-                    k_off,
-                    bk,
-                    dpl,
-                    dl,
-                    a.g.sk,
-                    a.views[1],
-                    ATTN_ROWS,
-                    dev.rounds(),
-                );
-                copy_rows::expand::<N>(
-                    scope,
-                    v,
-                    &mut xs,
-                    k0.clone(),
-                    v_base.clone(),
-                    v_off,
-                    bk,
-                    epl,
-                    el,
-                    a.g.sk,
-                    a.views[2],
-                    ATTN_ROWS,
-                    dev.rounds(),
-                );
-            }
-        }
+        let rows = KvRows::new(scope, a, ATTN_ROWS, dev.rounds());
+        rows.copy::<N>(scope, kb, &mut xs, (k0, k_base), (k_off, bk, dpl, dl), a.views[1]);
+        rows.copy::<N>(scope, v, &mut xs, (k0, v_base), (v_off, bk, epl, el), a.views[2]);
         k::barrier::expand(scope);
         // Scores: plane `warp`'s 32 rows (2 fragments) by the tile's keys.
         products_t::<N>(scope, &frags, &x, &mut sf.clone_unchecked(), &warp, q_off, k_off, dp, bk, lanes);

@@ -21,7 +21,7 @@
 
 use super::flash::{
     accumulate, accumulators, copy_query, copy_rows, held_columns, products_t, store_columns, unit_scores, zero_rest,
-    HELD,
+    KvRows, HELD,
 };
 use super::*;
 use crate::gpu::attention_tiled_grad::{key_unit_row, last_row, GradBuffers};
@@ -195,36 +195,9 @@ pub fn build_grad_q<N: Size>(
     let tile = |scope: &Scope, (kt, masked, hidden): tiles::TileFlags| {
         let k0 = k::mul_const::expand(scope, kt, bk);
         let mut xs = x.clone_unchecked();
-        copy_rows::expand::<N>(
-            scope,
-            b.k,
-            &mut xs,
-            k0,
-            k_base,
-            k_off,
-            bk,
-            dpl,
-            dl,
-            a.g.sk,
-            a.views[1],
-            bq,
-            dev.rounds(),
-        );
-        copy_rows::expand::<N>(
-            scope,
-            b.v,
-            &mut xs,
-            k0,
-            v_base,
-            v_off,
-            bk,
-            epl,
-            el,
-            a.g.sk,
-            a.views[2],
-            bq,
-            dev.rounds(),
-        );
+        let rows = KvRows::new(scope, a, bq, dev.rounds());
+        rows.copy::<N>(scope, b.k, &mut xs, (k0, k_base), (k_off, bk, dpl, dl), a.views[1]);
+        rows.copy::<N>(scope, b.v, &mut xs, (k0, v_base), (v_off, bk, epl, el), a.views[2]);
         k::barrier::expand(scope);
         // S = Q·Kᵀ and dP = dO·Vᵀ, each plane its 32 rows by the tile's keys.
         products_t::<N>(scope, &frags, &x, &mut sf.clone_unchecked(), &warp, q_off, k_off, dp, bk, lanes);
