@@ -151,12 +151,6 @@ pub fn fmul(a: f32, b: f32) -> f32 {
     a * b
 }
 
-/// `exp(a − b)`.
-#[cube]
-pub fn exp_diff(a: f32, b: f32) -> f32 {
-    (a - b).exp()
-}
-
 #[cube]
 pub fn fget(a: &Array<f32>, #[comptime] i: usize) -> f32 {
     a[i]

@@ -254,7 +254,7 @@ pub struct Chunks {
 pub fn combine(p: &[Stored], out: &mut [Stored], i: usize, at: usize, #[comptime] c: Chunks) {
     let (splits, rows, e, row, lanes) = comptime![(c.splits, c.rows, c.e, c.row, c.lanes)];
     let (ch, r) = (i % e, i / e);
-    let mut m = f32::new(-3.0e38);
+    let mut m = f32::new(M_INIT);
     for z in 0..splits {
         let at0 = (z * rows + r) * row + comptime![2 * e];
         let hi = f32::cast_from(p[at0]);

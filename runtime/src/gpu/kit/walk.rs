@@ -339,22 +339,18 @@ pub fn walk_query_tiles(
     let heads = RangeExpand::new(NativeExpand::from_lit(scope, 0usize), NativeExpand::from_lit(scope, a.g.h / a.g.hk));
     for_expand(scope, heads, false, |scope, hq| {
         let hi = k::add_index::expand(scope, k::mul_const::expand(scope, kh, a.g.h / a.g.hk), hq);
+        // The tile functions' reads that depend on the cube's key rows only, made once a head.
+        let prep = fns.map(|f| f.prepare(scope, &Tile { b, h: hi, i0: j0, i1: j1, j0, j1 }, false));
         let tiles = RangeExpand::new(band.lo.clone(), band.hi.clone());
         for_expand(scope, tiles, false, |scope, t| {
             let i0 = k::mul_const::expand(scope, t, tile);
-            match fns {
-                // Evaluated whole at each tile: reads held across the walk
-                // made the fragment dK/dV kernels spill on CUDA.
-                Some(f) => {
-                    let i1 = last_key::expand(scope, i0, tile, a.g.s);
-                    // The cube's key rows again, rather than held across the walk.
-                    let keys = cube_keys::expand(scope, rows, a.g.sk, a.g.fold);
-                    let (j0, j1) = (k::uget::expand(scope, &keys, 0), k::uget::expand(scope, &keys, 1));
-                    let at = Tile { b, h: hi, i0, i1, j0, j1 };
-                    let (any, _) = f.tile(scope, &at, &[], false).expect("tile functions");
+            match (fns, &prep) {
+                (Some(f), Some(prep)) => {
+                    let at = Tile { b, h: hi, i0, i1: last_key::expand(scope, i0, tile, a.g.s), j0, j1 };
+                    let (any, _) = f.tile(scope, &at, prep, false).expect("tile functions");
                     if_expand(scope, any, |scope| body(scope, hi, i0));
                 }
-                None => body(scope, hi, i0),
+                _ => body(scope, hi, i0),
             }
         });
     });
