@@ -75,7 +75,6 @@ fn line_start(l: usize, #[comptime] lines: Lines, #[comptime] s: usize, #[compti
 /// only with `minus`), `read_chunk(n)` channels unrolled a loop step, so that
 /// CUDA's compiler does not hold every row's loads at once (it spilled).
 #[cube]
-#[allow(clippy::too_many_arguments)]
 fn dot(
     x: &[Stored],
     xa: usize,

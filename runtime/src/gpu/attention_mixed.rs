@@ -89,7 +89,6 @@ pub(super) fn seen(b: usize, h: usize, i: usize, j: usize, #[comptime] g: Dims, 
 /// logits, then the score function (`score`, a hook without a mask
 /// function); with `slopes`, also its derivative at each logit into `sl`.
 #[cube]
-#[allow(clippy::too_many_arguments)]
 pub(super) fn scores(
     q: &[Stored],
     kb: &[Stored],
@@ -180,7 +179,6 @@ fn mixed_logit(
 /// against keys `j0 ..` (`nt`), from the rows' log-sum-exp `ls[r·H_s + h]`;
 /// 0 where the key is hidden or the row is past the queries.
 #[cube]
-#[allow(clippy::too_many_arguments)]
 pub(super) fn probabilities(
     sc: &[f32],
     wls: &[f32],
@@ -319,7 +317,6 @@ pub fn mixed(
 /// The second walk: probabilities, mixed by `wps`, times the values,
 /// accumulated per (row, output head, channel) and stored.
 #[cube]
-#[allow(clippy::too_many_arguments)]
 fn walk_values(
     bufs: &MixBufs,
     out: &mut [Stored],

@@ -52,7 +52,6 @@ fn dp_of(
 /// `dp̃ = dO[g]_i · v[kv'(g)]_j` for every (query row, output head, key) of
 /// query rows `i0 ..` (`nr`) and key rows `j0 ..` (`nt`).
 #[cube]
-#[allow(clippy::too_many_arguments)]
 fn products(
     dout: &[Stored],
     v: &[Stored],
@@ -85,7 +84,6 @@ fn products(
 /// `ds̃ = p (dp − D)` into `dst`, then (with `to_scores`) `ds[m] = f'(s[m])
 /// Σ_h wl[m, h] ds̃[h]` into `sc`, for query rows (`nr`) against keys (`nt`).
 #[cube]
-#[allow(clippy::too_many_arguments)]
 fn score_grads(
     sc: &mut [f32],
     sl: &[f32],

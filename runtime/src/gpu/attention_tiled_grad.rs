@@ -22,7 +22,7 @@ use super::kernels::{self as k, Stored};
 use super::kit::launch::{Shape, ROW_I, ROW_OUT, ROW_Q};
 use super::kit::norm;
 use super::kit::pair::{grad_weight, mask_scores, pair_score, times_slope};
-use super::kit::source::{key_row, view_row};
+use super::kit::source::{key_address, view_row};
 use super::kit::walk::{in_parts, setup, walk_query_tiles, KeyWalk, SET_K, SET_V};
 use attnc_compiler::plan::{RowView, ATTN_ROWS};
 use cubecl::prelude::*;
@@ -120,9 +120,9 @@ impl<N: Size> GradTile<'_, N> {
         let v_base = k::uget::expand(scope, self.set, SET_V);
         let clamp = self.masked.is_some();
         let key_rows: Vec<_> =
-            (0..self.bk).map(|jj| key_row::expand(scope, self.k0, k_base, jj, a.g.sk, clamp, a.views[1])).collect();
+            (0..self.bk).map(|jj| key_address(scope, a, self.k0, k_base, jj, clamp, a.views[1])).collect();
         let value_rows: Vec<_> =
-            (0..self.bk).map(|jj| key_row::expand(scope, self.k0, v_base, jj, a.g.sk, clamp, a.views[2])).collect();
+            (0..self.bk).map(|jj| key_address(scope, a, self.k0, v_base, jj, clamp, a.views[2])).collect();
         // The scaled logits of every row against every key of the tile.
         let mut logits = vec![Vec::with_capacity(self.bk); self.rows.len()];
         for row in &key_rows {
@@ -396,7 +396,6 @@ pub(super) fn last_row(i: usize, #[comptime] n: usize) -> usize {
 
 /// `out = acc · factor` at key row `j` of head `(b, kh)`, for rows inside the `sk` keys.
 #[cube]
-#[allow(clippy::too_many_arguments)]
 fn store_key_row<N: Size>(
     out: &mut [Vector<Stored, N>],
     acc: &Array<Vector<f32, N>>,

@@ -521,9 +521,13 @@ impl IrKernel {
                     norm::combine::expand(scope, &bufs[0], &mut out, i, at, c)
                 }
                 KernelSpec::Paged { slots, blocks, page, heads, width, integers, .. } => {
-                    let digits = value_elements(*integers, self.dtype);
-                    let sizes = (*slots, *blocks, *page, *heads, *width);
-                    k::paged::expand(scope, &bufs[0], &bufs[1], &mut out, i, sizes, digits)
+                    let p = k::Pages {
+                        page: *page,
+                        slots: *slots,
+                        blocks: *blocks,
+                        digits: value_elements(*integers, self.dtype),
+                    };
+                    k::paged::expand(scope, &bufs[0], &bufs[1], &mut out, i, p, (*heads, *width))
                 }
                 KernelSpec::Rope { rows, s, d, x, .. } => {
                     let first = k::rope_source::expand(scope, i, *d);

@@ -392,7 +392,6 @@ impl Gpu {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn launch_kernel<K: CubeKernel>(
         &self,
         kernel: K,

@@ -230,7 +230,6 @@ fn lane_col(lane: usize, #[comptime] per: usize, #[comptime] r: usize) -> usize 
 /// place, rounded once) at row `row`, column vector `c` of the cube, if
 /// both exist.
 #[cube]
-#[allow(clippy::too_many_arguments)]
 fn store<N: Size>(
     out: &mut [Vector<Stored, N>],
     addend: &[Vector<Stored, N>],
@@ -257,7 +256,6 @@ fn store<N: Size>(
 /// Store product vector `v` of row `row`, the cube's column `c` of a mixing
 /// tile (channel `c % ce` of head `c / ce`), to the kept product `[rows, fl]`, if both exist.
 #[cube]
-#[allow(clippy::too_many_arguments)]
 fn store_kept<N: Size>(
     out: &mut [Vector<Stored, N>],
     row: usize,
@@ -284,7 +282,6 @@ pub(super) fn mixed_row(row: usize, #[comptime] s: usize, #[comptime] dl: usize,
 
 /// Store mixed channel `ch` of target `t` for the row starting at `at`, if row and channel exist.
 #[cube]
-#[allow(clippy::too_many_arguments)]
 pub(super) fn store_mixed<N: Size>(
     out: &mut [Vector<Stored, N>],
     row: usize,

@@ -166,7 +166,6 @@ pub fn mix_cols(
 }
 
 /// `out[b,h,s,e] = Σ_c r[h,c] · x[b,c,s,e]`.
-#[allow(clippy::too_many_arguments)]
 pub fn collapse(
     scope: &Scope,
     (x, r): (&NativeExpand<[Stored]>, &NativeExpand<[Stored]>),
@@ -194,7 +193,6 @@ fn collapse_head(i: usize, #[comptime] h: usize, #[comptime] s: usize, #[comptim
 }
 
 #[cube]
-#[allow(clippy::too_many_arguments)]
 fn collapse_step(
     acc: &mut Array<f32>,
     x: &[Stored],
@@ -292,42 +290,44 @@ pub fn read_digits(buf: &[Stored], i: usize, #[comptime] digits: usize) -> f32 {
     }
 }
 
-/// Row `t` of sequence `b` in a paged cache, counted in rows of the cache:
-/// row `t % page` of page `table[b, t / page]` (of `slots` a sequence; an
-/// entry stored as `digits`), the page clamped into the cache's `blocks`
-/// (the host refuses a table outside it before any launch).
-#[cube]
-pub fn page_row(
-    table: &[Stored],
-    b: usize,
-    t: usize,
-    #[comptime] slots: usize,
-    #[comptime] page: usize,
-    #[comptime] blocks: usize,
-    #[comptime] digits: usize,
-) -> usize {
-    let at = read_digits(table, b * slots + t / page, digits);
-    min(usize::cast_from(max(at, f32::new(0.0))), comptime![blocks - 1]) * page + t % page
+/// A paged cache's comptime layout (`plan::PagedRows`): rows a page, block
+/// table entries a sequence, pages in the cache, and the elements an entry
+/// takes ([`read_digits`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Pages {
+    pub page: usize,
+    pub slots: usize,
+    pub blocks: usize,
+    pub digits: usize,
 }
 
-/// `out[b, h, t, c] = cache[pages[b, t / page], t % page, h, c]` (`Op::Paged`);
-/// `sizes`: slots, blocks, page, heads, width.
+/// Row `t` of sequence `b` in a paged cache, counted in rows of the cache:
+/// row `t % page` of page `table[b, t / page]`, the page clamped into the
+/// cache's `blocks` (the host refuses a table outside it before any launch).
+#[cube]
+pub fn page_row(table: &[Stored], b: usize, t: usize, #[comptime] p: Pages) -> usize {
+    let at = read_digits(table, b * comptime![p.slots] + t / comptime![p.page], comptime![p.digits]);
+    min(usize::cast_from(max(at, f32::new(0.0))), comptime![p.blocks - 1]) * comptime![p.page] + t % comptime![p.page]
+}
+
+/// `out[b, h, t, c] = cache[pages[b, t / page], t % page, h, c]` (`Op::Paged`),
+/// the cache `heads` heads of `width` elements a row.
 #[cube]
 pub fn paged(
     cache: &[Stored],
     pages: &[Stored],
     out: &mut [Stored],
     i: usize,
-    #[comptime] sizes: (usize, usize, usize, usize, usize),
-    #[comptime] digits: usize,
+    #[comptime] p: Pages,
+    #[comptime] row: (usize, usize),
 ) {
-    let (slots, blocks, page, heads, width) = comptime![sizes];
-    let rows = comptime![slots * page];
+    let (heads, width) = comptime![row];
+    let rows = comptime![p.slots * p.page];
     let c = i % width;
     let t = (i / width) % rows;
     let h = (i / comptime![width * rows]) % heads;
     let b = i / comptime![width * rows * heads];
-    out[i] = cache[(page_row(pages, b, t, slots, page, blocks, digits) * heads + h) * width + c];
+    out[i] = cache[(page_row(pages, b, t, p) * heads + h) * width + c];
 }
 
 /// The index in the row-major operand of the first element of RoPE's pair `i`.
@@ -446,7 +446,6 @@ pub fn loo_mean<X: Float, O: Float>(
 /// their row-major index: each of the cube's 256 units sums a strided share,
 /// then a tree in shared memory halves them in a fixed order
 /// (deterministic, no atomics).
-#[allow(clippy::too_many_arguments)]
 pub fn contract(
     scope: &Scope,
     (a, b): (&NativeExpand<[Stored]>, &NativeExpand<[Stored]>),
@@ -497,7 +496,6 @@ fn contract_index(
 }
 
 #[cube]
-#[allow(clippy::too_many_arguments)]
 fn contract_step(
     acc: &mut Array<f32>,
     a: &[Stored],

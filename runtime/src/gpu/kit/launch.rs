@@ -113,6 +113,14 @@ pub struct Paged {
     pub digits: usize,
 }
 
+impl Paged {
+    /// The cache's comptime layout.
+    pub fn pages(&self) -> k::Pages {
+        let r = self.rows;
+        k::Pages { page: r.page, slots: r.slots, blocks: r.blocks, digits: self.digits }
+    }
+}
+
 /// A split-KV launch's chunks in a kernel's units: key tiles per chunk,
 /// and, in vectors, the chunks' stride in the partial output and the
 /// offsets within a partial row of its `lo` parts and its log-sum-exp.

@@ -208,7 +208,6 @@ pub fn query_lse(lse: &[Stored], b: usize, hi: usize, i: usize, #[comptime] h: u
 /// and `lo = x − hi` at `lo` vectors on, and the row's log-sum-exp likewise
 /// at `rows[base] + lse` (`NO_KEYS_PARTIAL` for a row that saw no key).
 #[cube]
-#[allow(clippy::too_many_arguments)]
 pub fn store_partial<N: Size>(
     out: &mut [Vector<Stored, N>],
     acc: &Array<Vector<f32, N>>,

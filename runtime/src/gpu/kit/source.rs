@@ -26,27 +26,62 @@ pub fn row_at(base: usize, r: usize, #[comptime] v: RowView) -> usize {
     at
 }
 
-/// Vector offset of key row `k0 + jj` (clamped to the last) in view `v`, from
-/// the offset `base` of row 0 of the head.
+/// Where a head's key (or value) rows are: under a view ([`InView`]) or in
+/// a paged cache through its block table ([`InPages`]).
 #[cube]
-pub fn key_row(
-    k0: usize,
-    base: usize,
-    #[comptime] jj: usize,
-    #[comptime] sk: usize,
-    #[comptime] clamp: bool,
-    #[comptime] v: RowView,
-) -> usize {
+pub trait KeySource {
+    /// The vector offset of the head's row `t`.
+    fn row(&self, t: usize) -> usize;
+}
+
+/// Rows under a view from `base`, the offset of the head's row 0.
+#[derive(CubeType)]
+pub struct InView {
+    pub base: usize,
+    #[cube(comptime)]
+    pub view: RowView,
+}
+
+#[cube]
+impl KeySource for InView {
+    fn row(&self, t: usize) -> usize {
+        row_at(self.base, t, self.view)
+    }
+}
+
+/// Rows of sequence `b` in a paged cache (`k::page_row`), `outer` vectors
+/// a row, from `base`, the offset of the head's row 0 in the first page.
+#[derive(CubeType)]
+pub struct InPages<'a> {
+    pub table: &'a [Stored],
+    pub b: usize,
+    pub base: usize,
+    #[cube(comptime)]
+    pub pages: k::Pages,
+    #[cube(comptime)]
+    pub outer: usize,
+}
+
+#[cube]
+impl<'a> KeySource for InPages<'a> {
+    fn row(&self, t: usize) -> usize {
+        self.base + k::page_row(self.table, self.b, t, self.pages) * self.outer
+    }
+}
+
+/// Key row `k0 + jj` of `src`, clamped to the last of `sk` where `clamp`.
+#[cube]
+pub fn key_row<S: KeySource>(k0: usize, src: &S, #[comptime] jj: usize, #[comptime] rows: (usize, bool)) -> usize {
+    let (sk, clamp) = comptime![rows];
     let mut j = k0 + jj;
     if comptime![clamp] {
         j = min(j, comptime![sk - 1]);
     }
-    row_at(base, j, v)
+    src.row(j)
 }
 
 /// The address of key (or value) row `k0 + jj` under view `v` from the
-/// head's base: [`key_row`], or through the block table of a paged cache.
-#[allow(clippy::too_many_arguments)]
+/// head's base `base`: contiguous, or through the block table of a paged cache.
 pub fn key_address(
     scope: &Scope,
     a: &Shape,
@@ -54,42 +89,17 @@ pub fn key_address(
     base: NativeExpand<usize>,
     jj: usize,
     clamp: bool,
-    v: RowView,
+    view: RowView,
 ) -> NativeExpand<usize> {
+    let rows = (a.g.sk, clamp);
     match &a.paged {
-        None => key_row::expand(scope, k0, base, jj, a.g.sk, clamp, v),
+        None => key_row::expand::<InView>(scope, k0, &InViewExpand { base, view }, jj, rows),
         Some(p) => {
             let (b, _) = a.cube_head(scope);
-            let r = p.rows;
-            paged_key_row::expand(
-                scope, &p.table, b, k0, base, jj, a.g.sk, clamp, v.outer, r.page, r.slots, r.blocks, p.digits,
-            )
+            let src = InPagesExpand { table: &p.table, b, base, pages: p.pages(), outer: view.outer };
+            key_row::expand::<InPages>(scope, k0, &src, jj, rows)
         }
     }
-}
-
-/// [`key_row`] in a paged cache ([`k::page_row`]).
-#[cube]
-#[allow(clippy::too_many_arguments)]
-fn paged_key_row(
-    table: &[Stored],
-    b: usize,
-    k0: usize,
-    base: usize,
-    #[comptime] jj: usize,
-    #[comptime] sk: usize,
-    #[comptime] clamp: bool,
-    #[comptime] outer: usize,
-    #[comptime] page: usize,
-    #[comptime] slots: usize,
-    #[comptime] blocks: usize,
-    #[comptime] digits: usize,
-) -> usize {
-    let mut j = k0 + jj;
-    if comptime![clamp] {
-        j = min(j, comptime![sk - 1]);
-    }
-    base + k::page_row(table, b, j, slots, page, blocks, digits) * outer
 }
 
 /// The output address of element `i` of a split-KV launch's merged rows

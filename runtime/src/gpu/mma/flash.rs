@@ -3,85 +3,50 @@
 
 use super::*;
 
-/// Vector offset of key row `min(k0 + j, sk − 1)` in view `v` from `base`, row 0 of the head.
-#[cube]
-fn key_row(k0: usize, j: usize, base: usize, #[comptime] sk: usize, #[comptime] v: RowView) -> usize {
-    source::row_at(base, min(k0 + j, comptime![sk - 1]), v)
+/// A copy of `rows` rows of `width` vectors (`used` of them read, the rest
+/// zero) into a shared array at `dst`, row `j` being row `min(k0 + j, sk −
+/// 1)` of its source; `units` units share it, and each value is rounded to
+/// the fragments' operand type where `round` ([`FragDevice::rounds`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(super) struct RowCopy {
+    pub dst: usize,
+    pub rows: usize,
+    pub width: usize,
+    pub used: usize,
+    pub sk: usize,
+    pub units: usize,
+    pub round: bool,
 }
 
-/// Copy `rows` rows of `width` vectors (`used` of them real, the rest zero)
-/// into the shared array at `dst`, row `j` read from `x` at
-/// `key_row(k0, j, base)`; the cube's `units` units share the copy.
+/// Rows `k0 ..` of `src` (a view or a paged cache, `source::KeySource`)
+/// from `x` into the shared array, as `c` says.
 #[cube]
-#[allow(clippy::too_many_arguments)]
-pub(super) fn copy_rows<N: Size>(
+pub(super) fn copy_rows<N: Size, S: KeySource>(
     x: &[Vector<Stored, N>],
     sh: &mut [Vector<Stored, N>],
     k0: usize,
-    base: usize,
-    #[comptime] dst: usize,
-    #[comptime] rows: usize,
-    #[comptime] width: usize,
-    #[comptime] used: usize,
-    #[comptime] sk: usize,
-    #[comptime] v: RowView,
-    #[comptime] units: usize,
-    #[comptime] round: bool,
+    src: &S,
+    #[comptime] c: RowCopy,
 ) {
+    let (rows, width, units) = comptime![(c.rows, c.width, c.units)];
     #[unroll]
     for i in 0..comptime![(rows * width).div_ceil(units)] {
         let idx = UNIT_POS as usize + comptime![i * units];
         if idx < comptime![rows * width] {
             let j = idx / width;
-            let c = idx % width;
+            let col = idx % width;
             let mut val = Vector::<Stored, N>::cast_from(f32::new(0.0));
-            if c < used {
-                val = stage::<N>(x[key_row(k0, j, base, sk, v) + c], round);
+            if col < comptime![c.used] {
+                val = stage::<N>(x[src.row(min(k0 + j, comptime![c.sk - 1])) + col], comptime![c.round]);
             }
-            sh[comptime![dst] + idx] = val;
+            sh[comptime![c.dst] + idx] = val;
         }
     }
 }
 
-/// [`copy_rows`] from a paged cache: row `j` of the sequence is
-/// `base + page_row(k0 + j) · outer` (`k::page_row` through the block table).
-#[cube]
-#[allow(clippy::too_many_arguments)]
-fn copy_paged_rows<N: Size>(
-    x: &[Vector<Stored, N>],
-    sh: &mut [Vector<Stored, N>],
-    table: &[Stored],
-    b: usize,
-    k0: usize,
-    base: usize,
-    #[comptime] dst: usize,
-    #[comptime] rows: usize,
-    #[comptime] width: usize,
-    #[comptime] used: usize,
-    #[comptime] sk: usize,
-    #[comptime] outer: usize,
-    #[comptime] pages: (usize, usize, usize, usize),
-) {
-    let (page, slots, blocks, digits) = comptime![pages];
-    #[unroll]
-    for i in 0..comptime![(rows * width).div_ceil(ATTN_ROWS)] {
-        let idx = UNIT_POS as usize + comptime![i * ATTN_ROWS];
-        if idx < comptime![rows * width] {
-            let j = idx / width;
-            let c = idx % width;
-            let mut val = Vector::<Stored, N>::cast_from(f32::new(0.0));
-            if c < used {
-                let t = min(k0 + j, comptime![sk - 1]);
-                val = x[base + k::page_row(table, b, t, slots, page, blocks, digits) * comptime![outer] + c];
-            }
-            sh[comptime![dst] + idx] = val;
-        }
-    }
-}
-
-/// How a fragment kernel copies key and value tiles into shared memory:
-/// rows under their views ([`copy_rows`]), or a paged cache's rows through
-/// its block table ([`copy_paged_rows`]); `units` units share a copy.
+/// How a fragment kernel copies key and value tiles into shared memory
+/// ([`copy_rows`]): rows under their views, or a paged cache's rows through
+/// its block table; `units` units share a copy.
 pub(super) struct KvRows<'a> {
     a: &'a Shape,
     units: usize,
@@ -107,18 +72,13 @@ impl<'a> KvRows<'a> {
         (dst, rows, width, used): (usize, usize, usize, usize),
         view: RowView,
     ) {
-        let sk = self.a.g.sk;
+        let c = RowCopy { dst, rows, width, used, sk: self.a.g.sk, units: self.units, round: self.round };
         match (&self.a.paged, &self.batch) {
             (Some(p), Some(b)) => {
-                let r = p.rows;
-                let pages = (r.page, r.slots, r.blocks, p.digits);
-                copy_paged_rows::expand::<N>(
-                    scope, x, sh, &p.table, *b, k0, base, dst, rows, width, used, sk, view.outer, pages,
-                )
+                let src = InPagesExpand { table: &p.table, b: *b, base, pages: p.pages(), outer: view.outer };
+                copy_rows::expand::<N, InPages>(scope, x, sh, k0, &src, c)
             }
-            _ => {
-                copy_rows::expand::<N>(scope, x, sh, k0, base, dst, rows, width, used, sk, view, self.units, self.round)
-            }
+            _ => copy_rows::expand::<N, InView>(scope, x, sh, k0, &InViewExpand { base, view }, c),
         }
     }
 }
@@ -145,47 +105,58 @@ pub(super) fn copy_query<N: Size>(
     }
 }
 
-/// The online softmax of this unit's row over one key tile of scores at
-/// `scores[UNIT_POS · bk ..]` (scaled here; masked when `masked`, a
-/// boundary tile of a `maskable` shape): updates the state `[max, sum]`,
-/// rescales the accumulator (`e` values in `o`, `rest` in `o_rest`, see
-/// [`HELD`]) and writes the probabilities, in the storage type, at
-/// `dst + UNIT_POS · bk / N` of the shared array.
+/// A tile of `bk` shared scores a row, masked by the built-in `mask` when
+/// `maskable` (a shape with boundary tiles) and the tile is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct ScoreTile {
+    bk: usize,
+    maskable: bool,
+    mask: mask::Mask,
+}
+
+/// This unit's row of a key tile's shared scores from `row` (`t.bk` of
+/// them), scaled and, on a masked tile, masked in place (rather than held:
+/// a unit already holds its output row, up to 128 floats, in registers).
 #[cube]
-#[allow(clippy::too_many_arguments)]
-fn softmax_tile<N: Size>(
+fn scale_and_mask(
     scores: &mut [f32],
-    sh: &mut [Vector<Stored, N>],
-    state: &mut Array<f32>,
-    o: &mut Array<f32>,
+    row: usize,
     i: usize,
     k0: usize,
     scale: f32,
-    #[comptime] dst: usize,
-    #[comptime] bk: usize,
-    #[comptime] e: usize,
-    o_rest: &mut [f32],
-    #[comptime] rest: usize,
-    #[comptime] maskable: bool,
     masked: bool,
-    #[comptime] mask: mask::Mask,
+    #[comptime] t: ScoreTile,
 ) {
-    // The row's scores are scaled and masked in place (this unit's own row
-    // of the shared scores) rather than held: a unit already holds its
-    // output row, up to 128 floats, in registers.
-    let row = UNIT_POS as usize * bk;
+    let bk = comptime![t.bk];
     #[unroll]
     for jj in 0..bk {
         scores[row + jj] = scores[row + jj] * scale;
     }
-    if comptime![maskable] {
+    if comptime![t.maskable] {
         if masked {
             #[unroll]
             for jj in 0..bk {
-                scores[row + jj] = mask::mask_score(scores[row + jj], i, k0, jj, mask);
+                scores[row + jj] = mask::mask_score(scores[row + jj], i, k0, jj, comptime![t.mask]);
             }
         }
     }
+}
+
+/// The online softmax of this unit's row over one key tile of scores at
+/// `scores[row ..]` (`bk`, scaled and masked): updates the state `[max,
+/// sum]`, rescales the accumulator `o`, `o_rest` (`c`, see [`HELD`]) and
+/// writes the probabilities, in the storage type, at `dst + row / N` of the
+/// shared array.
+#[cube]
+fn softmax_tile<N: Size>(
+    scores: &[f32],
+    row: usize,
+    sh: &mut [Vector<Stored, N>],
+    state: &mut Array<f32>,
+    acc: &mut RowAcc<'_>,
+    #[comptime] probs: (usize, usize),
+) {
+    let (dst, bk) = comptime![probs];
     let mut m = state[0];
     #[unroll]
     for jj in 0..bk {
@@ -196,23 +167,38 @@ fn softmax_tile<N: Size>(
     for v in 0..comptime![bk / N::value()] {
         let mut p = Vector::<f32, N>::empty();
         #[unroll]
-        for c in 0..N::value() {
-            let x = norm::weight(scores[row + comptime![v * N::value() + c]], m);
-            sum += x;
-            p.insert(c, x);
+        for x in 0..N::value() {
+            let e = norm::weight(scores[row + comptime![v * N::value() + x]], m);
+            sum += e;
+            p.insert(x, e);
         }
         sh[comptime![dst] + row / N::value() + v] = Vector::<Stored, N>::cast_from(p);
     }
     let alpha = norm::advance(state, m, sum);
     #[unroll]
-    for c in 0..e {
-        o[c] = o[c] * alpha;
+    for x in 0..comptime![acc.held] {
+        acc.o[x] = acc.o[x] * alpha;
     }
     #[unroll]
-    for c in 0..rest {
-        let at = rest_at(c, ATTN_ROWS);
-        o_rest[at] = o_rest[at] * alpha;
+    for x in 0..comptime![acc.width - acc.held] {
+        let at = rest_at(x, comptime![acc.units]);
+        acc.rest[at] = acc.rest[at] * alpha;
     }
+}
+
+/// The f32 accumulator of each unit's output row, `width` columns in a cube
+/// of `units` rows: columns below `held` in registers (`o`), the rest in
+/// shared memory (`rest`, column-major, [`rest_at`]).
+#[derive(CubeType)]
+pub(super) struct RowAcc<'a> {
+    pub o: Array<f32>,
+    pub rest: &'a mut [f32],
+    #[cube(comptime)]
+    pub width: usize,
+    #[cube(comptime)]
+    pub held: usize,
+    #[cube(comptime)]
+    pub units: usize,
 }
 
 /// Where column `c` of the shared rest of this unit's output row is, in a
@@ -252,30 +238,23 @@ pub(super) fn held_columns(ep: usize, base: usize, limit: usize, most: usize, un
 /// 16 columns of a fragment from `c0`: in registers below `held`, else in
 /// the shared rest.
 #[cube]
-pub(super) fn add_fragment_row(
-    o: &mut Array<f32>,
-    o_rest: &mut [f32],
-    scratch: &[f32],
-    at: usize,
-    #[comptime] c0: usize,
-    #[comptime] held: usize,
-    #[comptime] units: usize,
-) {
+pub(super) fn add_fragment_row(acc: &mut RowAcc<'_>, scratch: &[f32], at: usize, #[comptime] c0: usize) {
+    let (held, units) = comptime![(acc.held, acc.units)];
     if comptime![c0 >= held && units < ATTN_ROWS] {
         // All in shared memory, in the backward of wide heads: a loop (less
         // code than 16 unrolled adds; unrolled elsewhere, where ptxas held
         // the loop's kernels to fewer registers and spilled).
         for c in 0..16usize {
             let r = comptime![(c0 - held) * units] + c * units + UNIT_POS as usize;
-            o_rest[r] += scratch[at + c];
+            acc.rest[r] += scratch[at + c];
         }
     } else {
         #[unroll]
         for c in 0..16usize {
             if comptime![c0 + c < held] {
-                o[comptime![c0] + c] += scratch[at + c];
+                acc.o[comptime![c0] + c] += scratch[at + c];
             } else {
-                o_rest[rest_at(comptime![c0 + c - held], units)] += scratch[at + c];
+                acc.rest[rest_at(comptime![c0 + c - held], units)] += scratch[at + c];
             }
         }
     }
@@ -291,7 +270,7 @@ pub(super) fn accumulators(
     held: usize,
     units: usize,
     spare: &NativeExpand<[f32]>,
-) -> (NativeExpand<Array<f32>>, NativeExpand<[f32]>) {
+) -> Accumulator {
     let o = k::zeros::expand(scope, held);
     let rest = if width > held {
         let mut r: NativeExpand<[f32]> = (*shared_floats::expand(scope, (width - held) * units)).clone_unchecked();
@@ -300,7 +279,34 @@ pub(super) fn accumulators(
     } else {
         spare.clone_unchecked()
     };
-    (o, rest)
+    Accumulator { o, rest, width, held, units }
+}
+
+/// The host's handle on a kernel's [`RowAcc`] ([`accumulators`]).
+pub(super) struct Accumulator {
+    o: NativeExpand<Array<f32>>,
+    rest: NativeExpand<[f32]>,
+    width: usize,
+    pub held: usize,
+    units: usize,
+}
+
+impl Accumulator {
+    /// `f` on the accumulator as a kernel argument (handles on the same
+    /// registers and shared memory).
+    pub(super) fn with<R>(&self, f: impl FnOnce(&mut RowAccExpand<'_>) -> R) -> R {
+        let mut rest = self.rest.clone_unchecked();
+        let (width, held, units) = (self.width, self.held, self.units);
+        f(&mut RowAccExpand { o: self.o.clone(), rest: &mut rest, width, held, units })
+    }
+
+    /// Zeroes the accumulator, registers and shared rest.
+    pub(super) fn reset(&self, scope: &Scope) {
+        k::zero_floats::expand(scope, &mut self.o.clone(), self.held);
+        if self.width > self.held {
+            zero_rest::expand(scope, &mut self.rest.clone_unchecked(), self.width - self.held, self.units);
+        }
+    }
 }
 
 /// Where this unit's row of a tile's `bk` shared scores starts.
@@ -317,38 +323,31 @@ pub(super) fn scratch_row() -> usize {
 
 /// `out = o / l` for this unit's row, if it exists (a row that saw no key is 0).
 #[cube]
-#[allow(clippy::too_many_arguments)]
 fn store_row<N: Size>(
     out: &mut [Vector<Stored, N>],
-    o: &Array<f32>,
-    o_rest: &[f32],
+    acc: &RowAcc<'_>,
     state: &Array<f32>,
     slots: &Array<usize>,
     #[comptime] s: usize,
     #[comptime] el: usize,
-    #[comptime] held: usize,
 ) {
     let inv = norm::inverse_sum(state);
-    store_columns::<N>(out, o, o_rest, inv, slots[ROW_OUT], slots[ROW_I] < s, 0usize, el, held, ATTN_ROWS);
+    store_columns::<N>(out, acc, inv, slots[ROW_OUT], slots[ROW_I] < s, (0usize, el));
 }
 
-/// `out[at ..]`: `n` vectors of this unit's row from column `c0` (in
-/// registers below `held`, else in the shared rest of a cube of `units`),
+/// `out[at ..]`: `n` vectors of this unit's row from column `c0` (`cols`),
 /// times `factor`, if `inside`.
 #[cube]
-#[allow(clippy::too_many_arguments)]
 pub(super) fn store_columns<N: Size>(
     out: &mut [Vector<Stored, N>],
-    o: &Array<f32>,
-    o_rest: &[f32],
+    acc: &RowAcc<'_>,
     factor: f32,
     at: usize,
     inside: bool,
-    #[comptime] c0: usize,
-    #[comptime] n: usize,
-    #[comptime] held: usize,
-    #[comptime] units: usize,
+    #[comptime] cols: (usize, usize),
 ) {
+    let (c0, n) = comptime![cols];
+    let (held, units) = comptime![(acc.held, acc.units)];
     // Vectors from `split` on lie wholly in the shared rest: a loop in the
     // backward of wide heads (as in `add_fragment_row`).
     let split = comptime![if units < ATTN_ROWS { held.saturating_sub(c0).div_ceil(N::value()).min(n) } else { n }];
@@ -360,9 +359,9 @@ pub(super) fn store_columns<N: Size>(
             for x in 0..N::value() {
                 let col = comptime![c0 + c * N::value() + x];
                 if comptime![col < held] {
-                    v.insert(x, o[col] * factor);
+                    v.insert(x, acc.o[col] * factor);
                 } else {
-                    v.insert(x, o_rest[rest_at(comptime![col - held], units)] * factor);
+                    v.insert(x, acc.rest[rest_at(comptime![col - held], units)] * factor);
                 }
             }
             out[at + c] = Vector::<Stored, N>::cast_from(v);
@@ -375,7 +374,7 @@ pub(super) fn store_columns<N: Size>(
                 let first = col * units + UNIT_POS as usize;
                 #[unroll]
                 for x in 0..N::value() {
-                    v.insert(x, o_rest[first + comptime![x * units]] * factor);
+                    v.insert(x, acc.rest[first + comptime![x * units]] * factor);
                 }
                 out[at + c] = Vector::<Stored, N>::cast_from(v);
             }
@@ -387,19 +386,16 @@ pub(super) fn store_columns<N: Size>(
 /// fragments: A's rows at vector `a_off` of `x` (this plane's 32 of them,
 /// `a_width` elements each, `depth` of them multiplied), Bᵀ's columns the
 /// rows at `b_off` (as wide). Stored row-major at `out`, rows `cols` apart.
-#[allow(clippy::too_many_arguments)]
 pub(super) fn products_t<N: Size>(
     scope: &Scope,
     frags: &Frags,
     x: &NativeExpand<[Vector<Stored, N>]>,
     out: &mut NativeExpand<[f32]>,
-    warp: &NativeExpand<usize>,
-    a_off: usize,
-    b_off: usize,
+    (a_off, b_off): (usize, usize),
     a_width: usize,
     cols: usize,
-    lanes: usize,
 ) {
+    let (warp, lanes) = (&frags.warp, N::value());
     let wl = a_width / lanes;
     for rf in 0..2 {
         for cf in 0..cols / F {
@@ -418,24 +414,18 @@ pub(super) fn products_t<N: Size>(
 /// Each unit's row `+= W·B`, 16 columns at a time through the f32 scratch
 /// `sf`: W the plane's 32 rows of `depth` elements at vector `w_off` of
 /// `x`, B `depth` rows of `b_width` elements at vector `b_off` (row-major,
-/// where the kernel picks it); the
-/// columns land at `c0 ..` of the unit's row (`o`, and `o_rest` past `held`
-/// in a cube of `units`).
-#[allow(clippy::too_many_arguments)]
+/// where the kernel picks it); the columns land at `c0 ..` of the unit's
+/// row in `acc`.
 pub(super) fn accumulate<N: Size>(
     scope: &Scope,
     frags: &Frags,
     x: &NativeExpand<[Vector<Stored, N>]>,
     sf: &NativeExpand<[f32]>,
-    o: &mut NativeExpand<Array<f32>>,
-    o_rest: &mut NativeExpand<[f32]>,
-    warp: &NativeExpand<usize>,
+    acc: &Accumulator,
     (w_off, depth): (usize, usize),
-    (b_off, b_width): (NativeExpand<usize>, usize),
-    c0: usize,
-    (held, units): (usize, usize),
-    lanes: usize,
+    (b_off, b_width, c0): (NativeExpand<usize>, usize, usize),
 ) {
+    let (warp, lanes) = (&frags.warp, N::value());
     let row = scratch_row::expand(scope);
     for cf in 0..b_width / F {
         for rf in 0..2 {
@@ -458,7 +448,7 @@ pub(super) fn accumulate<N: Size>(
             frags.store(scope, &acc, &mut sf.clone_unchecked(), at, F);
         }
         k::barrier::expand(scope);
-        add_fragment_row::expand(scope, o, o_rest, sf, row.clone(), c0 + cf * F, held, units);
+        acc.with(|r| add_fragment_row::expand(scope, r, sf, row.clone(), c0 + cf * F));
         k::barrier::expand(scope);
     }
 }
@@ -493,14 +483,13 @@ pub fn build_attention<N: Size>(
     let mut x: NativeExpand<[Vector<Stored, N>]> = (*shared_vectors::expand::<N>(scope, len)).clone_unchecked();
     let sf: NativeExpand<[f32]> = (*shared_floats::expand(scope, (bq * bk).max(bq * F))).clone_unchecked();
     let frags = Frags::new(scope, hardware, dtype);
-    let warp = warp_of::expand(scope);
     let set = tiles::setup::expand(scope, a.g, bq, bk, a.views, 0);
     let slots = att::row_slots::expand(scope, a.g, bq, 0, a.views, 0);
     let i = k::uget::expand(scope, &slots, ROW_I);
     copy_query::expand::<N>(scope, q, &mut x, k::uget::expand(scope, &slots, ROW_Q), q_off, dpl, dl, dev.rounds());
     let base = len * lanes * dtype.storage().size() + (bq * bk).max(bq * F) * 4;
     let held = held_columns(ep, base, shared_limit, HELD, ATTN_ROWS);
-    let (o, o_rest) = accumulators(scope, ep, held, ATTN_ROWS, &sf);
+    let acc = accumulators(scope, ep, held, ATTN_ROWS, &sf);
     let state = norm::state::expand(scope);
     let (k_base, v_base) = (k::uget::expand(scope, &set, SET_K), k::uget::expand(scope, &set, SET_V));
     // Score and mask functions: each unit applies them to its own row of the
@@ -514,7 +503,7 @@ pub fn build_attention<N: Size>(
         rows.copy::<N>(scope, v, &mut xs, (k0, v_base), (v_off, bk, epl, el), a.views[2]);
         k::barrier::expand(scope);
         // Scores: plane `warp`'s 32 rows (2 fragments) by the tile's keys.
-        products_t::<N>(scope, &frags, &x, &mut sf.clone_unchecked(), &warp, q_off, k_off, dp, bk, lanes);
+        products_t::<N>(scope, &frags, &x, &mut sf.clone_unchecked(), (q_off, k_off), dp, bk);
         k::barrier::expand(scope);
         let with_fns = a.fns.is_some();
         if with_fns {
@@ -531,34 +520,20 @@ pub fn build_attention<N: Size>(
                 k::write::expand::<f32>(scope, &mut sf.clone_unchecked(), at, v);
             }
         }
-        let (mut st, mut ov, mut orest) = (state.clone(), o.clone(), o_rest.clone_unchecked());
-        softmax_tile::expand::<N>(
-            scope,
-            &mut sf.clone_unchecked(),
-            &mut xs,
-            &mut st,
-            &mut ov,
-            i.clone(),
-            k0,
-            // Scaled (and masked) already where functions applied.
-            if with_fns { k::fconst::expand(scope, 1.0) } else { scale.clone() },
-            p_off,
-            bk,
-            held,
-            &mut o_rest.clone_unchecked(),
-            ep - held,
-            masked.is_some() && !with_fns,
-            masked.unwrap_or_else(|| NativeExpand::from_lit(scope, false)),
-            a.mask(),
-        );
+        let (row, mut st) = (unit_scores::expand(scope, bk), state.clone());
+        // Scaled (and masked) already where functions applied.
+        let scale = if with_fns { k::fconst::expand(scope, 1.0) } else { scale.clone() };
+        let t = ScoreTile { bk, maskable: masked.is_some() && !with_fns, mask: a.mask() };
+        let masked = masked.unwrap_or_else(|| NativeExpand::from_lit(scope, false));
+        scale_and_mask::expand(scope, &mut sf.clone_unchecked(), row.clone(), i.clone(), k0, scale, masked, t);
+        acc.with(|r| softmax_tile::expand::<N>(scope, &sf, row, &mut xs, &mut st, r, (p_off, bk)));
         k::barrier::expand(scope);
         // P·V, 16 output columns at a time through the scratch.
-        let held = (held, ATTN_ROWS);
-        let b_v = (k::const_index::expand(scope, v_off), ep);
-        accumulate::<N>(scope, &frags, &x, &sf, &mut ov, &mut orest, &warp, (p_off, bk), b_v, 0, held, lanes);
+        let b_v = (k::const_index::expand(scope, v_off), ep, 0);
+        accumulate::<N>(scope, &frags, &x, &sf, &acc, (p_off, bk), b_v);
     };
     walk.visit(scope, tile);
-    store_row::expand::<N>(scope, out, &o, &o_rest, &state, &slots, a.g.s, el, held);
+    acc.with(|r| store_row::expand::<N>(scope, out, r, &state, &slots, a.g.s, el));
     if let Some(lse) = &a.lse {
         norm::store_lse::expand(scope, &mut lse.clone_unchecked(), &state, &slots, a.g.s, a.g.fold);
     }

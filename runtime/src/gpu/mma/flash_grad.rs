@@ -20,8 +20,8 @@
 //! every sum runs in a fixed order, so results are deterministic.
 
 use super::flash::{
-    accumulate, accumulators, copy_query, copy_rows, held_columns, products_t, store_columns, unit_scores, zero_rest,
-    KvRows, HELD,
+    accumulate, accumulators, copy_query, copy_rows, held_columns, products_t, store_columns, unit_scores, KvRows,
+    RowCopy, HELD,
 };
 use super::*;
 use crate::gpu::attention_tiled_grad::{key_unit_row, last_row, GradBuffers};
@@ -163,7 +163,6 @@ pub fn build_grad_q<N: Size>(
     let sf: NativeExpand<[f32]> = (*shared_floats::expand(scope, floats)).clone_unchecked();
     let dpf: NativeExpand<[f32]> = (*shared_floats::expand(scope, bq * bk)).clone_unchecked();
     let frags = Frags::new(scope, dev.hardware, dev.dtype);
-    let warp = warp_of::expand(scope);
     let set = tiles::setup::expand(scope, a.g, bq, bk, a.views, 0);
     let slots = att::row_slots::expand(scope, a.g, bq, 0, a.views, 0);
     // `row_slots` of these views: the rows of `o` (ROW_Q) and `dout` (ROW_OUT).
@@ -186,7 +185,7 @@ pub fn build_grad_q<N: Size>(
     // The vectors, the two f32 products and the parked rows.
     let base = len * lanes * dev.dtype.storage().size() + (floats + bq * bk + bq) * 4;
     let held = held_columns(dp, base, dev.shared_limit, held_most(dev.dtype).dq, bq);
-    let (o, o_rest) = accumulators(scope, dp, held, bq, &sf);
+    let acc = accumulators(scope, dp, held, bq, &sf);
     let (k_base, v_base) = (k::uget::expand(scope, &set, SET_K), k::uget::expand(scope, &set, SET_V));
     let scale_c = k::fconst::expand(scope, scale);
     let slope_fns = a.fns.as_ref().filter(|f| f.score.is_some());
@@ -200,8 +199,8 @@ pub fn build_grad_q<N: Size>(
         rows.copy::<N>(scope, b.v, &mut xs, (k0, v_base), (v_off, bk, epl, el), a.views[2]);
         k::barrier::expand(scope);
         // S = Q·Kᵀ and dP = dO·Vᵀ, each plane its 32 rows by the tile's keys.
-        products_t::<N>(scope, &frags, &x, &mut sf.clone_unchecked(), &warp, q_off, k_off, dp, bk, lanes);
-        products_t::<N>(scope, &frags, &x, &mut dpf.clone_unchecked(), &warp, do_off, v_off, ep, bk, lanes);
+        products_t::<N>(scope, &frags, &x, &mut sf.clone_unchecked(), (q_off, k_off), dp, bk);
+        products_t::<N>(scope, &frags, &x, &mut dpf.clone_unchecked(), (do_off, v_off), ep, bk);
         k::barrier::expand(scope);
         // This unit's row: P, dS = P (dP − D) (times the slope), in the
         // storage type, 8 keys at a time (fewer live registers; the logits
@@ -230,10 +229,8 @@ pub fn build_grad_q<N: Size>(
         }
         k::barrier::expand(scope);
         // dQ += dS·K.
-        let (mut ov, mut orest) = (o.clone(), o_rest.clone_unchecked());
-        let held = (held, bq);
-        let b_k = (k::const_index::expand(scope, k_off), dp);
-        accumulate::<N>(scope, &frags, &x, &sf, &mut ov, &mut orest, &warp, (ds_off, bk), b_k, 0, held, lanes);
+        let b_k = (k::const_index::expand(scope, k_off), dp, 0);
+        accumulate::<N>(scope, &frags, &x, &sf, &acc, (ds_off, bk), b_k);
     };
     // Where the row's dQ goes waits in shared memory: kept in a register
     // across the walk, used only after it, ptxas spilled it to reach an
@@ -242,14 +239,13 @@ pub fn build_grad_q<N: Size>(
     park_row::expand(scope, &mut parked, k::uget::expand(scope, &slots, ROW_OUT), i, a.g.s);
     walk.visit(scope, tile);
     let (at, inside) = parked_row(scope, &parked);
-    store_columns::expand::<N>(scope, out, &o, &o_rest, scale_c, at, inside, 0, dl, held, bq);
+    acc.with(|r| store_columns::expand::<N>(scope, out, r, scale_c, at, inside, (0, dl)));
 }
 
 /// A query tile's log-sum-exp (`stats[u]`) and `D_i` (`stats[bq + u]`, with
 /// `delta`), one row a unit of the first `bq`: query row `i0 + u` of head
 /// `(b, hi)`; `dO_i` from the shared tile at `do_off`, `O_i` from `o`.
 #[cube]
-#[allow(clippy::too_many_arguments)]
 fn tile_stats<N: Size>(
     stats: &mut [f32],
     lse: &[Stored],
@@ -328,7 +324,6 @@ pub fn build_grad_kv<N: Size>(
     let dpf: NativeExpand<[f32]> = (*shared_floats::expand(scope, dp_floats)).clone_unchecked();
     let stats: NativeExpand<[f32]> = (*shared_floats::expand(scope, 2 * bq)).clone_unchecked();
     let frags = Frags::new(scope, dev.hardware, dev.dtype);
-    let warp = warp_of::expand(scope);
     let bh = k::cube_y::expand(scope, a.g.fold);
     let (bb, kh) = (k::idx_div::expand(scope, bh, a.g.hk), k::idx_mod::expand(scope, bh, a.g.hk));
     let j = key_unit_row::expand(scope, 0, rows, a.g.fold);
@@ -344,7 +339,7 @@ pub fn build_grad_kv<N: Size>(
     let width = if twice { dp } else { k_cols + if with_v { ep } else { 0 } };
     let base = len * lanes * dev.dtype.storage().size() + (floats + dp_floats + 2 * bq) * 4;
     let held = held_columns(width, base, dev.shared_limit, held_most(dev.dtype).kv, rows);
-    let (o, o_rest) = accumulators(scope, width, held, rows, &sf);
+    let acc = accumulators(scope, width, held, rows, &sf);
     let scale_c = k::fconst::expand(scope, scale);
     let walk = |scope: &Scope, walk: &Walk| {
         let dk = match walk {
@@ -356,35 +351,24 @@ pub fn build_grad_kv<N: Size>(
             let row0 = k::const_index::expand(scope, 0);
             let q_base = source::view_row::expand(scope, bb.clone(), hi.clone(), row0.clone(), a.views[0]);
             let do_base = source::view_row::expand(scope, bb.clone(), hi.clone(), row0, dov);
-            copy_rows::expand::<N>(
+            let c = RowCopy { dst: q_off, rows: bq, width: dpl, used: dl, sk: a.g.s, units: rows, round: dev.rounds() };
+            copy_rows::expand::<N, InView>(
                 scope,
                 b.q,
                 &mut xs,
                 i0.clone(),
-                q_base,
-                q_off,
-                bq,
-                dpl,
-                dl,
-                a.g.s,
-                a.views[0],
-                rows,
-                dev.rounds(),
+                &InViewExpand { base: q_base, view: a.views[0] },
+                c,
             );
-            copy_rows::expand::<N>(
+            let c =
+                RowCopy { dst: do_off, rows: bq, width: epl, used: el, sk: a.g.s, units: rows, round: dev.rounds() };
+            copy_rows::expand::<N, InView>(
                 scope,
                 b.dout,
                 &mut xs,
                 i0.clone(),
-                do_base,
-                do_off,
-                bq,
-                epl,
-                el,
-                a.g.s,
-                dov,
-                rows,
-                dev.rounds(),
+                &InViewExpand { base: do_base, view: dov },
+                c,
             );
             k::barrier::expand(scope);
             let mut st = stats.clone_unchecked();
@@ -393,10 +377,9 @@ pub fn build_grad_kv<N: Size>(
                 scope, &mut st, b.lse, &x, b.o, bb, hi0, i00, do_off, ov, bq, epl, el, a.g.h, a.g.s, dk,
             );
             // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ, each plane its 32 key rows by the tile's queries.
-            products_t::<N>(scope, &frags, &x, &mut sf.clone_unchecked(), &warp, k_off, q_off, dp, bq, lanes);
-            let d_p = |scope: &Scope| {
-                products_t::<N>(scope, &frags, &x, &mut dpf.clone_unchecked(), &warp, v_off, do_off, ep, bq, lanes)
-            };
+            products_t::<N>(scope, &frags, &x, &mut sf.clone_unchecked(), (k_off, q_off), dp, bq);
+            let d_p =
+                |scope: &Scope| products_t::<N>(scope, &frags, &x, &mut dpf.clone_unchecked(), (v_off, do_off), ep, bq);
             match walk {
                 Walk::Fixed { k: true, .. } => d_p(scope),
                 Walk::Either(v_pass) => if_else_expand(scope, v_pass.clone(), |_| {}).or_else(scope, d_p),
@@ -428,8 +411,6 @@ pub fn build_grad_kv<N: Size>(
                     k::fset::expand(scope, &mut ds_row, ii, ds);
                 }
             }
-            let (mut ov, mut orest) = (o.clone(), o_rest.clone_unchecked());
-            let held = (held, rows);
             let (w, pd) = ((pd_off, bq), |xs: &mut NativeExpand<[Vector<Stored, N>]>, r| {
                 put_row::expand::<N>(scope, xs, r, pd_off, bq, 0, bq, dev.rounds());
                 k::barrier::expand(scope);
@@ -439,23 +420,21 @@ pub fn build_grad_kv<N: Size>(
                     // dV += Pᵀ·dO where the flag holds, else dK += dSᵀ·Q (`ds_row` holds the one).
                     pd(&mut xs, &ds_row);
                     let (qa, da) = (k::const_index::expand(scope, q_off), k::const_index::expand(scope, do_off));
-                    let b_at = (select::expand(scope, v_pass.clone(), da, qa), dp);
-                    accumulate::<N>(scope, &frags, &x, &sf, &mut ov, &mut orest, &warp, w, b_at, 0, held, lanes);
+                    let b_at = (select::expand(scope, v_pass.clone(), da, qa), dp, 0);
+                    accumulate::<N>(scope, &frags, &x, &sf, &acc, w, b_at);
                 }
                 Walk::Fixed { k: wk, v: wv } => {
                     if *wv {
                         // dV += Pᵀ·dO.
                         pd(&mut xs, &p_row);
-                        let b_do = (k::const_index::expand(scope, do_off), ep);
-                        accumulate::<N>(
-                            scope, &frags, &x, &sf, &mut ov, &mut orest, &warp, w, b_do, k_cols, held, lanes,
-                        );
+                        let b_do = (k::const_index::expand(scope, do_off), ep, k_cols);
+                        accumulate::<N>(scope, &frags, &x, &sf, &acc, w, b_do);
                     }
                     if *wk {
                         // dK += dSᵀ·Q (after dV's reads of P: `accumulate` ends on a barrier).
                         pd(&mut xs, &ds_row);
-                        let b_q = (k::const_index::expand(scope, q_off), dp);
-                        accumulate::<N>(scope, &frags, &x, &sf, &mut ov, &mut orest, &warp, w, b_q, 0, held, lanes);
+                        let b_q = (k::const_index::expand(scope, q_off), dp, 0);
+                        accumulate::<N>(scope, &frags, &x, &sf, &acc, w, b_q);
                     }
                 }
             }
@@ -466,10 +445,10 @@ pub fn build_grad_kv<N: Size>(
     let one = k::fconst::expand(scope, 1.0);
     let store_k = |scope: &Scope, out: &mut NativeExpand<[Vector<Stored, N>]>| {
         let (at, inside) = (out_at.clone(), inside.clone());
-        store_columns::expand::<N>(scope, out, &o, &o_rest, scale_c.clone(), at, inside, 0, dl, held, rows)
+        acc.with(|r| store_columns::expand::<N>(scope, out, r, scale_c.clone(), at, inside, (0, dl)))
     };
     let store_v = |scope: &Scope, buf: &mut NativeExpand<[Vector<Stored, N>]>, at, c0| {
-        store_columns::expand::<N>(scope, buf, &o, &o_rest, one.clone(), at, inside.clone(), c0, el, held, rows)
+        acc.with(|r| store_columns::expand::<N>(scope, buf, r, one.clone(), at, inside.clone(), (c0, el)))
     };
     if twice {
         let (dv, view) = dv.as_mut().expect("dK and dV");
@@ -477,11 +456,7 @@ pub fn build_grad_kv<N: Size>(
         let passes = RangeExpand::new(NativeExpand::from_lit(scope, 0usize), NativeExpand::from_lit(scope, 2usize));
         for_expand(scope, passes, false, |scope, pass| {
             let v_pass = k::below::expand(scope, pass, 1);
-            let (mut ov, mut orest) = (o.clone(), o_rest.clone_unchecked());
-            k::zero_floats::expand(scope, &mut ov, held);
-            if width > held {
-                zero_rest::expand(scope, &mut orest, width - held, rows);
-            }
+            acc.reset(scope);
             walk(scope, &Walk::Either(v_pass.clone()));
             if_else_expand(scope, v_pass, |scope| store_v(scope, &mut dv.clone_unchecked(), dv_at.clone(), 0))
                 .or_else(scope, |scope| store_k(scope, &mut out.clone_unchecked()));

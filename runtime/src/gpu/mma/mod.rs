@@ -27,6 +27,7 @@ use super::attention as att;
 use super::gemm;
 use super::kernels::{self as k, Operand, Stored};
 use super::kit::launch::{Inputs, Shape, ROW_I, ROW_OUT, ROW_Q};
+use super::kit::source::{InPages, InPagesExpand, InView, InViewExpand, KeySource, KeySourceExpand};
 use super::kit::walk::{self as tiles, SET_K, SET_V};
 use super::kit::{mask, norm, pair, source};
 use attnc_compiler::plan::{Dtype, RowView, ATTN_ROWS, GEMM_ROWS, GEMM_UNITS};
@@ -69,6 +70,8 @@ pub enum Acc {
 pub struct Frags {
     pub hardware: bool,
     lane: NativeExpand<usize>,
+    /// This unit's plane.
+    pub warp: NativeExpand<usize>,
     /// Fragment depth: 16, or 8 for TF32.
     k: usize,
 }
@@ -99,7 +102,6 @@ fn hw_zero(#[comptime] k: usize) -> cmma::Matrix<f32> {
 /// with row stride `b_stride`, or column-major: B's column `c` at `b_at + c
 /// · b_stride`), both read as `Operand`s.
 #[cube]
-#[allow(clippy::too_many_arguments)]
 fn hw_mma<N: Size>(
     acc: &cmma::Matrix<f32>,
     x: &[Vector<Stored, N>],
@@ -147,7 +149,6 @@ fn element<N: Size>(x: &[Vector<Stored, N>], i: usize) -> f32 {
 /// As [`hw_mma`], the unit's 8 accumulators (products in f32: the operand
 /// type's rounding, TF32's, is the device's).
 #[cube]
-#[allow(clippy::too_many_arguments)]
 fn sw_mma<N: Size>(
     acc: &mut Array<f32>,
     x: &[Vector<Stored, N>],
@@ -198,7 +199,8 @@ fn lane_of() -> usize {
 
 impl Frags {
     pub fn new(scope: &Scope, hardware: bool, dtype: Dtype) -> Frags {
-        Frags { hardware, lane: lane_of::expand(scope), k: fragment_depth(dtype) }
+        let lane = lane_of::expand(scope);
+        Frags { hardware, lane, warp: warp_of::expand(scope), k: fragment_depth(dtype) }
     }
 
     pub fn zero(&self, scope: &Scope) -> Acc {
@@ -211,7 +213,6 @@ impl Frags {
 
     /// `acc += A · B` for 16 of the inner dimension from the shared array
     /// `x` (see [`hw_mma`]), in fragments of depth `k`.
-    #[allow(clippy::too_many_arguments)]
     pub fn mma<N: Size>(
         &self,
         scope: &Scope,
@@ -329,7 +330,6 @@ fn scratch_vector<N: Size>(s: &[f32], at: usize, lane: usize, #[comptime] v: usi
 /// rounded once) at output row `row` (of `rows`), tile column `tc` (floats,
 /// of the cube's `cw`), if both exist.
 #[cube]
-#[allow(clippy::too_many_arguments)]
 fn store_out<N: Size>(
     out: &mut [Vector<Stored, N>],
     addend: &[Vector<Stored, N>],
@@ -377,7 +377,6 @@ fn scratch_f32<N: Size>(s: &[f32], at: usize) -> Vector<f32, N> {
 /// head): for every target `t ≡ half (mod 2)` of the `targets` = h·p, store
 /// `scale · Σ_m alpha[m, t] · y_m` (see `gemm::epilogue`, the same sums).
 #[cube]
-#[allow(clippy::too_many_arguments)]
 fn mix_row<N: Size>(
     out: &mut [Vector<Stored, N>],
     scratch: &[f32],
@@ -416,7 +415,6 @@ fn mix_row<N: Size>(
 /// of each of the `m` heads): the channels of parity `half` stored to the
 /// product `[rows, fl]` (`gemm::store_kept`'s places), if they exist.
 #[cube]
-#[allow(clippy::too_many_arguments)]
 fn keep_row<N: Size>(
     out: &mut [Vector<Stored, N>],
     scratch: &[f32],
