@@ -272,7 +272,7 @@ impl IrKernel {
                     let ab = (&bufs[0], &bufs[1]);
                     if self.mma != Mma::Off {
                         let hardware = self.mma == Mma::Hardware;
-                        mma::build_gemm::<N>(scope, ab, side, &mut out, &shape, lanes, hardware, self.dtype)
+                        mma::build_gemm::<N>(scope, ab, side, &mut out, &shape, lanes, (hardware, self.dtype))
                     } else if self.staged {
                         gemm::build_staged::<N>(scope, ab, side, &mut out, &shape, lanes)
                     } else {

@@ -45,25 +45,37 @@ pub struct Shape {
     pub fold: usize,
 }
 
-/// A cube's column tile in vectors: `cols` of them; with a mixing epilogue,
-/// `ce` channels of each head of `dl` vectors (`ce` = 0 without); `fl` vectors a row of `b`.
-#[derive(Clone, Copy)]
+/// A cube's column tile in vectors and where its results go, the comptime
+/// description of a GEMM's epilogue: `cols` vectors; with a mixing epilogue,
+/// `ce` channels of each of `m` heads of `dl` vectors, mixed into `targets`
+/// heads of `s` rows (`ce`, `m`, `targets`, `s` = 0 without); `fl` vectors a
+/// row of `b` and of the output, whose `rows` rows sit in a grid folded by `fold`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(super) struct Tile {
     pub cols: usize,
     pub ce: usize,
     pub dl: usize,
     pub fl: usize,
+    pub rows: usize,
+    pub fold: usize,
+    pub m: usize,
+    pub targets: usize,
+    pub s: usize,
 }
 
 impl Tile {
     pub(super) fn new(shape: &Shape, lanes: usize) -> Tile {
-        let fl = shape.f / lanes;
+        let (fl, rows, fold) = (shape.f / lanes, shape.rows, shape.fold);
         match &shape.mix {
-            Some((m, _)) => {
-                let ce = m.channels(lanes);
-                Tile { cols: m.m * ce, ce, dl: m.d / lanes, fl }
+            Some((mix, _)) => {
+                let ce = mix.channels(lanes);
+                let (m, targets, s) = (mix.m, mix.h * mix.p, mix.s);
+                Tile { cols: m * ce, ce, dl: mix.d / lanes, fl, rows, fold, m, targets, s }
             }
-            None => Tile { cols: gemm_cols(shape.f, lanes), ce: 0, dl: 0, fl },
+            None => {
+                let cols = gemm_cols(shape.f, lanes);
+                Tile { cols, ce: 0, dl: 0, fl, rows, fold, m: 0, targets: 0, s: 0 }
+            }
         }
     }
 }
@@ -236,12 +248,10 @@ fn store<N: Size>(
     row: usize,
     v: Vector<f32, N>,
     #[comptime] c: usize,
-    #[comptime] rows: usize,
-    #[comptime] cols: usize,
-    #[comptime] fl: usize,
-    #[comptime] fold: usize,
+    #[comptime] tile: Tile,
     #[comptime] add: bool,
 ) {
+    let (rows, cols, fl, fold) = comptime![(tile.rows, tile.cols, tile.fl, tile.fold)];
     let col = k::cube_x(fold) * cols + c;
     if row < rows && col < fl {
         if comptime![add] {
@@ -256,17 +266,14 @@ fn store<N: Size>(
 /// Store product vector `v` of row `row`, the cube's column `c` of a mixing
 /// tile (channel `c % ce` of head `c / ce`), to the kept product `[rows, fl]`, if both exist.
 #[cube]
-fn store_kept<N: Size>(
+pub(super) fn store_kept<N: Size>(
     out: &mut [Vector<Stored, N>],
     row: usize,
     v: Vector<f32, N>,
     #[comptime] c: usize,
-    #[comptime] ce: usize,
-    #[comptime] dl: usize,
-    #[comptime] fl: usize,
-    #[comptime] rows: usize,
-    #[comptime] fold: usize,
+    #[comptime] tile: Tile,
 ) {
+    let (ce, dl, fl, rows, fold) = comptime![(tile.ce, tile.dl, tile.fl, tile.rows, tile.fold)];
     let channel = k::cube_x(fold) * ce + comptime![c % ce];
     if row < rows && channel < dl {
         out[row * fl + comptime![c / ce * dl] + channel] = Vector::<Stored, N>::cast_from(v);
@@ -276,8 +283,9 @@ fn store_kept<N: Size>(
 /// Where row `row`'s first output vector goes in the mixing epilogue's
 /// `[B, targets, s, dl]` output (vectors).
 #[cube]
-pub(super) fn mixed_row(row: usize, #[comptime] s: usize, #[comptime] dl: usize, #[comptime] targets: usize) -> usize {
-    row / s * comptime![targets * s * dl] + row % s * dl
+pub(super) fn mixed_row(row: usize, #[comptime] tile: Tile) -> usize {
+    let (s, dl) = comptime![(tile.s, tile.dl)];
+    row / s * comptime![tile.targets * s * dl] + row % s * dl
 }
 
 /// Store mixed channel `ch` of target `t` for the row starting at `at`, if row and channel exist.
@@ -289,12 +297,10 @@ pub(super) fn store_mixed<N: Size>(
     t: usize,
     v: Vector<f32, N>,
     #[comptime] ch: usize,
-    #[comptime] ce: usize,
-    #[comptime] rows: usize,
-    #[comptime] dl: usize,
-    #[comptime] plane_len: usize,
-    #[comptime] fold: usize,
+    #[comptime] tile: Tile,
 ) {
+    let (ce, rows, dl, fold) = comptime![(tile.ce, tile.rows, tile.dl, tile.fold)];
+    let plane_len = comptime![tile.s * dl];
     let channel = k::cube_x(fold) * ce + ch;
     if row < rows && channel < dl {
         out[at + t * plane_len + channel] = Vector::<Stored, N>::cast_from(v);
@@ -365,7 +371,7 @@ pub fn build<N: Size>(
     plane: u32,
 ) {
     let tile = Tile::new(shape, lanes);
-    let Tile { cols, ce, dl, fl } = tile;
+    let Tile { cols, ce, dl, fl, .. } = tile;
     let (rows, kl) = (shape.rows, shape.kdim / lanes);
     let (per, lane) = if plane > 1 {
         (cols.div_ceil(plane as usize), k::plane_lane::expand(scope, plane))
@@ -575,8 +581,7 @@ fn epilogue<N: Size>(
     shape: &Shape,
     tile: Tile,
 ) {
-    let Tile { cols, ce, dl, fl } = tile;
-    let rows = shape.rows;
+    let Tile { cols, ce, .. } = tile;
     let scaled = |scope: &Scope, v: NativeExpand<Vector<f32, N>>| match shape.scale {
         Some(c) => k::vscale::expand::<N>(scope, v, NativeExpand::from_lit(scope, c)),
         None => v,
@@ -591,7 +596,7 @@ fn epilogue<N: Size>(
             for c in 0..cols {
                 let v = scaled(scope, k::vget::expand::<N>(scope, acc, m * cols + c));
                 let (row, add) = (row.clone(), addend);
-                store::expand::<N>(scope, out, &y, row, v, c, rows, cols, fl, shape.fold, add);
+                store::expand::<N>(scope, out, &y, row, v, c, tile, add);
             }
         }
         return;
@@ -601,12 +606,12 @@ fn epilogue<N: Size>(
         for (m, row) in unit_rows.iter().enumerate() {
             for c in 0..cols {
                 let v = k::vget::expand::<N>(scope, acc, m * cols + c);
-                store_kept::expand::<N>(scope, &mut kept, row.clone(), v, c, ce, dl, fl, rows, shape.fold);
+                store_kept::expand::<N>(scope, &mut kept, row.clone(), v, c, tile);
             }
         }
     }
-    let targets = mix.h * mix.p;
-    let starts: Vec<_> = unit_rows.iter().map(|r| mixed_row::expand(scope, r.clone(), mix.s, dl, targets)).collect();
+    let targets = tile.targets;
+    let starts: Vec<_> = unit_rows.iter().map(|r| mixed_row::expand(scope, r.clone(), tile)).collect();
     let range = RangeExpand::new(NativeExpand::from_lit(scope, 0usize), NativeExpand::from_lit(scope, targets));
     for_expand(scope, range, false, |scope, t| {
         let alphas: Vec<_> = (0..mix.m)
@@ -624,7 +629,7 @@ fn epilogue<N: Size>(
                 }
                 let v = scaled(scope, v);
                 let (row, at) = (row.clone(), starts[r].clone());
-                store_mixed::expand::<N>(scope, out, row, at, t.clone(), v, ch, ce, rows, dl, mix.s * dl, shape.fold);
+                store_mixed::expand::<N>(scope, out, row, at, t.clone(), v, ch, tile);
             }
         }
     });

@@ -403,7 +403,7 @@ pub(super) fn products_t<N: Size>(
             for ks in 0..a_width / F {
                 let a_at = scaled_add::expand(scope, warp.clone(), 32 * wl, a_off + rf * F * wl + ks * F / lanes);
                 let b_at = k::const_index::expand(scope, b_off + cf * F * wl + ks * F / lanes);
-                frags.mma::<N>(scope, &mut acc, x, a_at, a_width, b_at, a_width, true);
+                frags.mma::<N>(scope, &mut acc, x, (a_at, a_width), (b_at, a_width, true));
             }
             let at = scaled_add::expand(scope, warp.clone(), 32 * cols, rf * F * cols + cf * F);
             frags.store(scope, &acc, out, at, cols);
@@ -442,7 +442,7 @@ pub(super) fn accumulate<N: Size>(
                     b_off.clone(),
                     k::const_index::expand(scope, ks * F * b_width / lanes + cf * F / lanes),
                 );
-                frags.mma::<N>(scope, &mut acc, x, a_at, depth, b_at, b_width, false);
+                frags.mma::<N>(scope, &mut acc, x, (a_at, depth), (b_at, b_width, false));
             }
             let at = scaled_add::expand(scope, warp.clone(), 32 * F, rf * F * F);
             frags.store(scope, &acc, &mut sf.clone_unchecked(), at, F);

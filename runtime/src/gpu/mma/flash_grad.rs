@@ -242,34 +242,50 @@ pub fn build_grad_q<N: Size>(
     acc.with(|r| store_columns::expand::<N>(scope, out, r, scale_c, at, inside, (0, dl)));
 }
 
-/// A query tile's log-sum-exp (`stats[u]`) and `D_i` (`stats[bq + u]`, with
-/// `delta`), one row a unit of the first `bq`: query row `i0 + u` of head
-/// `(b, hi)`; `dO_i` from the shared tile at `do_off`, `O_i` from `o`.
+/// A query tile of [`build_grad_kv`]'s walk: its head `(b, hi)` and first row.
+#[derive(CubeType)]
+struct QueryTile {
+    b: usize,
+    hi: usize,
+    i0: usize,
+}
+
+/// What [`tile_stats`] reads: `bq` rows of head `h` of `s` rows, `dO` the
+/// shared tile at `do_off` (`epl` vectors a row, `el` of them read), `O`
+/// under the view `ov`, and whether `D` is wanted (`delta`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct StatsOf {
+    do_off: usize,
+    ov: RowView,
+    bq: usize,
+    epl: usize,
+    el: usize,
+    h: usize,
+    s: usize,
+    delta: bool,
+}
+
+/// A query tile's log-sum-exp (`stats[u]`) and `D_i` (`stats[bq + u]`,
+/// with `delta`), one row a unit of the first `bq`: query row `i0 + u` of
+/// the tile's head; `dO_i` from the shared tile, `O_i` from `o`.
 #[cube]
 fn tile_stats<N: Size>(
     stats: &mut [f32],
     lse: &[Stored],
     sh: &[Vector<Stored, N>],
     o: &[Vector<Stored, N>],
-    b: usize,
-    hi: usize,
-    i0: usize,
-    #[comptime] do_off: usize,
-    #[comptime] ov: RowView,
-    #[comptime] bq: usize,
-    #[comptime] epl: usize,
-    #[comptime] el: usize,
-    #[comptime] h: usize,
-    #[comptime] s: usize,
-    #[comptime] delta: bool,
+    t: &QueryTile,
+    #[comptime] c: StatsOf,
 ) {
+    let (b, hi) = (t.b, t.hi);
     let u = UNIT_POS as usize;
-    if u < bq {
-        let i = i0 + u;
-        stats[u] = norm::query_lse(lse, b, hi, i, h, s);
-        if comptime![delta] {
-            let at = source::view_row(b, hi, min(i, comptime![s - 1]), ov);
-            stats[comptime![bq] + u] = row_delta::<N>(sh, comptime![do_off] + u * epl, o, at, el);
+    if u < comptime![c.bq] {
+        let i = t.i0 + u;
+        stats[u] = norm::query_lse(lse, b, hi, i, comptime![c.h], comptime![c.s]);
+        if comptime![c.delta] {
+            let at = source::view_row(b, hi, min(i, comptime![c.s - 1]), comptime![c.ov]);
+            stats[comptime![c.bq] + u] =
+                row_delta::<N>(sh, comptime![c.do_off] + u * comptime![c.epl], o, at, comptime![c.el]);
         }
     }
 }
@@ -373,9 +389,9 @@ pub fn build_grad_kv<N: Size>(
             k::barrier::expand(scope);
             let mut st = stats.clone_unchecked();
             let (bb, hi0, i00) = (bb.clone(), hi.clone(), i0.clone());
-            tile_stats::expand::<N>(
-                scope, &mut st, b.lse, &x, b.o, bb, hi0, i00, do_off, ov, bq, epl, el, a.g.h, a.g.s, dk,
-            );
+            let c = StatsOf { do_off, ov, bq, epl, el, h: a.g.h, s: a.g.s, delta: dk };
+            let t = QueryTileExpand { b: bb, hi: hi0, i0: i00 };
+            tile_stats::expand::<N>(scope, &mut st, b.lse, &x, b.o, &t, c);
             // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ, each plane its 32 key rows by the tile's queries.
             products_t::<N>(scope, &frags, &x, &mut sf.clone_unchecked(), (k_off, q_off), dp, bq);
             let d_p =

@@ -97,21 +97,28 @@ fn hw_zero(#[comptime] k: usize) -> cmma::Matrix<f32> {
     )
 }
 
-/// `acc += A · B` for one fragment of depth `k`: A row-major at vector
-/// `a_at` (row stride `a_stride` elements), B at vector `b_at` (row-major
-/// with row stride `b_stride`, or column-major: B's column `c` at `b_at + c
-/// · b_stride`), both read as `Operand`s.
+/// How a fragment product reads its operands from shared memory: A
+/// row-major with row stride `a_stride` elements, B row-major with row
+/// stride `b_stride`, or column-major (B's column `c` at `c · b_stride`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct Strides {
+    a_stride: usize,
+    b_stride: usize,
+    b_col_major: bool,
+}
+
+/// `acc += A · B` for one fragment of depth `k`: A at vector `a_at`, B at
+/// vector `b_at` (laid out as `o` says), both read as `Operand`s.
 #[cube]
 fn hw_mma<N: Size>(
     acc: &cmma::Matrix<f32>,
     x: &[Vector<Stored, N>],
     a_at: usize,
     b_at: usize,
-    #[comptime] a_stride: u32,
-    #[comptime] b_stride: u32,
-    #[comptime] b_col_major: bool,
+    #[comptime] o: Strides,
     #[comptime] k: usize,
 ) {
+    let (a_stride, b_stride, b_col_major) = comptime![(o.a_stride as u32, o.b_stride as u32, o.b_col_major)];
     let b_layout = comptime![if b_col_major { MatrixLayout::ColMajor } else { MatrixLayout::RowMajor }];
     let mut a =
         unsafe { cmma::Matrix::<Operand>::uninitialized(MatrixIdent::A, 16usize, 16usize, k, MatrixLayout::RowMajor) };
@@ -155,11 +162,10 @@ fn sw_mma<N: Size>(
     a_at: usize,
     b_at: usize,
     lane: usize,
-    #[comptime] a_stride: usize,
-    #[comptime] b_stride: usize,
-    #[comptime] b_col_major: bool,
+    #[comptime] o: Strides,
     #[comptime] k: usize,
 ) {
+    let (a_stride, b_stride, b_col_major) = comptime![(o.a_stride, o.b_stride, o.b_col_major)];
     let r = lane / 2;
     let c0 = lane % 2 * 8;
     let a0 = a_at * N::value() + r * a_stride;
@@ -212,18 +218,18 @@ impl Frags {
     }
 
     /// `acc += A · B` for 16 of the inner dimension from the shared array
-    /// `x` (see [`hw_mma`]), in fragments of depth `k`.
+    /// `x` (see [`hw_mma`]), in fragments of depth `k`: A at vector `a_at`
+    /// with row stride `a_stride` elements, B at `b_at`, row-major with row
+    /// stride `b_stride` or column-major (`b_col_major`).
     pub fn mma<N: Size>(
         &self,
         scope: &Scope,
         acc: &mut Acc,
         x: &NativeExpand<[Vector<Stored, N>]>,
-        a_at: NativeExpand<usize>,
-        a_stride: usize,
-        b_at: NativeExpand<usize>,
-        b_stride: usize,
-        b_col_major: bool,
+        (a_at, a_stride): (NativeExpand<usize>, usize),
+        (b_at, b_stride, b_col_major): (NativeExpand<usize>, usize, bool),
     ) {
+        let o = Strides { a_stride, b_stride, b_col_major };
         let (k, lanes) = (self.k, N::value());
         for step in 0..F / k {
             // Vectors from the first fragment's start to this one's along the inner dimension.
@@ -232,13 +238,8 @@ impl Frags {
             let a_at = k::add_index::expand(scope, a_at.clone(), k::const_index::expand(scope, a_step));
             let b_at = k::add_index::expand(scope, b_at.clone(), k::const_index::expand(scope, b_step));
             match acc {
-                Acc::Hw(m) => {
-                    hw_mma::expand::<N>(scope, m, x, a_at, b_at, a_stride as u32, b_stride as u32, b_col_major, k)
-                }
-                Acc::Sw(a) => {
-                    let lane = self.lane.clone();
-                    sw_mma::expand::<N>(scope, a, x, a_at, b_at, lane, a_stride, b_stride, b_col_major, k)
-                }
+                Acc::Hw(m) => hw_mma::expand::<N>(scope, m, x, a_at, b_at, o, k),
+                Acc::Sw(a) => sw_mma::expand::<N>(scope, a, x, a_at, b_at, self.lane.clone(), o, k),
             }
         }
     }
@@ -327,8 +328,8 @@ fn scratch_vector<N: Size>(s: &[f32], at: usize, lane: usize, #[comptime] v: usi
 }
 
 /// Store `v` (with `add`, plus the addend's vector at the same place,
-/// rounded once) at output row `row` (of `rows`), tile column `tc` (floats,
-/// of the cube's `cw`), if both exist.
+/// rounded once) at output row `row`, tile column `tc` (floats, of the
+/// cube's `tile.cols` vectors), if both exist.
 #[cube]
 fn store_out<N: Size>(
     out: &mut [Vector<Stored, N>],
@@ -336,13 +337,12 @@ fn store_out<N: Size>(
     v: Vector<f32, N>,
     row: usize,
     lane: usize,
-    #[comptime] tc: usize,
-    #[comptime] rows: usize,
-    #[comptime] cw: usize,
-    #[comptime] f: usize,
-    #[comptime] fold: usize,
-    #[comptime] add: bool,
+    #[comptime] place: (usize, bool),
+    #[comptime] tile: gemm::Tile,
 ) {
+    let (tc, add) = comptime![place];
+    let (rows, fold) = comptime![(tile.rows, tile.fold)];
+    let (cw, f) = comptime![(tile.cols * N::value(), tile.fl * N::value())];
     let t = tc + lane % 2 * 8;
     let col = k::cube_x(fold) * cw + t;
     if row < rows && t < cw && col < f {
@@ -372,28 +372,32 @@ fn scratch_f32<N: Size>(s: &[f32], at: usize) -> Vector<f32, N> {
     out
 }
 
-/// The mixing epilogue for one output row whose `m` heads' channels lie at
-/// `at` of the scratch (`ce` channel vectors of each head, head after
-/// head): for every target `t ≡ half (mod 2)` of the `targets` = h·p, store
-/// `scale · Σ_m alpha[m, t] · y_m` (see `gemm::epilogue`, the same sums).
+/// A unit's output row in a plane's strip of the mixing epilogue: the row,
+/// where its `m` heads' channels lie in the scratch (`ce` channel vectors of
+/// each head, head after head), and the parity of the targets (or kept
+/// channels) it stores.
+#[derive(CubeType)]
+struct StripRow {
+    row: usize,
+    at: usize,
+    half: usize,
+}
+
+/// The mixing epilogue for one output row `r`: for every target `t ≡ half
+/// (mod 2)` of the `targets` = h·p, store `scale · Σ_m alpha[m, t] · y_m`
+/// (see `gemm::epilogue`, the same sums).
 #[cube]
 fn mix_row<N: Size>(
     out: &mut [Vector<Stored, N>],
     scratch: &[f32],
     alpha: &[Stored],
-    row: usize,
-    at: usize,
-    half: usize,
+    r: &StripRow,
     scale: f32,
-    #[comptime] m: usize,
-    #[comptime] ce: usize,
-    #[comptime] targets: usize,
-    #[comptime] s: usize,
-    #[comptime] dl: usize,
-    #[comptime] rows: usize,
-    #[comptime] fold: usize,
+    #[comptime] tile: gemm::Tile,
 ) {
-    let start = gemm::mixed_row(row, s, dl, targets);
+    let (m, ce, targets) = comptime![(tile.m, tile.ce, tile.targets)];
+    let (row, at, half) = (r.row, r.at, r.half);
+    let start = gemm::mixed_row(row, tile);
     for t2 in 0..comptime![targets.div_ceil(2)] {
         let t = t2 * 2 + half;
         if t < targets {
@@ -405,29 +409,18 @@ fn mix_row<N: Size>(
                     let y = scratch_f32::<N>(scratch, at + comptime![(h * ce + ch) * N::value()]);
                     v = k::axpy::<N>(v, k::read::<Stored>(alpha, h * targets + t), y);
                 }
-                gemm::store_mixed::<N>(out, row, start, t, k::vscale::<N>(v, scale), ch, ce, rows, dl, s * dl, fold);
+                gemm::store_mixed::<N>(out, row, start, t, k::vscale::<N>(v, scale), ch, tile);
             }
         }
     }
 }
 
-/// A kept product's row `row` (at `at` of the scratch, `ce` channel vectors
-/// of each of the `m` heads): the channels of parity `half` stored to the
+/// A kept product's row `r`: the channels of parity `half` stored to the
 /// product `[rows, fl]` (`gemm::store_kept`'s places), if they exist.
 #[cube]
-fn keep_row<N: Size>(
-    out: &mut [Vector<Stored, N>],
-    scratch: &[f32],
-    row: usize,
-    at: usize,
-    half: usize,
-    #[comptime] m: usize,
-    #[comptime] ce: usize,
-    #[comptime] dl: usize,
-    #[comptime] fl: usize,
-    #[comptime] rows: usize,
-    #[comptime] fold: usize,
-) {
+fn keep_row<N: Size>(out: &mut [Vector<Stored, N>], scratch: &[f32], r: &StripRow, #[comptime] tile: gemm::Tile) {
+    let (m, ce, dl, fl, rows, fold) = comptime![(tile.m, tile.ce, tile.dl, tile.fl, tile.rows, tile.fold)];
+    let (row, at, half) = (r.row, r.at, r.half);
     #[unroll]
     for h in 0..m {
         #[unroll]
@@ -449,7 +442,8 @@ fn keep_row<N: Size>(
 /// multiplies its 128 rows. With a mixing epilogue the cube's columns are
 /// `ce` channels of each of the `m` heads, as in the scalar GEMM; a plane
 /// stores a strip of 16 rows by all of them to its scratch, and each unit
-/// mixes one row for half of the targets.
+/// mixes one row for half of the targets. `hardware`: `cmma` fragments, else
+/// [`Frags`]' software ones; `dtype`: the storage type.
 pub fn build_gemm<N: Size>(
     scope: &Scope,
     (a, b): (&NativeExpand<[Vector<Stored, N>]>, &NativeExpand<[Vector<Stored, N>]>),
@@ -457,12 +451,12 @@ pub fn build_gemm<N: Size>(
     out: &mut NativeExpand<[Vector<Stored, N>]>,
     shape: &gemm::Shape,
     lanes: usize,
-    hardware: bool,
-    dtype: Dtype,
+    (hardware, dtype): (bool, Dtype),
 ) {
     let (rows, kdim) = (shape.rows, shape.kdim);
-    let gemm::Tile { cols, ce, dl, fl } = gemm::Tile::new(shape, lanes);
-    let (f, kl) = (shape.f, kdim / lanes);
+    let tile = gemm::Tile::new(shape, lanes);
+    let gemm::Tile { cols, .. } = tile;
+    let kl = kdim / lanes;
     let cw = cols * lanes;
     let bw = cw.next_multiple_of(F);
     let cube_rows = GEMM_UNITS * GEMM_ROWS;
@@ -493,7 +487,6 @@ pub fn build_gemm<N: Size>(
     } else {
         vec![]
     };
-    let tile = gemm::Tile { cols, ce, dl, fl };
     let (b_copy, b_count) = gemm::b_items(scope, shape, tile, (F, bw / lanes), lanes);
     // TF32 operands are rounded on their way to shared memory (on the device; software fragments multiply in f32).
     let rounded = |scope: &Scope, v| stage::expand::<N>(scope, v, hardware && dtype == Dtype::Tf32);
@@ -539,7 +532,7 @@ pub fn build_gemm<N: Size>(
             // Plane `warp`'s rows start at `warp · 128 · kv` vectors of `a`; B's fragment `c` after `a`.
             let a_at = scaled_add::expand(scope, warp.clone(), 8 * F * kv, r * F * kv);
             let b_at = k::const_index::expand(scope, a_len + c * F / lanes);
-            frags.mma::<N>(scope, acc, &x, a_at, F, b_at, bw, false);
+            frags.mma::<N>(scope, acc, &x, (a_at, F), (b_at, bw, false));
         }
         k::barrier::expand(scope);
     });
@@ -556,29 +549,11 @@ pub fn build_gemm<N: Size>(
             }
             k::barrier::expand(scope);
             let row = gemm_row::expand(scope, warp.clone(), i.clone(), r, shape.fold);
-            let (ra, h, row_) = (row_at.clone(), half.clone(), row.clone());
-            let (m, targets, s) = (mix.m, mix.h * mix.p, mix.s);
-            mix_row::expand::<N>(
-                scope,
-                out,
-                &scratch,
-                alpha,
-                row_,
-                ra,
-                h,
-                scale.clone(),
-                m,
-                ce,
-                targets,
-                s,
-                dl,
-                rows,
-                shape.fold,
-            );
+            let r = StripRowExpand { row, at: row_at.clone(), half: half.clone() };
+            mix_row::expand::<N>(scope, out, &scratch, alpha, &r, scale.clone(), tile);
             if mix.keep {
                 let mut kept = side.expect("a kept product's buffer").clone_unchecked();
-                let (ra, h) = (row_at.clone(), half.clone());
-                keep_row::expand::<N>(scope, &mut kept, &scratch, row, ra, h, m, ce, dl, fl, rows, shape.fold);
+                keep_row::expand::<N>(scope, &mut kept, &scratch, &r, tile);
             }
             k::barrier::expand(scope);
         }
@@ -598,7 +573,7 @@ pub fn build_gemm<N: Size>(
         for v in 0..8 / lanes {
             let (row, lane, tc) = (row.clone(), lane.clone(), c * F + v * lanes);
             let val = scratch_vector::expand::<N>(scope, &scratch, at.clone(), lane.clone(), v, scale.clone());
-            store_out::expand::<N>(scope, out, &y, val, row, lane, tc, rows, cw, f, shape.fold, addend);
+            store_out::expand::<N>(scope, out, &y, val, row, lane, (tc, addend), tile);
         }
         k::barrier::expand(scope);
     }
