@@ -84,28 +84,39 @@ pub(super) fn seen(b: usize, h: usize, i: usize, j: usize, #[comptime] g: Dims, 
     ok
 }
 
-/// The scores of query rows `i0 ..` (`nr` of them) against key rows
-/// `j0 ..` (`nt`) for every query head, `sc[(r·H_q + m)·nt + jj]`: scaled
-/// logits, then the score function (`score`, a hook without a mask
-/// function); with `slopes`, also its derivative at each logit into `sl`.
+/// A block of query rows `i0 ..` of batch `b` against key rows `j0 ..`.
+#[derive(CubeType)]
+pub(super) struct Pairs {
+    pub b: usize,
+    pub i0: usize,
+    pub j0: usize,
+}
+
+/// The sizes of a [`Pairs`] block of a launch of `m`: `nr` query rows by
+/// `nt` keys; `slopes`: the score function's derivative is wanted too.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(super) struct Block {
+    pub m: MixDims,
+    pub nr: usize,
+    pub nt: usize,
+    pub slopes: bool,
+}
+
+/// The scores of a block of rows `at` for every query head, `sc[(r·H_q +
+/// m)·nt + jj]`: scaled logits, then the score function (a hook without a
+/// mask function); with `slopes`, also its derivative at each logit into `sl`.
 #[cube]
 pub(super) fn scores(
-    q: &[Stored],
-    kb: &[Stored],
+    bufs: &MixBufs,
     sc: &mut [f32],
     sl: &mut [f32],
-    b: usize,
-    i0: usize,
-    j0: usize,
-    #[comptime] m: MixDims,
-    #[comptime] nr: usize,
-    #[comptime] nt: usize,
-    #[comptime] qv: RowView,
-    #[comptime] kv: RowView,
-    #[comptime] scale: f32,
-    #[comptime] slopes: bool,
-    #[comptime] score: Hook,
+    at: &Pairs,
+    #[comptime] blk: Block,
+    #[comptime] args: MixArgs,
 ) {
+    let (q, kb, b, i0, j0) = (bufs.q, bufs.k, at.b, at.i0, at.j0);
+    let (m, nr, nt, slopes) = comptime![(blk.m, blk.nr, blk.nt, blk.slopes)];
+    let (qv, kv, scale, score) = comptime![(args.views[0], args.views[1], args.scale, args.score.clone())];
     let g = comptime![m.g];
     let (hq, units, d) = comptime![(g.h, m.units, g.d)];
     let n = comptime![nr * hq * nt];
@@ -175,23 +186,21 @@ fn mixed_logit(
     x
 }
 
-/// The probabilities `pr[(r·H_s + h)·nt + jj]` of query rows `i0 ..` (`nr`)
-/// against keys `j0 ..` (`nt`), from the rows' log-sum-exp `ls[r·H_s + h]`;
-/// 0 where the key is hidden or the row is past the queries.
+/// The probabilities `pr[(r·H_s + h)·nt + jj]` of a block of rows `at`,
+/// from the rows' log-sum-exp `ls[r·H_s + h]`; 0 where the key is hidden or
+/// the row is past the queries.
 #[cube]
 pub(super) fn probabilities(
     sc: &[f32],
     wls: &[f32],
     ls: &[f32],
     pr: &mut [f32],
-    b: usize,
-    i0: usize,
-    j0: usize,
-    #[comptime] m: MixDims,
-    #[comptime] nr: usize,
-    #[comptime] nt: usize,
+    at: &Pairs,
+    #[comptime] blk: Block,
     #[comptime] mask: Hook,
 ) {
+    let (b, i0, j0) = (at.b, at.i0, at.j0);
+    let (m, nr, nt) = comptime![(blk.m, blk.nr, blk.nt)];
     let (hs, units) = comptime![(m.hs, m.units)];
     let stats = comptime![nr * hs];
     for jj in 0..nt {
@@ -237,7 +246,7 @@ pub fn mixed(
     #[comptime] args: MixArgs,
     #[comptime] lse: bool,
 ) {
-    let (views, scale, score, mask) = comptime![(args.views, args.scale, args.score.clone(), args.mask.clone())];
+    let mask = comptime![args.mask.clone()];
     let g = comptime![m.g];
     let (rows, tile, units) = comptime![(g.rows, g.tile, m.units)];
     let (hq, hs, ho) = comptime![(g.h, m.hs, m.ho)];
@@ -269,8 +278,8 @@ pub fn mixed(
     let band = key_tiles(r0, r1, g);
     // The first walk: each softmax head's running maximum and sum.
     for t in band.lo..band.hi {
-        let (qv, kv) = comptime![(views[0], views[1])];
-        scores(bufs.q, bufs.k, &mut sc, &mut sl, b, r0, t * tile, m, rows, tile, qv, kv, scale, false, score.clone());
+        let blk = comptime![Block { m, nr: rows, nt: tile, slopes: false }];
+        scores(bufs, &mut sc, &mut sl, &Pairs { b, i0: r0, j0: t * tile }, blk, args.clone());
         sync_cube();
         for jj in 0..tile {
             let j = t * tile + jj;
@@ -330,7 +339,7 @@ fn walk_values(
     #[comptime] m: MixDims,
     #[comptime] args: MixArgs,
 ) {
-    let (views, scale, score, mask) = comptime![(args.views, args.scale, args.score.clone(), args.mask.clone())];
+    let (views, mask) = comptime![(args.views, args.mask.clone())];
     let g = comptime![m.g];
     let (rows, tile, units) = comptime![(g.rows, g.tile, m.units)];
     let (hs, ho, hv, e) = comptime![(m.hs, m.ho, m.hv, g.e)];
@@ -347,10 +356,11 @@ fn walk_values(
         acc[a] = f32::new(0.0);
     }
     for t in t0..t1 {
-        let (qv, kv) = comptime![(views[0], views[1])];
-        scores(bufs.q, bufs.k, &mut sc, &mut sl, b, r0, t * tile, m, rows, tile, qv, kv, scale, false, score.clone());
+        let blk = comptime![Block { m, nr: rows, nt: tile, slopes: false }];
+        let at = Pairs { b, i0: r0, j0: t * tile };
+        scores(bufs, &mut sc, &mut sl, &at, blk, args.clone());
         sync_cube();
-        probabilities(&sc, wls, lse, &mut pr, b, r0, t * tile, m, rows, tile, mask.clone());
+        probabilities(&sc, wls, lse, &mut pr, &at, blk, mask.clone());
         sync_cube();
         if comptime![m.probs] {
             for it in 0..comptime![mixed_n.div_ceil(units)] {

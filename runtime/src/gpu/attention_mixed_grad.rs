@@ -18,11 +18,11 @@
 //! Products are laid out `(query row, head, key)` in shared memory in both
 //! orientations, as [`scores`] writes them.
 
-use super::attention_mixed::{dot, load_matrix, probabilities, scores, MixArgs, MixBufs, MixDims};
+use super::attention_mixed::{dot, load_matrix, probabilities, scores, Block, MixArgs, MixBufs, MixDims, Pairs};
 use super::kernels::{self as k, Stored};
 use super::kit::source::view_row;
 use super::kit::walk::{key_tiles, query_tiles};
-use attnc_compiler::plan::{MixPass, RowView};
+use attnc_compiler::plan::MixPass;
 use cubecl::prelude::*;
 
 /// `dp[h]` of row `r` and key `jj` (products `nt` keys wide).
@@ -50,21 +50,12 @@ fn dp_of(
 }
 
 /// `dp̃ = dO[g]_i · v[kv'(g)]_j` for every (query row, output head, key) of
-/// query rows `i0 ..` (`nr`) and key rows `j0 ..` (`nt`).
+/// the block of rows `at`.
 #[cube]
-fn products(
-    dout: &[Stored],
-    v: &[Stored],
-    dpt: &mut [f32],
-    b: usize,
-    i0: usize,
-    j0: usize,
-    #[comptime] m: MixDims,
-    #[comptime] nr: usize,
-    #[comptime] nt: usize,
-    #[comptime] dov: RowView,
-    #[comptime] vv: RowView,
-) {
+fn products(bufs: &MixBufs, dpt: &mut [f32], at: &Pairs, #[comptime] blk: Block, #[comptime] args: MixArgs) {
+    let (dout, v, b, i0, j0) = (bufs.dout, bufs.v, at.b, at.i0, at.j0);
+    let (m, nr, nt) = comptime![(blk.m, blk.nr, blk.nt)];
+    let (vv, dov) = comptime![(args.views[2], args.views[3])];
     let g = comptime![m.g];
     let (ho, hv, e, units) = comptime![(m.ho, m.hv, g.e, m.units)];
     let n = comptime![nr * ho * nt];
@@ -150,7 +141,7 @@ pub fn rows_grad(
     #[comptime] pass: MixPass,
     #[comptime] slopes: bool,
 ) {
-    let (views, scale, score, mask) = comptime![(args.views, args.scale, args.score.clone(), args.mask.clone())];
+    let (views, scale, mask) = comptime![(args.views, args.scale, args.mask.clone())];
     let g = comptime![m.g];
     let (rows, tile, units) = comptime![(g.rows, g.tile, m.units)];
     let (hq, hs, ho, d) = comptime![(g.h, m.hs, m.ho, g.d)];
@@ -202,12 +193,12 @@ pub fn rows_grad(
     let band = key_tiles(r0, r1, g);
     for t in band.lo..band.hi {
         let j0 = t * tile;
-        let (qv, kv) = comptime![(views[0], views[1])];
-        scores(bufs.q, bufs.k, &mut sc, &mut sl, b, r0, j0, m, rows, tile, qv, kv, scale, slopes, score.clone());
+        let blk = comptime![Block { m, nr: rows, nt: tile, slopes }];
+        let at = Pairs { b, i0: r0, j0 };
+        scores(bufs, &mut sc, &mut sl, &at, blk, args.clone());
         sync_cube();
-        probabilities(&sc, &wls, &ls, &mut pr, b, r0, j0, m, rows, tile, mask.clone());
-        let (vv, dov) = comptime![(views[2], views[3])];
-        products(bufs.dout, bufs.v, &mut dpt, b, r0, j0, m, rows, tile, dov, vv);
+        probabilities(&sc, &wls, &ls, &mut pr, &at, blk, mask.clone());
+        products(bufs, &mut dpt, &at, blk, args.clone());
         sync_cube();
         if comptime![pass == MixPass::Delta] {
             for jj in 0..tile {
@@ -296,7 +287,7 @@ pub fn keys_grad(
     #[comptime] pass: MixPass,
     #[comptime] slopes: bool,
 ) {
-    let (views, scale, score, mask) = comptime![(args.views, args.scale, args.score.clone(), args.mask.clone())];
+    let (views, scale, mask) = comptime![(args.views, args.scale, args.mask.clone())];
     let g = comptime![m.g];
     // `rows` key rows a cube, query tiles of `tile` rows.
     let (nk, nq, units) = comptime![(g.rows, g.tile, m.units)];
@@ -341,12 +332,12 @@ pub fn keys_grad(
                 dd[idx] = f32::cast_from(bufs.delta[at]);
             }
         }
-        let (qv, kv) = comptime![(views[0], views[1])];
-        scores(bufs.q, bufs.k, &mut sc, &mut sl, b, i0, j0, m, nq, nk, qv, kv, scale, slopes && dk, score.clone());
+        let blk = comptime![Block { m, nr: nq, nt: nk, slopes: slopes && dk }];
+        let at = Pairs { b, i0, j0 };
+        scores(bufs, &mut sc, &mut sl, &at, blk, args.clone());
         sync_cube();
-        probabilities(&sc, &wls, &ls, &mut pr, b, i0, j0, m, nq, nk, mask.clone());
-        let (vv, dov) = comptime![(views[2], views[3])];
-        products(bufs.dout, bufs.v, &mut dpt, b, i0, j0, m, nq, nk, dov, vv);
+        probabilities(&sc, &wls, &ls, &mut pr, &at, blk, mask.clone());
+        products(bufs, &mut dpt, &at, blk, args.clone());
         sync_cube();
         if comptime![dk] {
             score_grads(&mut sc, &sl, &pr, &dpt, &dd, &mut dst, &wls, &wps, m, nq, nk, true, slopes);
