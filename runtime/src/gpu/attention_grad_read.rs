@@ -72,7 +72,7 @@ fn line_start(l: usize, #[comptime] lines: Lines, #[comptime] s: usize, #[compti
 }
 
 /// `Σ_c x[xa + c] · (y[ya + c] − z[za + c])` over `n` channels (`z` read
-/// only with `minus`), `read_chunk(n)` channels unrolled a loop step, so that
+/// only with `minus`; `of` = `(n, minus)`), `read_chunk(n)` channels unrolled a loop step, so that
 /// CUDA's compiler does not hold every row's loads at once (it spilled).
 #[cube]
 fn dot(
@@ -82,9 +82,9 @@ fn dot(
     ya: usize,
     z: &[Stored],
     za: usize,
-    #[comptime] n: usize,
-    #[comptime] minus: bool,
+    #[comptime] of: (usize, bool),
 ) -> f32 {
+    let (n, minus) = comptime![of];
     let ch = comptime![read_chunk(n)];
     let mut acc = f32::new(0.0);
     for c0 in 0..comptime![n / ch] {
@@ -153,9 +153,9 @@ pub fn read_lines(
             let (qa, ka) = (view_row(b, hi, i, comptime![views[0]]), view_row(b, kh, j, comptime![views[1]]));
             let (va, oa) = (view_row(b, kh, j, comptime![views[2]]), view_row(b, hi, i, comptime![views[3]]));
             let da = view_row(b, hi, i, comptime![views[4]]);
-            let sc = dot(x.q, qa, x.k, ka, x.k, ka, comptime![g.d], false) * f32::new(scale);
+            let sc = dot(x.q, qa, x.k, ka, x.k, ka, comptime![(g.d, false)]) * f32::new(scale);
             // dO_i · v_j − D_i in one pass.
-            let dp = dot(x.dout, da, x.v, va, x.o, oa, comptime![g.e], true);
+            let dp = dot(x.dout, da, x.v, va, x.o, oa, comptime![(g.e, true)]);
             let p = norm::prob(score_hook(sc, b, hi, i, j, hook.clone()), lv);
             read_hook(&mut acc, p * dp, sc, b, hi, i, j, comptime![walk.capture], hook.clone());
         }

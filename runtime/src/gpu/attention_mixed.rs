@@ -326,6 +326,7 @@ pub fn mixed(
 /// The second walk: probabilities, mixed by `wps`, times the values,
 /// accumulated per (row, output head, channel) and stored.
 #[cube]
+#[allow(clippy::too_many_arguments)]
 fn walk_values(
     bufs: &MixBufs,
     out: &mut [Stored],

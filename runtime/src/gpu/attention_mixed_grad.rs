@@ -75,6 +75,7 @@ fn products(bufs: &MixBufs, dpt: &mut [f32], at: &Pairs, #[comptime] blk: Block,
 /// `ds̃ = p (dp − D)` into `dst`, then (with `to_scores`) `ds[m] = f'(s[m])
 /// Σ_h wl[m, h] ds̃[h]` into `sc`, for query rows (`nr`) against keys (`nt`).
 #[cube]
+#[allow(clippy::too_many_arguments)]
 fn score_grads(
     sc: &mut [f32],
     sl: &[f32],

@@ -113,6 +113,7 @@ fn held_matrix(src: &[Stored], #[comptime] n: usize) -> Array<f32> {
 /// d]`) against key row `j` of view `kv`: each key row is loaded once and
 /// serves every row; rows in vectors of `N`.
 #[cube]
+#[allow(clippy::too_many_arguments)]
 fn mixed_logits<N: Size>(
     qr: &Array<Vector<f32, N>>,
     kb: &[Vector<Stored, N>],

@@ -132,7 +132,7 @@ pub fn build<N: Size>(
         body.tile(scope, k::mul_const::expand(scope, kt, bk), masked, hidden)
     });
     match a.kv {
-        Some(kv) => store_partial::expand::<N>(scope, out, &acc, &state, &rows, OUT_ROW, a.g.s, eg, kv),
+        Some(kv) => store_partial::expand::<N>(scope, out, &acc, &state, &rows, OUT_ROW, (a.g.s, eg), kv),
         None => store_row::expand::<N>(scope, out, &acc, &state, &rows, a.g.s, eg),
     }
     if let Some(lse) = &a.lse {

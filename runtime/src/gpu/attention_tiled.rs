@@ -74,7 +74,7 @@ pub fn build<N: Size>(scope: &Scope, x: &Inputs<N>, out: Out<N>, scale: NativeEx
             for u in &units {
                 match a.kv {
                     Some(kv) => {
-                        store_partial::expand::<N>(scope, out, &u.acc, &u.state, &u.slots, ROW_OUT, a.g.s, el, kv)
+                        store_partial::expand::<N>(scope, out, &u.acc, &u.state, &u.slots, ROW_OUT, (a.g.s, el), kv)
                     }
                     None => store_row::expand::<N>(scope, out, &u.acc, &u.state, &u.slots, a.g.s, el),
                 }

@@ -268,9 +268,9 @@ pub fn build_grad_kv<N: Size>(
     let width = if wrt_k { dl } else { el };
     let factor = if wrt_k { scale } else { 1.0 };
     for u in &rows {
-        store_key_row::expand::<N>(scope, out, &u.acc, bb, kh, u.j, factor, a.g.sk, width, a.views[3]);
+        store_key_row::expand::<N>(scope, out, &u.acc, bb, kh, u.j, (width, factor), (a.g.sk, a.views[3]));
         if let (Some((dv, view)), Some(acc_v)) = (dv.as_mut(), &u.acc_v) {
-            store_key_row::expand::<N>(scope, dv, acc_v, bb, kh, u.j, 1.0, a.g.sk, el, *view);
+            store_key_row::expand::<N>(scope, dv, acc_v, bb, kh, u.j, (el, 1.0), (a.g.sk, *view));
         }
     }
 }
@@ -394,7 +394,8 @@ pub(super) fn last_row(i: usize, #[comptime] n: usize) -> usize {
     min(i, comptime![n - 1])
 }
 
-/// `out = acc · factor` at key row `j` of head `(b, kh)`, for rows inside the `sk` keys.
+/// `out = acc · factor` (`n` vectors, `row`) at key row `j` of head `(b,
+/// kh)` under view `v`, for rows inside the `sk` keys.
 #[cube]
 fn store_key_row<N: Size>(
     out: &mut [Vector<Stored, N>],
@@ -402,11 +403,10 @@ fn store_key_row<N: Size>(
     b: usize,
     kh: usize,
     j: usize,
-    #[comptime] factor: f32,
-    #[comptime] sk: usize,
-    #[comptime] n: usize,
-    #[comptime] v: RowView,
+    #[comptime] row: (usize, f32),
+    #[comptime] keys: (usize, RowView),
 ) {
+    let ((n, factor), (sk, v)) = comptime![(row, keys)];
     if j < sk {
         let base = view_row(b, kh, j, v);
         #[unroll]

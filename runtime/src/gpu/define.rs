@@ -488,12 +488,12 @@ impl IrKernel {
                 KernelSpec::MixHeads { batch, m, h, p, s, d, x, x_m } => {
                     let src = k::head_source::expand(scope, i, h * p, *m, *s, *d);
                     let x0 = k::view(scope, src, x, batch * m * s * d);
-                    k::mix_heads::expand(scope, &bufs[0], &bufs[1], &mut out, i, x0, *m, *h, *p, *s, *d, *x_m)
+                    k::mix_heads::expand(scope, &bufs[0], &bufs[1], &mut out, i, x0, (*m, *h, *p, *s, *d, *x_m))
                 }
                 KernelSpec::MixCols { rows, m, h, p, d, y, y_m } => {
                     let src = k::head_source::expand(scope, i, h * p, *m, 1, *d);
                     let y0 = k::view(scope, src, y, rows * m * d);
-                    k::mix_cols::expand(scope, &bufs[0], &bufs[1], &mut out, i, y0, *m, *h, *p, *d, *y_m)
+                    k::mix_cols::expand(scope, &bufs[0], &bufs[1], &mut out, i, y0, (*m, *h, *p, *d, *y_m))
                 }
                 KernelSpec::Collapse { batch, h, c, s, d, x, x_c } => {
                     let src = k::head_source::expand(scope, i, *h, *c, *s, *d);
@@ -503,10 +503,10 @@ impl IrKernel {
                 KernelSpec::CollapseCols { rows, h, c, d, y, y_c } => {
                     let src = k::head_source::expand(scope, i, *h, *c, 1, *d);
                     let y0 = k::view(scope, src, y, rows * c * d);
-                    k::collapse_cols::expand(scope, &bufs[0], &bufs[1], &mut out, i, y0, *h, *c, *d, *y_c)
+                    k::collapse_cols::expand(scope, &bufs[0], &bufs[1], &mut out, i, y0, (*h, *c, *d, *y_c))
                 }
                 KernelSpec::CollapseRows { h, c, d, f } => {
-                    k::collapse_rows::expand(scope, &bufs[0], &bufs[1], &mut out, i, *h, *c, *d, *f)
+                    k::collapse_rows::expand(scope, &bufs[0], &bufs[1], &mut out, i, (*h, *c, *d, *f))
                 }
                 KernelSpec::BlockDiag { cols, block, .. } => {
                     k::block_diag::expand(scope, &bufs[0], &mut out, i, *cols, *block)
@@ -533,7 +533,7 @@ impl IrKernel {
                     let first = k::rope_source::expand(scope, i, *d);
                     let second = k::add_index::expand(scope, first, k::const_index::expand(scope, d / 2));
                     let (ia, ib) = (k::view(scope, first, x, rows * d), k::view(scope, second, x, rows * d));
-                    k::rope::expand(scope, &bufs[0], &bufs[1], &mut out, i, ia, ib, *s, *d)
+                    k::rope::expand(scope, &bufs[0], &bufs[1], &mut out, i, ia, ib, (*s, *d))
                 }
                 KernelSpec::Reduce { op, count, base, inner, .. } => {
                     let b = k::view(scope, i, base, len);

@@ -63,6 +63,7 @@ pub fn score_hook(_s: f32, _b: usize, _h: usize, _i: usize, _j: usize, _hook: Ho
 pub fn slope_hook(_x: f32, _s: f32, _b: usize, _h: usize, _i: usize, _j: usize, _hook: Hook) -> f32 {
     cubecl::unexpanded!()
 }
+#[allow(clippy::too_many_arguments)]
 pub fn tile_hook(
     _b: usize,
     _h: usize,
@@ -79,6 +80,7 @@ pub fn tile_hook(
 pub fn prep_hook(_b: usize, _h: usize, _r0: usize, _r1: usize, _keys: bool, _hook: Hook) {
     cubecl::unexpanded!()
 }
+#[allow(clippy::too_many_arguments)]
 pub fn read_hook(
     _acc: &mut Array<f32>,
     _x: f32,
@@ -102,6 +104,7 @@ pub fn index_hook(_b: usize, _h: usize, _i: usize, _j: usize, _capture: usize, _
 /// see key `j` (the gradient of a tensor the score function reads).
 pub mod read_hook {
     use super::*;
+    #[allow(clippy::too_many_arguments)]
     pub fn expand(
         scope: &Scope,
         acc: &mut NativeExpand<Array<f32>>,
@@ -132,6 +135,7 @@ pub mod read_hook {
 /// (b, h, i, j).
 pub mod index_hook {
     use super::*;
+    #[allow(clippy::too_many_arguments)]
     pub fn expand(
         scope: &Scope,
         b: NativeExpand<usize>,
@@ -181,6 +185,7 @@ pub mod prep_hook {
 /// cube's rows are queries), else of query rows.
 pub mod tile_hook {
     use super::*;
+    #[allow(clippy::too_many_arguments)]
     pub fn expand(
         scope: &Scope,
         b: NativeExpand<usize>,
@@ -242,6 +247,7 @@ pub mod score_hook {
 /// key); `x` itself without functions.
 pub mod slope_hook {
     use super::*;
+    #[allow(clippy::too_many_arguments)]
     pub fn expand(
         scope: &Scope,
         x: NativeExpand<f32>,

@@ -91,6 +91,7 @@ fn matrices<'a, T>(shape: &AttnShape, caps: &'a [T], fallback: &'a T) -> (&'a T,
 /// captures, the mixing matrices among them; the score and mask functions
 /// as two hooks (the score is of a query head, the mask of a softmax head:
 /// `hooks`, made by `define`).
+#[allow(clippy::too_many_arguments)]
 pub(super) fn body(
     scope: &Scope,
     bufs: &[NativeExpand<[Stored]>],

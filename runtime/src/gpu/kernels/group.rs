@@ -51,6 +51,7 @@ pub fn levels(
 /// Reduce a lifted value over the group axis at level `i`: `c` samples see
 /// `v[L + i]` (indicator 1) and `G − c` see `v[i]` (indicator 0).
 #[cube]
+#[allow(clippy::too_many_arguments)]
 pub fn lift_reduce_groups(
     s: &mut [f32],
     i: usize,

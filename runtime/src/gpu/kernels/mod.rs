@@ -70,6 +70,7 @@ pub fn gather(x: &[Stored], out: &mut [Stored], i: usize, ix: usize) {
 }
 
 #[cube]
+#[allow(clippy::too_many_arguments)]
 pub fn select(c: &[Stored], a: &[Stored], b: &[Stored], out: &mut [Stored], i: usize, ic: usize, ia: usize, ib: usize) {
     out[i] = Stored::cast_from(apply_select(f32::cast_from(c[ic]), f32::cast_from(a[ia]), f32::cast_from(b[ib])));
 }
@@ -100,7 +101,8 @@ pub fn apply_threshold(v: f32, i: usize, #[comptime] levels: usize) -> f32 {
     r
 }
 
-/// `out[b,h,j,s,e] = Σ_m alpha[m,h,j] · x[b,m,s,e]`.
+/// `out[b,h,j,s,e] = Σ_m alpha[m,h,j] · x[b,m,s,e]`; `sizes`: m, h, p, s, d,
+/// and `x_m`, the stride of `x`'s heads from `x0`.
 #[cube]
 pub fn mix_heads(
     x: &[Stored],
@@ -108,13 +110,9 @@ pub fn mix_heads(
     out: &mut [Stored],
     i: usize,
     x0: usize,
-    #[comptime] m: usize,
-    #[comptime] h: usize,
-    #[comptime] p: usize,
-    #[comptime] s: usize,
-    #[comptime] d: usize,
-    #[comptime] x_m: usize,
+    #[comptime] sizes: (usize, usize, usize, usize, usize, usize),
 ) {
+    let (m, h, p, s, d, x_m) = comptime![sizes];
     let j = (i / (d * s)) % p;
     let hi = (i / (d * s * p)) % h;
     let mut acc = f32::new(0.0);
@@ -142,7 +140,8 @@ pub fn head_source(
     (bi * in_heads * s + si) * d + e
 }
 
-/// `out[r, (h·P+j)·d+e] = Σ_m alpha[m,h,j] · y[r, m·d+e]`.
+/// `out[r, (h·P+j)·d+e] = Σ_m alpha[m,h,j] · y[r, m·d+e]`; `sizes`: m, h,
+/// p, d, and `y_m`, the stride of `y`'s heads from `y0`.
 #[cube]
 pub fn mix_cols(
     y: &[Stored],
@@ -150,12 +149,9 @@ pub fn mix_cols(
     out: &mut [Stored],
     i: usize,
     y0: usize,
-    #[comptime] m: usize,
-    #[comptime] h: usize,
-    #[comptime] p: usize,
-    #[comptime] d: usize,
-    #[comptime] y_m: usize,
+    #[comptime] sizes: (usize, usize, usize, usize, usize),
 ) {
+    let (m, h, p, d, y_m) = comptime![sizes];
     let j = (i / d) % p;
     let hi = (i / (d * p)) % h;
     let mut acc = f32::new(0.0);
@@ -210,7 +206,8 @@ fn collapse_store(acc: &Array<f32>, out: &mut [Stored], i: usize) {
     out[i] = Stored::cast_from(acc[0]);
 }
 
-/// `out[r, h·d+e] = Σ_c r[h,c] · y[r, c·d+e]`.
+/// `out[r, h·d+e] = Σ_c r[h,c] · y[r, c·d+e]`; `sizes`: h, c, d, and
+/// `y_c`, the stride of `y`'s heads from `y0`.
 #[cube]
 pub fn collapse_cols(
     y: &[Stored],
@@ -218,11 +215,9 @@ pub fn collapse_cols(
     out: &mut [Stored],
     i: usize,
     y0: usize,
-    #[comptime] h: usize,
-    #[comptime] c: usize,
-    #[comptime] d: usize,
-    #[comptime] y_c: usize,
+    #[comptime] sizes: (usize, usize, usize, usize),
 ) {
+    let (h, c, d, y_c) = comptime![sizes];
     let hi = (i / d) % h;
     let mut acc = f32::new(0.0);
     for ci in 0..c {
@@ -231,18 +226,16 @@ pub fn collapse_cols(
     out[i] = Stored::cast_from(acc);
 }
 
-/// `out[c·d+e, f] = Σ_h r[h,c] · w[h·d+e, f]`.
+/// `out[c·d+e, f] = Σ_h r[h,c] · w[h·d+e, f]`; `sizes`: h, c, d, f.
 #[cube]
 pub fn collapse_rows(
     w: &[Stored],
     r: &[Stored],
     out: &mut [Stored],
     i: usize,
-    #[comptime] h: usize,
-    #[comptime] c: usize,
-    #[comptime] d: usize,
-    #[comptime] f: usize,
+    #[comptime] sizes: (usize, usize, usize, usize),
 ) {
+    let (h, c, d, f) = comptime![sizes];
     let col = i % f;
     let e = (i / f) % d;
     let ci = i / (f * d);
@@ -337,8 +330,9 @@ pub fn rope_source(i: usize, #[comptime] d: usize) -> usize {
     i / half * d + i % half
 }
 
-/// Rotate-half RoPE; `table[(pos·half + k)·2 + {0, 1}]` holds cos and sin
-/// (computed on the host in float64). One unit per rotated pair.
+/// Rotate-half RoPE over rows `(s, d)` (positions, width);
+/// `table[(pos·half + k)·2 + {0, 1}]` holds cos and sin (computed on the
+/// host in float64). One unit per rotated pair.
 #[cube]
 pub fn rope(
     x: &[Stored],
@@ -347,9 +341,9 @@ pub fn rope(
     i: usize,
     ia: usize,
     ib: usize,
-    #[comptime] s: usize,
-    #[comptime] d: usize,
+    #[comptime] rows: (usize, usize),
 ) {
+    let (s, d) = comptime![rows];
     let half = comptime![d / 2];
     let k = i % half;
     let row = i / half;

@@ -204,7 +204,7 @@ pub fn query_lse(lse: &[Stored], b: usize, hi: usize, i: usize, #[comptime] h: u
     l
 }
 
-/// A split-KV partial row (`plan::KvSplit`): `x = acc / l` as `hi` (stored)
+/// A split-KV partial row (`plan::KvSplit`) of `el` vectors, of `s` rows (`shape`): `x = acc / l` as `hi` (stored)
 /// and `lo = x − hi` at `lo` vectors on, and the row's log-sum-exp likewise
 /// at `rows[base] + lse` (`NO_KEYS_PARTIAL` for a row that saw no key).
 #[cube]
@@ -214,10 +214,10 @@ pub fn store_partial<N: Size>(
     state: &Array<f32>,
     rows: &Array<usize>,
     #[comptime] base: usize,
-    #[comptime] s: usize,
-    #[comptime] el: usize,
+    #[comptime] shape: (usize, usize),
     #[comptime] split: Split,
 ) {
+    let (s, el) = comptime![shape];
     if rows[ROW_I] < s {
         let inv = inverse_sum(state);
         let at = rows[ROW_OUT];
