@@ -173,17 +173,42 @@ fn mixed_logit(
     #[comptime] m: MixDims,
     #[comptime] tile: usize,
 ) -> f32 {
-    let (hq, hs) = comptime![(m.g.h, m.hs)];
-    let mut x = f32::new(0.0);
-    if comptime![m.logits] {
+    let mix = comptime![HeadMix { n_in: m.g.h, n_out: m.hs, nt: tile, transposed: false, mixing: m.logits }];
+    mix_entry(sc, wls, r, h, jj, mix)
+}
+
+/// How [`mix_entry`] mixes `n_in` heads into `n_out`, rows of `nt` entries:
+/// by weights `w[a, h]` (`[n_in, n_out]` row-major), or `transposed`, `w[h,
+/// a]` (`[n_out, n_in]`); without `mixing`, the identity.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(super) struct HeadMix {
+    pub n_in: usize,
+    pub n_out: usize,
+    pub nt: usize,
+    pub transposed: bool,
+    pub mixing: bool,
+}
+
+/// Head `h`'s entry `jj` of row `r` mixed from `y` (`[rows, n_in, nt]`):
+/// `Σ_a w(a, h) · y[r, a, jj]`, or `y[r, h, jj]` without mixing. Every
+/// head-mixing step of the `#[cube]` kernels, forward and backward.
+#[cube]
+pub(super) fn mix_entry(y: &[f32], w: &[f32], r: usize, h: usize, jj: usize, #[comptime] x: HeadMix) -> f32 {
+    let (n_in, n_out, nt) = comptime![(x.n_in, x.n_out, x.nt)];
+    let mut v = f32::new(0.0);
+    if comptime![x.mixing] {
         #[unroll]
-        for mh in 0..hq {
-            x += wls[mh * hs + h] * sc[(r * hq + mh) * tile + jj];
+        for a in 0..n_in {
+            if comptime![x.transposed] {
+                v += w[h * n_in + a] * y[(r * n_in + a) * nt + jj];
+            } else {
+                v += w[a * n_out + h] * y[(r * n_in + a) * nt + jj];
+            }
         }
     } else {
-        x = sc[(r * hq + h) * tile + jj];
+        v = y[(r * n_in + h) * nt + jj];
     }
-    x
+    v
 }
 
 /// The probabilities `pr[(r·H_s + h)·nt + jj]` of a block of rows `at`,
@@ -370,12 +395,8 @@ fn walk_values(
                     let r = idx / comptime![ho * tile];
                     let go = idx / tile % ho;
                     let jj = idx % tile;
-                    let mut x = f32::new(0.0);
-                    #[unroll]
-                    for h in 0..hs {
-                        x += wps[h * ho + go] * pr[(r * hs + h) * tile + jj];
-                    }
-                    pt[idx] = x;
+                    let mix = comptime![HeadMix { n_in: hs, n_out: ho, nt: tile, transposed: false, mixing: true }];
+                    pt[idx] = mix_entry(&pr, wps, r, go, jj, mix);
                 }
             }
             sync_cube();

@@ -18,7 +18,9 @@
 //! Products are laid out `(query row, head, key)` in shared memory in both
 //! orientations, as [`scores`] writes them.
 
-use super::attention_mixed::{dot, load_matrix, probabilities, scores, Block, MixArgs, MixBufs, MixDims, Pairs};
+use super::attention_mixed::{
+    dot, load_matrix, mix_entry, probabilities, scores, Block, HeadMix, MixArgs, MixBufs, MixDims, Pairs,
+};
 use super::kernels::{self as k, Stored};
 use super::kit::source::view_row;
 use super::kit::walk::{key_tiles, query_tiles};
@@ -36,17 +38,8 @@ fn dp_of(
     #[comptime] m: MixDims,
     #[comptime] nt: usize,
 ) -> f32 {
-    let (hs, ho) = comptime![(m.hs, m.ho)];
-    let mut x = f32::new(0.0);
-    if comptime![m.probs] {
-        #[unroll]
-        for g in 0..ho {
-            x += wps[h * ho + g] * dpt[(r * ho + g) * nt + jj];
-        }
-    } else {
-        x = dpt[(r * hs + h) * nt + jj];
-    }
-    x
+    let mix = comptime![HeadMix { n_in: m.ho, n_out: m.hs, nt, transposed: true, mixing: m.probs }];
+    mix_entry(dpt, wps, r, h, jj, mix)
 }
 
 /// `dp̃ = dO[g]_i · v[kv'(g)]_j` for every (query row, output head, key) of
@@ -351,16 +344,8 @@ pub fn keys_grad(
                     let r = idx / comptime![ho * nk];
                     let go = idx / nk % ho;
                     let jj = idx % nk;
-                    let mut x = f32::new(0.0);
-                    if comptime![m.probs] {
-                        #[unroll]
-                        for h in 0..hs {
-                            x += wps[h * ho + go] * pr[(r * hs + h) * nk + jj];
-                        }
-                    } else {
-                        x = pr[(r * hs + go) * nk + jj];
-                    }
-                    dst[idx] = x;
+                    let mix = comptime![HeadMix { n_in: hs, n_out: ho, nt: nk, transposed: false, mixing: m.probs }];
+                    dst[idx] = mix_entry(&pr, &wps, r, go, jj, mix);
                 }
             }
             sync_cube();
