@@ -247,10 +247,23 @@ pub(super) fn probabilities(
     }
 }
 
+/// The mixing matrices a launch of `m` mixes by, into shared memory: `wl`
+/// (`[H_q, H_s]`) and `wp` (`[H_s, H_o]`), each only where given.
+#[cube]
+pub(super) fn load_mixing(bufs: &MixBufs, wls: &mut [f32], wps: &mut [f32], #[comptime] m: MixDims) {
+    let (hq, hs, ho, units) = comptime![(m.g.h, m.hs, m.ho, m.units)];
+    if comptime![m.logits] {
+        load_matrix(bufs.wl, wls, comptime![hq * hs], units);
+    }
+    if comptime![m.probs] {
+        load_matrix(bufs.wp, wps, comptime![hs * ho], units);
+    }
+}
+
 /// `dst[i] = src[i]` for the `n` entries of a small matrix, the cube's
 /// units sharing the copy.
 #[cube]
-pub(super) fn load_matrix(src: &[Stored], dst: &mut [f32], #[comptime] n: usize, #[comptime] units: usize) {
+fn load_matrix(src: &[Stored], dst: &mut [f32], #[comptime] n: usize, #[comptime] units: usize) {
     #[unroll]
     for it in 0..comptime![n.div_ceil(units)] {
         let idx = UNIT_POS as usize + comptime![it * units];
@@ -285,12 +298,7 @@ pub fn mixed(
     let mut wps = Shared::<[f32]>::new_slice(comptime![if m.probs { hs * ho } else { 1 }]);
     let mut st_m = Shared::<[f32]>::new_slice(stats);
     let mut st_l = Shared::<[f32]>::new_slice(stats);
-    if comptime![m.logits] {
-        load_matrix(bufs.wl, &mut wls, comptime![hq * hs], units);
-    }
-    if comptime![m.probs] {
-        load_matrix(bufs.wp, &mut wps, comptime![hs * ho], units);
-    }
+    load_mixing(bufs, &mut wls, &mut wps, m);
     #[unroll]
     for it in 0..comptime![stats.div_ceil(units)] {
         let idx = UNIT_POS as usize + comptime![it * units];

@@ -19,7 +19,7 @@
 //! orientations, as [`scores`] writes them.
 
 use super::attention_mixed::{
-    dot, load_matrix, mix_entry, probabilities, scores, Block, HeadMix, MixArgs, MixBufs, MixDims, Pairs,
+    dot, load_mixing, mix_entry, probabilities, scores, Block, HeadMix, MixArgs, MixBufs, MixDims, Pairs,
 };
 use super::kernels::{self as k, Stored};
 use super::kit::source::view_row;
@@ -159,12 +159,7 @@ pub fn rows_grad(
     let mut wps = Shared::<[f32]>::new_slice(comptime![if m.probs { hs * ho } else { 1 }]);
     let mut ls = Shared::<[f32]>::new_slice(stats);
     let mut dd = Shared::<[f32]>::new_slice(stats);
-    if comptime![m.logits] {
-        load_matrix(bufs.wl, &mut wls, comptime![hq * hs], units);
-    }
-    if comptime![m.probs] {
-        load_matrix(bufs.wp, &mut wps, comptime![hs * ho], units);
-    }
+    load_mixing(bufs, &mut wls, &mut wps, m);
     #[unroll]
     for it in 0..comptime![stats.div_ceil(units)] {
         let idx = UNIT_POS as usize + comptime![it * units];
@@ -303,12 +298,7 @@ pub fn keys_grad(
     let mut wps = Shared::<[f32]>::new_slice(comptime![if m.probs { hs * ho } else { 1 }]);
     let mut ls = Shared::<[f32]>::new_slice(stats);
     let mut dd = Shared::<[f32]>::new_slice(stats);
-    if comptime![m.logits] {
-        load_matrix(bufs.wl, &mut wls, comptime![hq * hs], units);
-    }
-    if comptime![m.probs] {
-        load_matrix(bufs.wp, &mut wps, comptime![hs * ho], units);
-    }
+    load_mixing(bufs, &mut wls, &mut wps, m);
     let mut acc = Array::<f32>::new(n_acc);
     #[unroll]
     for a in 0..n_acc {
