@@ -7,7 +7,7 @@
 //! Layout operations (`split_heads`, `merge_heads`, `interleave`, …) are views:
 //! their consumers read through them, so they cost nothing.
 
-use crate::ir::{Mask, MaskKind, Op, Program};
+use crate::ir::{Mask, Op, Program};
 
 /// A machine described by its ceilings.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -75,28 +75,10 @@ fn numel(s: &[usize]) -> f64 {
 }
 
 /// Query/key pairs a mask lets through for `sq` query rows against `sk` key
-/// rows (queries aligned to the end of the keys, as [`Mask::visible`]).
+/// rows: each query row's band ([`Mask::key_band`]).
 pub fn visible_pairs(mask: &Mask, sq: usize, sk: usize) -> f64 {
-    let block = mask.block.max(1) as i64;
-    let (sq, sk) = (sq as i64, sk as i64);
-    let tokens = sk / block;
-    // Keys in [lo, hi) of a range of length `len`, clamped to it.
-    let span = |lo: i64, hi: i64, len: i64| (hi.min(len) - lo.max(0)).max(0);
-    let mut pairs = 0.0;
-    for i in 0..sq {
-        let at = i + sk - sq;
-        let n = at.div_euclid(block);
-        let row = match (mask.kind, mask.window.map(|w| w as i64)) {
-            (MaskKind::None, None) => sk,
-            (MaskKind::None, Some(w)) => span(n - w + 1, n + w, tokens) * block,
-            (MaskKind::Causal, None) => span(0, at + 1, sk),
-            (MaskKind::Causal, Some(w)) => span(at - w * block + 1, at + 1, sk),
-            (MaskKind::TokenCausal, None) => span(0, n + 1, tokens) * block,
-            (MaskKind::TokenCausal, Some(w)) => span(n - w + 1, n + 1, tokens) * block,
-        };
-        pairs += row as f64;
-    }
-    pairs
+    let (sq, sk) = (sq as u64, sk as u64);
+    (0..sq).map(|i| mask.key_band(i, sq, sk)).map(|r| (r.end - r.start) as f64).sum()
 }
 
 /// Operations per logit of attention's score and mask functions (and,
@@ -207,6 +189,7 @@ pub fn weight_only(p: &Program) -> Vec<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ir::MaskKind;
 
     /// The closed-form row counts agree with `Mask::visible`, pair by pair,
     /// for equal and unequal query and key lengths.

@@ -46,14 +46,75 @@ impl Mask {
     /// the first `sq − sk` query rows of a causal mask see no key: their
     /// output is 0.
     pub fn visible(&self, i: u64, j: u64, sq: u64, sk: u64) -> bool {
-        // Shift both sides so nothing is negative: query row i + sk, key row j + sq.
-        let (i, j) = (i + sk, j + sq);
-        let (n, m) = (i / self.block, j / self.block);
-        match self.kind {
-            MaskKind::None => self.window.is_none_or(|w| n.abs_diff(m) < w),
-            MaskKind::Causal => j <= i && self.window.is_none_or(|w| i - j < w.saturating_mul(self.block)),
-            MaskKind::TokenCausal => m <= n && self.window.is_none_or(|w| n - m < w),
+        self.key_band(i, sq, sk).contains(&j)
+    }
+
+    /// The key rows query row `i` of `sq` sees among `sk`, `lo..hi`: every
+    /// built-in mask shows a query one run of keys. Positions are shifted so
+    /// that none is negative: query row `i` stands at `p = i + sk`, key row
+    /// `j` at `j + sq` (token `n = p / block` against `m`); `Causal` sees
+    /// positions `p − w·block < · ≤ p`, `TokenCausal` tokens `n − w < m ≤ n`,
+    /// `None` tokens `|n − m| < w` (everything without a window). This is
+    /// the one statement of the masks on the host: [`Mask::visible`] and
+    /// the cost model's pair counts read it; the kernels' form is
+    /// `gpu::kit::mask`, held to it tile by tile.
+    pub fn key_band(&self, i: u64, sq: u64, sk: u64) -> std::ops::Range<u64> {
+        let (p, b) = (i + sk, self.block.max(1));
+        let n = p / b;
+        let (lo, hi) = match (self.kind, self.window) {
+            (MaskKind::None, None) => (0, u64::MAX),
+            (MaskKind::None, Some(w)) => {
+                ((n + 1).saturating_sub(w).saturating_mul(b), n.saturating_add(w).saturating_mul(b))
+            }
+            (MaskKind::Causal, w) => (w.map_or(0, |w| (p + 1).saturating_sub(w.saturating_mul(b))), p + 1),
+            (MaskKind::TokenCausal, w) => (w.map_or(0, |w| (n + 1).saturating_sub(w).saturating_mul(b)), (n + 1) * b),
+        };
+        // Back to key rows, whose positions start at `sq`.
+        let row = |x: u64| x.saturating_sub(sq).min(sk);
+        row(lo)..row(hi).max(row(lo))
+    }
+}
+
+#[cfg(test)]
+mod mask_tests {
+    use super::*;
+
+    /// The band is the masks' rule pair by pair, as docs/semantics.md
+    /// states it (written out here as the check), for equal and unequal
+    /// lengths, windows of tokens and blocks of rows.
+    #[test]
+    fn key_bands_are_the_masks_pairs() {
+        let rule = |m: &Mask, i: u64, j: u64, sq: u64, sk: u64| {
+            let (i, j) = (i + sk, j + sq);
+            let (n, t) = (i / m.block, j / m.block);
+            match m.kind {
+                MaskKind::None => m.window.is_none_or(|w| n.abs_diff(t) < w),
+                MaskKind::Causal => j <= i && m.window.is_none_or(|w| i - j < w * m.block),
+                MaskKind::TokenCausal => t <= n && m.window.is_none_or(|w| n - t < w),
+            }
+        };
+        let mut pairs = 0;
+        for kind in [MaskKind::None, MaskKind::Causal, MaskKind::TokenCausal] {
+            for window in [None, Some(1), Some(2), Some(5)] {
+                for block in [1u64, 2, 3] {
+                    for (sq, sk) in [(1u64, 1u64), (4, 4), (1, 6), (3, 7), (6, 2), (5, 5), (9, 20), (20, 9)] {
+                        let m = Mask { kind, window, block };
+                        for i in 0..sq {
+                            let band = m.key_band(i, sq, sk);
+                            for j in 0..sk {
+                                assert_eq!(
+                                    band.contains(&j),
+                                    rule(&m, i, j, sq, sk),
+                                    "{m:?} sq = {sq} sk = {sk} ({i}, {j})"
+                                );
+                                pairs += 1;
+                            }
+                        }
+                    }
+                }
+            }
         }
+        assert!(pairs > 10_000, "{pairs} pairs");
     }
 }
 

@@ -7,7 +7,9 @@
 //! - `norm.rs` — the normaliser: online state, update, finish, the
 //!   log-sum-exp stored and read, the sentinels, the split-KV combine;
 //! - `walk.rs` — the tile walks, over keys and over queries;
-//! - `source.rs` — where rows are: views, contiguous or paged keys and values.
+//! - `source.rs` — where rows are: views, contiguous or paged keys and values;
+//! - `bands.rs` (a test) — the mask's bands on the device against the IR's
+//!   definition and the tile functions of the same mask lowered.
 //!
 //! The kernels (`attention_*.rs`, `mma/flash*.rs`) are mainloops: data
 //! movement, products and the order of steps.
@@ -18,3 +20,6 @@ pub mod norm;
 pub mod pair;
 pub mod source;
 pub mod walk;
+
+#[cfg(test)]
+mod bands;
