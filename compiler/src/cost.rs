@@ -20,7 +20,7 @@ pub struct Target {
     /// Seconds per kernel launch.
     pub launch: f64,
     /// The plane width its kernels are tiled within the register file for
-    /// (`KernelSpec::fit_registers`: CUDA); `None` keeps the plan's tiles.
+    /// (`plan::choose_path`: CUDA); `None` keeps the plan's tiles.
     pub register_plane: Option<usize>,
     /// Compute units (SMs; cores for the CPU) that split-KV decoding fills
     /// (`Plan::split_kv`).

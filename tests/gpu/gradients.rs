@@ -145,7 +145,7 @@ pub(crate) fn half_attention_gradients_match_the_interpreter() {
 }
 
 /// The backward tiled within a GPU's register file, as CUDA runs it
-/// (`KernelSpec::fit_registers`): rows shared by 1 to 8 lanes (as many as
+/// (`plan::choose_path`): rows shared by 1 to 8 lanes (as many as
 /// the device's plane holds), each with an interleaved slice of the row's
 /// channels, partial dot products summed by shuffles.
 #[test]
@@ -153,16 +153,17 @@ pub(crate) fn register_tiled_attention_gradients_match_the_interpreter() {
     let dev = device(Gpu::wgpu, Dtype::F32).map(|g| g.with_register_tiles());
     let s = |h, hk, m, n, d, mask, window, block| Sized { h, hk, m, n, d, mask, window, block };
     let more = [s(1, 1, 260, 700, 128, "causal", None, 1), s(2, 1, 333, 333, 96, "none", Some(40), 1)];
-    // Every width of `fit_registers` that the plane allows is exercised.
+    // Every lane count of register tiling (`plan::choose_path`) that the plane allows is exercised.
     let plane = attnc_runtime::gpu::device::plane_width(dev.gpu.client().properties()) as usize;
     let mut widths = std::collections::BTreeSet::new();
     for d in [8, 16, 24, 32, 40, 64, 96, 128, 256] {
         let c = sized_spec(&s(1, 1, 64, 64, d, "none", None, 1));
         let grad = attnc_compiler::grad::differentiate(&c.program, &[]).unwrap();
         let dims = bind::default_dims(&grad).unwrap();
-        for l in &dev.plan(&grad, &dims).launches {
+        let p = dev.plan(&grad, &dims);
+        for l in &p.launches {
             if let plan::KernelSpec::AttentionGrad { .. } = l.spec {
-                widths.insert(dev.gpu.tiled(&l.spec).attention_tiles().lanes);
+                widths.insert(dev.gpu.tiled(&l.spec, p.dtype).attention_tiles().lanes);
             }
         }
     }

@@ -40,10 +40,7 @@ pub fn program_cost(p: &Program, dims: &BTreeMap<String, u64>, target: &Target, 
     let mut out =
         ProgramCost { total: OpCost::default(), seconds: 0.0, launches: vec![], prepared: vec![], tiling: vec![] };
     for l in &plan.launches {
-        let spec = match target.register_plane {
-            Some(plane) => l.spec.fit_registers(plane),
-            None => l.spec.clone(),
-        };
+        let spec = l.spec.on_planes(plan.dtype, target.register_plane);
         if let Some(gap) = spec.kernel_gap() {
             out.tiling.push((l.name.clone(), format!("no kernel yet: {gap}; priced by its roofline")));
         } else if let Some(note) = spec.tiling_note() {

@@ -4,8 +4,7 @@
 //! upload and read-back. `tf32` is f32 storage whose GEMMs multiply on
 //! TF32 tensor cores (operands with f16's 10-bit mantissa, f32's range).
 
-use super::{frag_grad_tiles, frag_key_tile, value_elements, AttnShape, BufferRole, KernelSpec, Plan};
-use crate::ir::AttnArg;
+use super::{value_elements, BufferRole, Plan};
 use serde::Serialize;
 use std::fmt;
 use std::str::FromStr;
@@ -75,40 +74,16 @@ impl FromStr for Dtype {
 impl Plan {
     /// The same launches over buffers of `dtype`: each launch moves
     /// `dtype.size()` bytes an element instead of 4.
-    /// Half precision tiles attention for matrix fragments where the heads
-    /// fit ([`frag_key_tile`], [`frag_grad_tiles`]), and TF32 its backward
-    /// (f32 storage fits narrower heads).
+    /// Each attention launch's kernel is chosen again for it (`path::choose`:
+    /// half precision, and TF32's backward, on matrix fragments where the
+    /// heads fit).
     pub fn in_dtype(mut self, dtype: Dtype) -> Plan {
         let ratio = dtype.size() as f64 / self.dtype.size() as f64;
-        let bytes = dtype.storage().size();
         for l in &mut self.launches {
             l.bytes *= ratio;
-            let lanes = l.spec.line_size();
-            match l.spec {
-                KernelSpec::Attention { shape: AttnShape { d, e, .. }, ref mut fragments, kv, .. } => {
-                    // Split keys run on the scalar kernels; score and mask functions
-                    // (lengths among them) and paged caches on fragments too.
-                    let scalar = kv.is_some();
-                    *fragments = dtype.is_half() && frag_key_tile(d, e, lanes).is_some() && !scalar;
-                }
-                // dQ, dK and dV (a read tensor's gradient stays scalar).
-                KernelSpec::AttentionGrad { shape: AttnShape { d, e, .. }, wrt, fragments: was, .. } => {
-                    let rows = matches!(wrt, AttnArg::Q | AttnArg::K | AttnArg::V);
-                    let multiplies = dtype.is_half() || dtype == Dtype::Tf32;
-                    let on = multiplies && rows && frag_grad_tiles(d, e, bytes).is_some();
-                    // The fragment dK/dV kernel walks every query tile of the mask's
-                    // band: a mask function's tiles are not skipped there, so not priced so.
-                    if on && !was && matches!(wrt, AttnArg::K | AttnArg::V) {
-                        l.flops /= super::visited::visited_fraction(&l.spec);
-                    }
-                    let KernelSpec::AttentionGrad { fragments, tf32, .. } = &mut l.spec else { unreachable!() };
-                    *fragments = on;
-                    *tf32 = on && dtype == Dtype::Tf32;
-                }
-                _ => {}
-            }
         }
         self.dtype = dtype;
+        self.choose_paths();
         self
     }
 

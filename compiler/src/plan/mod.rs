@@ -12,6 +12,7 @@ mod gemm;
 mod gemm_tiles;
 pub mod group;
 mod paged;
+mod path;
 mod reads;
 mod spec;
 mod split;
@@ -22,6 +23,7 @@ mod visited;
 
 pub use dtype::Dtype;
 pub use gemm_tiles::*;
+pub use path::{choose as choose_path, AttnPath};
 pub use spec::*;
 pub use tiles::*;
 pub use view::*;

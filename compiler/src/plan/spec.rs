@@ -103,7 +103,7 @@ pub enum KernelSpec {
         /// [`frag_key_tile`], whichever kernel runs it.
         #[serde(skip_serializing_if = "std::ops::Not::not")]
         fragments: bool,
-        /// Tiled within a GPU's register file ([`KernelSpec::fit_registers`]):
+        /// Tiled within a GPU's register file ([`KernelSpec::on_planes`]):
         /// this many units (lanes of one plane) share each query row, each
         /// holding a slice of its channels; 0 is the CPU drivers' tiling
         /// (several whole rows per unit).
@@ -137,7 +137,7 @@ pub enum KernelSpec {
         q: RowView,
         k: RowView,
         tile: usize,
-        /// Units sharing each query row ([`KernelSpec::fit_registers`]; 0: one).
+        /// Units sharing each query row ([`KernelSpec::on_planes`]; 0: one).
         #[serde(default, skip_serializing_if = "is_zero")]
         split: usize,
     },
@@ -160,7 +160,7 @@ pub enum KernelSpec {
         o: RowView,
         dout: RowView,
         tile: usize,
-        /// Units sharing each row ([`KernelSpec::fit_registers`]; 0: one).
+        /// Units sharing each row ([`KernelSpec::on_planes`]; 0: one).
         #[serde(default, skip_serializing_if = "is_zero")]
         split: usize,
         /// Where the gradient's rows go (row-major, or the layout of its one
@@ -388,10 +388,12 @@ impl KernelSpec {
     /// An attention gradient on the forward's tiling (several rows a unit
     /// in vectors, the other side's tiles unrolled;
     /// `gpu::attention_tiled_grad`): `dQ`, `dK` and `dV` on the CPU
-    /// drivers' tiling (`split` 0). Tiled within a GPU's register file they
-    /// stage tiles in shared memory, a row a unit (`gpu::attention_grad`).
+    /// drivers' tiling and on fragments (not `AttnPath::Lanes`). Tiled within
+    /// a GPU's register file they stage tiles in shared memory, a row a unit
+    /// (`gpu::attention_grad`).
     pub fn tiled_grad(&self) -> bool {
-        matches!(self, KernelSpec::AttentionGrad { wrt: AttnArg::Q | AttnArg::K | AttnArg::V, split: 0, .. })
+        let rows = matches!(self, KernelSpec::AttentionGrad { wrt: AttnArg::Q | AttnArg::K | AttnArg::V, .. });
+        rows && !matches!(self.path(), Some(super::AttnPath::Lanes(_)))
     }
 
     /// Whether a kernel on matrix fragments may compute this launch on the
@@ -404,33 +406,7 @@ impl KernelSpec {
         }
     }
 
-    /// This launch tiled to fit a GPU's register file: scalar attention
-    /// (not on fragments) and attention's backward give each row `split`
-    /// lanes, each holding `1/split` of the row's channels, so that a unit
-    /// holds at most [`REGISTER_FLOATS`] of them; every other launch is
-    /// unchanged (GEMMs and fragment kernels already fit).
-    /// The lanes sharing a row are lanes of one plane: at most `plane`.
-    pub fn fit_registers(&self, plane: usize) -> KernelSpec {
-        let mut spec = self.clone();
-        let Some(RowFloats { held, widths: (a, b), widest, .. }) = self.row_floats() else { return spec };
-        // Lane counts that split both rows evenly within a plane, narrowest first.
-        let counts: Vec<usize> = [1, 2, 4, 8, 16]
-            .into_iter()
-            .filter(|g| a % g == 0 && b % g == 0 && *g <= plane.max(1) && *g <= widest)
-            .collect();
-        // The narrowest within the budget, else the widest there is.
-        let lanes =
-            counts.iter().copied().find(|g| held / g <= REGISTER_FLOATS).unwrap_or(*counts.last().expect("1 divides"));
-        if let KernelSpec::Attention { ref mut split, .. }
-        | KernelSpec::AttentionLse { ref mut split, .. }
-        | KernelSpec::AttentionGrad { ref mut split, .. } = spec
-        {
-            *split = lanes;
-        }
-        spec
-    }
-
-    /// What a launch that [`KernelSpec::fit_registers`] may split holds in
+    /// What a launch that [`KernelSpec::on_planes`] may split holds in
     /// registers per row, for one lane a row; `None` for any other.
     pub fn row_floats(&self) -> Option<RowFloats> {
         let lanes = self.line_size();

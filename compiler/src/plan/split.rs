@@ -56,7 +56,7 @@ impl Plan {
             let partial = push_buffer(&mut self.buffers, &[kv.splits, rows, kv.row], BufferRole::Temp);
             let combine = KernelSpec::Combine { batch, h, s, e, kv, out: *out };
             let mut spec = l.spec.clone();
-            if let KernelSpec::Attention { out, kv: split, fragments, .. } = &mut spec {
+            if let KernelSpec::Attention { out, kv: split, .. } = &mut spec {
                 *out = RowView {
                     offset: 0,
                     batch: h * s * kv.row,
@@ -66,7 +66,6 @@ impl Plan {
                     inner: kv.row,
                 };
                 *split = Some(kv);
-                *fragments = false;
             }
             let partial_bytes = (kv.splits * rows * kv.row * self.dtype.size()) as f64;
             let out_buf = *l.bindings.last().expect("an output");
@@ -88,10 +87,12 @@ impl Plan {
                 prepare,
             });
         }
-        for (i, l) in launches.iter_mut().enumerate() {
+        self.launches = launches;
+        // Split launches run on the scalar kernels (`path::choose`).
+        self.choose_paths();
+        for (i, l) in self.launches.iter_mut().enumerate() {
             l.name = super::launch_name(&self.spec, i, &l.spec);
         }
-        self.launches = launches;
         self
     }
 }

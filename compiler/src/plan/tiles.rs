@@ -36,7 +36,7 @@ pub const UNROLL_OPS: usize = 1024;
 /// threads), so wider rows (more lanes each) mean fewer rows per cube.
 pub const REGISTER_UNITS: usize = 256;
 /// Query and output floats a unit of register-tiled attention holds at
-/// most ([`KernelSpec::fit_registers`]): with the key tile's scores and the
+/// most ([`super::choose_path`]): with the key tile's scores and the
 /// addresses, well inside the 255 registers a CUDA thread may use.
 pub const REGISTER_FLOATS: usize = 64;
 /// Key rows per tile of register-tiled attention.

@@ -6,7 +6,7 @@
 //! and `dV`, which walk the query rows of every query head sharing that
 //! key/value head (GQA's accumulation, in the unit's registers). A row
 //! belongs to one unit (`plan::ATTN_ROWS` units a cube), or, tiled within
-//! a GPU's register file (`KernelSpec::fit_registers`, what CUDA runs), to
+//! a GPU's register file (`plan::choose_path`, what CUDA runs), to
 //! `Dims::lanes` consecutive lanes of a plane, each holding the channels
 //! `c · lanes + lane` of the row and its accumulator (interleaved, so that
 //! the lanes read consecutive words of a shared tile) and summing dot

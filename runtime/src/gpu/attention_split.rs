@@ -1,4 +1,4 @@
-//! Attention tiled within a GPU's register file (`KernelSpec::fit_registers`):
+//! Attention tiled within a GPU's register file (`plan::choose_path`):
 //! what CUDA runs in f32 and tf32, and in half precision past the
 //! fragment kernel's head widths.
 //!

@@ -14,7 +14,9 @@ use super::{
 };
 use attnc_compiler::ir::{AttnArg, BinaryOp, ReduceKind};
 use attnc_compiler::plan::group::{GroupStep, MapOp};
-use attnc_compiler::plan::{value_elements, AttnShape, Dtype, GemmB, KernelSpec, Lines, RowView, GROUP_UNITS};
+use attnc_compiler::plan::{
+    value_elements, AttnPath, AttnShape, Dtype, GemmB, KernelSpec, Lines, RowView, GROUP_UNITS,
+};
 use cubecl::prelude::*;
 use std::sync::Arc;
 
@@ -337,7 +339,7 @@ impl IrKernel {
                     if let Some(dev) = self.frag_device() {
                         return mma::build_attention::<N>(scope, &x, &mut out, scale, &shape, dev);
                     }
-                    if matches!(self.spec, KernelSpec::Attention { split: 1.., .. }) {
+                    if let Some(AttnPath::Lanes(_)) = self.spec.path() {
                         return attention_split::build::<N>(scope, &x, &mut out, scale, &shape);
                     }
                     let out = attention_tiled::Out::Rows(&mut out);

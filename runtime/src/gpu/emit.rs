@@ -4,7 +4,7 @@
 
 use super::define::IrKernel;
 use attnc_compiler::ir::AttnArg;
-use attnc_compiler::plan::{BufferRole, Dtype, KernelSpec, Plan, GEMM_ROWS, GEMM_UNITS};
+use attnc_compiler::plan::{AttnPath, BufferRole, Dtype, KernelSpec, Plan, GEMM_ROWS, GEMM_UNITS};
 use cubecl::ir::features::Features;
 use cubecl::ir::{DeviceIdentity, HardwareProperties, MemoryDeviceProperties};
 use cubecl::prelude::*;
@@ -225,10 +225,8 @@ pub struct LaunchInfo {
 
 /// What register tiling an attention launch has, and why (the manifest's `tiling`).
 fn tiling(spec: &KernelSpec) -> Option<String> {
-    match *spec {
-        KernelSpec::Attention { split: 1.., .. }
-        | KernelSpec::AttentionLse { split: 1.., .. }
-        | KernelSpec::AttentionGrad { split: 1.., .. } => spec.tiling_note(),
+    match spec.path() {
+        Some(AttnPath::Lanes(_)) => spec.tiling_note(),
         _ => None,
     }
 }
@@ -364,7 +362,7 @@ pub fn emit(plan: &Plan, target: Target) -> Result<(Vec<(String, String)>, Manif
         }
         // CUDA's kernels are tiled within the register file; WGSL keeps the plan's tiles.
         let spec = match target {
-            Target::Cuda => l.spec.fit_registers(32),
+            Target::Cuda => l.spec.on_planes(plan.dtype, Some(32)),
             Target::Wgsl => l.spec.clone(),
         };
         let l = &attnc_compiler::plan::Launch { spec, ..l.clone() };

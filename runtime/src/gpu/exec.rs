@@ -45,7 +45,7 @@ pub struct Gpu {
     staged: Option<bool>,
     /// Fragment kernels with fragments in software wherever a spec allows them.
     software_fragments: bool,
-    /// Launches tiled within a GPU's register file (`KernelSpec::fit_registers`):
+    /// Launches tiled within a GPU's register file (`plan::choose_path`):
     /// off for wgpu (lavapipe's units are CPU vectors).
     register_tiles: bool,
 }
@@ -178,12 +178,11 @@ impl Gpu {
         self
     }
 
-    /// `spec` as this device runs it.
-    pub fn tiled(&self, spec: &KernelSpec) -> KernelSpec {
-        match self.register_tiles {
-            true => spec.fit_registers(super::device::plane_width(self.client.properties()) as usize),
-            false => spec.clone(),
-        }
+    /// `spec`, of a plan of `dtype`, as this device runs it: its kernel
+    /// chosen for this device's planes (`plan::choose_path`).
+    pub fn tiled(&self, spec: &KernelSpec, dtype: Dtype) -> KernelSpec {
+        let plane = self.register_tiles.then(|| super::device::plane_width(self.client.properties()) as usize);
+        spec.on_planes(dtype, plane)
     }
 
     /// Whether this is one of Mesa's CPU drivers, which bound loop iterations.
@@ -227,7 +226,7 @@ impl Gpu {
         }
         let half = plan.dtype.is_half();
         for l in &plan.launches {
-            let spec = self.tiled(&l.spec);
+            let spec = self.tiled(&l.spec, plan.dtype);
             // Fragments multiplied in software loop over each product (`mma::software_trips`).
             let software = self.software_fragments.then(|| super::mma::software_trips(&spec, plan.dtype, half));
             let trips = software.flatten().unwrap_or_else(|| spec.loop_trips(half));
@@ -361,7 +360,7 @@ impl Gpu {
     }
 
     fn launch(&self, name: &str, spec: &KernelSpec, bindings: &[usize], plan: &Plan, handles: &[Option<Handle>]) {
-        let spec = &self.tiled(spec);
+        let spec = &self.tiled(spec, plan.dtype);
         let mut kernel = IrKernel::new(
             name,
             spec,
