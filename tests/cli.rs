@@ -159,6 +159,17 @@ fn run_errors_name_the_tensor_and_write_nothing() {
     let err = failing_run("wrong-dtype", bytes, &[]);
     assert!(err.contains("has dtype U32") && err.contains("F32, F64, F16, BF16, I32 and I64"), "{err}");
 
+    // A float input stored as integers would take rounded values silently:
+    // refused, naming the tensor, its dtype and what is read for it.
+    let mut bytes = file(&mha_inputs(3, None));
+    let header = String::from_utf8_lossy(&bytes[8..]).into_owned();
+    let x = header.find("\"x\"").unwrap();
+    let pos = x + header[x..].find("\"F32\"").unwrap() + 8;
+    bytes[pos..pos + 5].copy_from_slice(b"\"I32\"");
+    let err = failing_run("int-x", bytes, &[]);
+    assert!(err.contains("error[E0601]") && err.contains("tensor `x` has dtype I32"), "{err}");
+    assert!(err.contains("not an integer input") && err.contains("F32, F64, F16 or BF16"), "{err}");
+
     let bytes = file(&mha_inputs(3, None));
     let err = failing_run("truncated", bytes[..bytes.len() - 10].to_vec(), &[]);
     assert!(err.contains("not a valid safetensors file"), "{err}");

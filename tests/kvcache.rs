@@ -326,7 +326,7 @@ fn integer_tensor_files_are_read() {
             .status()
             .unwrap();
         assert!(status.success(), "{name}");
-        attnc_runtime::io::read_tensors(&out).unwrap().remove("o").unwrap()
+        attnc_runtime::io::read_tensors(&out, &Default::default()).unwrap().remove("o").unwrap()
     };
     let floats: Vec<(String, &Tensor)> = t.iter().map(|(n, t)| (n.clone(), t)).collect();
     let want = run("f32", encode(&floats, FileDtype::F32).unwrap());
@@ -739,7 +739,7 @@ fn run_splits_with_compute_units() {
             .output()
             .unwrap();
         assert!(status.status.success(), "{}", String::from_utf8_lossy(&status.stderr));
-        attnc_runtime::io::read_tensors(&out).unwrap().remove("o").unwrap()
+        attnc_runtime::io::read_tensors(&out, &Default::default()).unwrap().remove("o").unwrap()
     };
     let (split, whole) = (run("64"), run("0"));
     assert_ne!(split.data, whole.data, "--compute-units 64 splits (12 chunks of 256 keys), so its rounding differs");

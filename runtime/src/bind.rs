@@ -9,6 +9,12 @@ use attnc_compiler::ir::{Domain, NodeId, Op, Program};
 use attnc_compiler::opt::cost;
 use std::collections::{BTreeMap, BTreeSet};
 
+/// The names of `program`'s inputs declared `in integers(...)` (lengths,
+/// block tables): the only inputs a file may store as integers (`io::read_tensors`).
+pub fn integer_inputs(program: &Program) -> BTreeSet<String> {
+    program.inputs.iter().filter(|i| matches!(i.domain, Domain::Integers { .. })).map(|i| i.name.clone()).collect()
+}
+
 /// Match `tensors` to the program's inputs and solve every dim.
 /// `explicit` holds dims set on the command line: they must agree with the tensors.
 /// Tensors named like an output are ignored (a `--seed` run's file can be fed back).

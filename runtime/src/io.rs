@@ -1,5 +1,5 @@
 //! safetensors files: reading named tensors (F32, F64, F16, BF16, and I32
-//! and I64 for integer inputs such as lengths) and writing outputs
+//! and I64 for integer inputs only, such as lengths) and writing outputs
 //! atomically (a temporary file in the same folder, then a rename), so an
 //! error never leaves a partial or stale output behind.
 
@@ -8,7 +8,7 @@ use crate::tensor::Tensor;
 use half::{bf16, f16};
 use safetensors::tensor::{Dtype, TensorView};
 use safetensors::SafeTensors;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 /// The element type written to output files.
@@ -18,12 +18,29 @@ pub enum FileDtype {
     F64,
 }
 
-/// Every tensor of a safetensors file, by name, widened to f64.
-pub fn read_tensors(path: &Path) -> Result<BTreeMap<String, Tensor>, RunError> {
+/// Every tensor of a safetensors file, by name, widened to f64. A tensor
+/// stored as integers (I32, I64) is read only for the names in `integers`
+/// (the spec's inputs declared `in integers(...)`, `bind::integer_inputs`):
+/// for any other a float input would silently take rounded integers.
+pub fn read_tensors(path: &Path, integers: &BTreeSet<String>) -> Result<BTreeMap<String, Tensor>, RunError> {
     let bytes = std::fs::read(path).map_err(|e| RunError::Io(format!("cannot read `{}`: {e}", path.display())))?;
-    decode(&bytes).map_err(|m| RunError::TensorFile(format!("`{}`: {m}", path.display())))
+    let tensors = decode(&bytes).map_err(|m| RunError::TensorFile(format!("`{}`: {m}", path.display())))?;
+    let st = SafeTensors::deserialize(&bytes).expect("decoded above");
+    for (name, view) in st.tensors() {
+        if matches!(view.dtype(), Dtype::I32 | Dtype::I64) && !integers.contains(&name) {
+            return Err(RunError::TensorFile(format!(
+                "`{}`: tensor `{name}` has dtype {:?}, an integer type, but the spec's `{name}` is not an integer \
+                 input (`in integers(...)`); attnc reads F32, F64, F16 or BF16 for it",
+                path.display(),
+                view.dtype()
+            )));
+        }
+    }
+    Ok(tensors)
 }
 
+/// Every tensor of safetensors bytes, by name, widened to f64 (integer
+/// types included: [`read_tensors`] decides who may give them).
 pub fn decode(bytes: &[u8]) -> Result<BTreeMap<String, Tensor>, String> {
     let st = SafeTensors::deserialize(bytes).map_err(|e| format!("not a valid safetensors file ({e})"))?;
     let mut out = BTreeMap::new();

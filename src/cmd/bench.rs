@@ -23,7 +23,10 @@ pub fn bench(a: BenchArgs, ui: &Ui) -> Result<(), Failed> {
 fn once(a: &BenchArgs, set: &[String], ui: &Ui) -> Result<(String, gpu::bench::BenchReport), Failed> {
     let program = program(&a.spec.file, set, ui)?;
     let given = match &a.inputs {
-        Some(path) => Some(io::read_tensors(path).map_err(|e| report(e.code(), e))?),
+        Some(path) => {
+            let integers = attnc_runtime::bind::integer_inputs(program.ir());
+            Some(io::read_tensors(path, &integers).map_err(|e| report(e.code(), e))?)
+        }
         None => None,
     };
     let bound = match (a.grad.wrt(), given) {

@@ -9,15 +9,19 @@ use attnc_runtime::{io, RunError, Tensor};
 
 pub fn grad(a: GradArgs, ui: &Ui) -> Result<(), Failed> {
     let rfail = |e: RunError| report(e.code(), e);
-    let gradient = {
+    let (gradient, integers) = {
         let p = program(&a.spec.file, &a.spec.sizes.set, ui)?;
         let _step = ui.step("differentiating");
-        p.gradient(&a.wrt).map_err(fail)?
+        (p.gradient(&a.wrt).map_err(fail)?, attnc_runtime::bind::integer_inputs(p.ir()))
     };
     not_an_input(&a.out, &[a.inputs.as_deref(), a.cotangents.as_deref()], "an input file")?;
-    let cotangents = a.cotangents.as_deref().map(io::read_tensors).transpose().map_err(rfail)?;
+    // Cotangents are real: no integer tensor among them.
+    let cotangents =
+        a.cotangents.as_deref().map(|c| io::read_tensors(c, &Default::default())).transpose().map_err(rfail)?;
     let bound = match (&a.inputs, a.seed) {
-        (Some(path), _) => gradient.bind(io::read_tensors(path).map_err(rfail)?, cotangents, 0).map_err(fail)?,
+        (Some(path), _) => {
+            gradient.bind(io::read_tensors(path, &integers).map_err(rfail)?, cotangents, 0).map_err(fail)?
+        }
         (None, Some(s)) => gradient.seeded(s, cotangents).map_err(fail)?,
         (None, None) => unreachable!("clap requires --inputs or --seed"),
     };

@@ -19,7 +19,8 @@ pub fn run(a: RunArgs, ui: &Ui) -> Result<(), Failed> {
     // work (for `--seed`, before drawing the inputs).
     let mut bound = match (&a.inputs, a.seed) {
         (Some(path), _) => {
-            let bound = spec.bind(io::read_tensors(path).map_err(rfail)?).map_err(fail)?;
+            let integers = attnc_runtime::bind::integer_inputs(program);
+            let bound = spec.bind(io::read_tensors(path, &integers).map_err(rfail)?).map_err(fail)?;
             bound.check_limits(backend, budget, max_flops).map_err(fail)?;
             bound
         }
