@@ -412,7 +412,7 @@ impl Fns {
             FExpr::Int(v) => {
                 Val::I(int_const::expand(scope, i32::try_from(*v).unwrap_or(if *v < 0 { i32::MIN } else { i32::MAX })))
             }
-            FExpr::Float(v) => Val::F(k::fconst::expand(scope, *v as f32)),
+            FExpr::Float(v) => Val::F(k::float_const(scope, *v as f32)),
             FExpr::Bool(v) => Val::B(bool_const::expand(scope, *v)),
             FExpr::Dim(d) => unreachable!("dim `{d}` is replaced by its value before kernels"),
             FExpr::Read { capture, indices } => {

@@ -136,6 +136,22 @@ pub fn fconst(#[comptime] v: f32) -> f32 {
     f32::new(v)
 }
 
+/// The float with bits `bits`: how NaN and ±∞ are written, which WGSL has
+/// no literal for (`vendor/cubecl-opt` never folds it back into one).
+#[cube]
+pub fn fbits(#[comptime] bits: u32) -> f32 {
+    f32::reinterpret(u32::new(bits as i64))
+}
+
+/// A float constant of a score or mask function: a literal, or its bits
+/// where it is NaN or infinite ([`fbits`]).
+pub fn float_const(scope: &Scope, v: f32) -> NativeExpand<f32> {
+    match v.is_finite() {
+        true => fconst::expand(scope, v),
+        false => fbits::expand(scope, v.to_bits()),
+    }
+}
+
 #[cube]
 pub fn fmax(a: f32, b: f32) -> f32 {
     max(a, b)

@@ -12,7 +12,7 @@ use smallvec::SmallVec;
 use crate::analyses::dataflow_solver::{
     DataflowSolver, SmallPtrVec, SolverConfig,
     dead_code::DeadCodeAnalysis,
-    sccp::{ConstantLattice, SparseConstantPropagationAnalysis},
+    sccp::{ConstantLattice, SparseConstantPropagationAnalysis, non_finite},
 };
 
 fn const_value(solver: &DataflowSolver, value: Value) -> Option<AttrObj> {
@@ -69,6 +69,12 @@ fn rewrite(
             if let Some(const_fold) = op_cast::<dyn ConstFoldInterface>(&*op.dyn_op(ctx)) {
                 rewriter.set_insertion_point_before_operation(op);
                 let operands = const_operands(solver, ctx, op);
+                // attnc: an operation whose value is NaN or infinite stays (no literal for it in WGSL).
+                let folded = const_fold.check_fold(ctx, &operands);
+                if folded.iter().flatten().any(|value| non_finite(ctx, value)) {
+                    add_to_worklist(ctx, &mut worklist, &op.regions(ctx));
+                    continue;
+                }
                 status |= const_fold.fold_in_place(ctx, &operands, &mut rewriter);
             } else {
                 rewriter.set_insertion_point_after_operation(op);

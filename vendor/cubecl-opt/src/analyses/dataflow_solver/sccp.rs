@@ -54,6 +54,13 @@ impl LatticeValue for ConstantValue {
 }
 
 pub type ConstantLattice = SparseLattice<ConstantValue>;
+
+/// attnc: whether `value` is a float constant that is NaN or infinite.
+pub fn non_finite(ctx: &Context, value: &AttrObj) -> bool {
+    value
+        .downcast_ref::<cubecl_ir::attributes::FloatAttr>()
+        .is_some_and(|f| !f.float_type(ctx).value_to_f64(f.val).is_finite())
+}
 pub type SparseConstantPropagationAnalysis = SparseForward<SparseConstantPropagation>;
 
 #[derive(Default)]
@@ -106,6 +113,9 @@ impl SparseForwardDataflowAnalysis for SparseConstantPropagation {
         let fold_results = fold_op.check_fold(ctx, &constant_operands);
 
         for (lattice, result) in results.iter().zip(fold_results) {
+            // attnc: a NaN or infinity is never made a constant (WGSL has no
+            // literal for it); the operation computes it.
+            let result = result.filter(|value| !non_finite(ctx, value));
             solver.update_state(ctx, lattice, |lattice| match result {
                 Some(value) => lattice.join(&ConstantValue::Initialized(value)),
                 None => lattice.join(&ConstantValue::Unknown),
