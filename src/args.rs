@@ -18,6 +18,10 @@ pub struct Cli {
     /// sweep step lines; errors, warnings and results still print
     #[arg(long, short, global = true)]
     pub quiet: bool,
+    /// A failed kernel launch shows the device runtime's whole error chain
+    /// (by default one cause line: the shader compiler's first message)
+    #[arg(long, short, global = true)]
+    pub verbose: bool,
 }
 
 #[derive(Subcommand)]

@@ -14,6 +14,7 @@ use std::process::ExitCode;
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let ui = progress::Ui::new(cli.quiet);
+    attnc_runtime::gpu::exec::FULL_ERRORS.store(cli.verbose, std::sync::atomic::Ordering::Relaxed);
     let result = match cli.command {
         Command::Check(a) => cmd::check::check(a, &ui),
         Command::Run(a) => cmd::run::run(a, &ui),

@@ -16,7 +16,9 @@ use std::collections::BTreeMap;
 pub enum GpuError {
     #[error("no {0} device is available: {1}")]
     Unavailable(&'static str, String),
-    #[error("kernel `{0}` failed: {1}")]
+    /// A launch that failed: the kernel's name and the device runtime's
+    /// whole error chain; shown as one cause line ([`launch_cause`]).
+    #[error("kernel `{0}` failed: {cause}", cause = launch_cause(.1))]
     Launch(String, String),
     #[error("input tensor `{0}` is missing")]
     MissingInput(String),
@@ -30,6 +32,37 @@ pub enum GpuError {
     Dtype { backend: &'static str, adapter: String, dtype: Dtype, why: &'static str, hint: &'static str },
     #[error("kernel `{kernel}` needs {what}, which the kernels do not compute yet; use `--backend interp`")]
     Unsupported { kernel: String, what: &'static str },
+}
+
+/// Whether a failed launch shows the device runtime's whole error chain
+/// (`attnc -v`) rather than one cause line.
+pub static FULL_ERRORS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// One line for a failed launch's error chain (cubecl's, as `{:?}` prints
+/// it): the shader compiler's first message where a compile failed (its
+/// kernel and place), else the chain's innermost cause; the whole chain
+/// with [`FULL_ERRORS`].
+pub fn launch_cause(chain: &str) -> String {
+    if FULL_ERRORS.load(std::sync::atomic::Ordering::Relaxed) {
+        return chain.to_string();
+    }
+    let chain = chain.split("\nBacktrace:").next().unwrap_or(chain);
+    let lines: Vec<&str> = chain.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    let plain = |l: &&&str| !l.starts_with("Caused by") && !l.starts_with("In ") && !l.starts_with(['┌', '│', '=']);
+    let line = match lines.iter().position(|l| l.contains("compilation failed")) {
+        Some(i) => {
+            let head = lines[i].split(": ").next().unwrap_or(lines[i]);
+            let message = lines[i + 1..].iter().find(plain).copied();
+            let place = lines[i + 1..].iter().find_map(|l| l.strip_prefix("┌─ "));
+            match (message, place) {
+                (Some(m), Some(p)) => format!("{head}: {m} ({p})"),
+                (Some(m), None) => format!("{head}: {m}"),
+                _ => lines[i].to_string(),
+            }
+        }
+        None => lines.iter().rev().find(plain).map_or(chain.trim().to_string(), |l| l.to_string()),
+    };
+    format!("{line} (`attnc -v` shows the whole chain)")
 }
 
 /// A device and its client.
@@ -458,4 +491,29 @@ impl Binds {
 fn register_vectors<N: Size>(handle: Handle, len: usize, launcher: &mut KernelLauncher) {
     let arg = unsafe { BufferArg::from_raw_parts(handle, len / N::value()) };
     let _ = <[Vector<Stored, N>] as LaunchArg>::register(arg, launcher);
+}
+
+#[cfg(test)]
+mod tests {
+    /// A shader that naga refused, as cubecl's chain reached the CLI
+    /// (`f32(NaN)` before `tests/constants.rs`'s fix): one line, the
+    /// compiler's message and place.
+    #[test]
+    fn a_failed_compile_is_one_cause_line() {
+        let chain = "Several failures at once\nCaused by:\n  The bytes were never written (failure #4, still claiming 1 buffer(s))\n\
+Caused by:\n  A launch error happened\nCaused by:\n  A compilation error happened during launch\nCaused by:\n  \
+An error caused the compilation to fail\nCaused by:\n  WGSL compilation failed for kernel `attnc_t_00_attention`: Validation Error\n\n\
+Caused by:\n  In Device::create_shader_module, label = 'attnc_t_00_attention'\n    \n\
+Shader 'attnc_t_00_attention' parsing error: no definition in scope for identifier: `NaN`\n     ┌─ wgsl:1531:17\n     │\n\
+1531 │ let v5290 = f32(NaN);\n     │                 ^^^ unknown identifier\n\n\n\nBacktrace:\nNo backtrace available\n\
+Asked at:\nNo backtrace available";
+        assert_eq!(
+            super::launch_cause(chain),
+            "WGSL compilation failed for kernel `attnc_t_00_attention`: Shader 'attnc_t_00_attention' parsing error: \
+             no definition in scope for identifier: `NaN` (wgsl:1531:17) (`attnc -v` shows the whole chain)"
+        );
+        // Not a compile: the innermost cause.
+        let run = "Several failures at once\nCaused by:\n  A launch error happened\nCaused by:\n  out of memory\n\nBacktrace:\nNo backtrace available";
+        assert_eq!(super::launch_cause(run), "out of memory (`attnc -v` shows the whole chain)");
+    }
 }
