@@ -92,6 +92,10 @@ pub struct RunArgs {
     /// Report NaN and infinite input values (they propagate per IEEE 754 where the spec allows them)
     #[arg(long)]
     pub check_inputs: bool,
+    /// Refuse (E0605, writing nothing) a run whose outputs hold NaN or an infinity; without it
+    /// the run names them on stderr and writes its outputs
+    #[arg(long)]
+    pub finite: bool,
     /// Refuse runs that would need more memory than this many bytes
     #[arg(long, value_name = "BYTES", default_value_t = bind::DEFAULT_MEMORY_BUDGET)]
     pub memory_budget: u64,

@@ -713,3 +713,44 @@ fn quiet_silences_progress_and_nothing_else() {
     assert_eq!(stderr(&loud).replace(s(&a), "OUT"), stderr(&quiet).replace(s(&b), "OUT"));
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// An output holding NaN is named on stderr (its count and first index) and
+/// written; `--finite` refuses it with E0605 and writes nothing. A NaN score
+/// at one (i, j) makes that query row's output NaN in the interpreter, and
+/// only that row (docs/semantics.md §5).
+#[test]
+fn non_finite_outputs_are_named_and_finite_refuses_them() {
+    let dir = scratch("non-finite");
+    let spec = dir.join("nan.attn");
+    std::fs::write(
+        &spec,
+        "spec nan\ndim N = 6\ninput q: [1, 1, N, 4]\ninput k: [1, 1, N, 4]\ninput v: [1, 1, N, 4]\n\
+         output o = attention(q, k, v, score = |s, b, h, i, j| where(i == 3 and j == 2, log(-1.0), s))\n",
+    )
+    .unwrap();
+    let out = dir.join("o.safetensors");
+    let run = |extra: &[&str]| {
+        let mut args = vec!["run", s(&spec), "--seed", "3", "--out", s(&out)];
+        args.extend_from_slice(extra);
+        attnc(&args)
+    };
+    let warned = run(&[]);
+    assert!(warned.status.success(), "{}", stderr(&warned));
+    let err = stderr(&warned);
+    assert!(
+        err.contains("warning: output `o` holds 4 NaN and 0 infinite value(s)") && err.contains("[0, 0, 3, 0]"),
+        "{err}"
+    );
+    let o = decode(&std::fs::read(&out).unwrap()).unwrap().remove("o").unwrap();
+    for (at, v) in o.data.iter().enumerate() {
+        assert_eq!(v.is_nan(), at / 4 == 3, "element {at} is {v}");
+    }
+    std::fs::remove_file(&out).unwrap();
+    let refused = run(&["--finite"]);
+    assert!(!refused.status.success() && !out.exists(), "--finite refuses and writes nothing");
+    let err = stderr(&refused);
+    assert!(err.contains("error[E0605]") && err.contains("output `o` holds 4 NaN"), "{err}");
+    let explained = attnc(&["explain-error", "E0605"]);
+    assert!(String::from_utf8_lossy(&explained.stdout).contains("--finite"), "E0605 is explained");
+    std::fs::remove_dir_all(&dir).ok();
+}

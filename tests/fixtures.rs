@@ -95,6 +95,7 @@ fn every_code_is_covered_and_explained() {
         ("E0603", "cli.rs: budget_and_io_refusals_have_their_own_codes"),
         ("E0602", "reward_props.rs: bad_ratings_and_rewards_are_named_errors"),
         ("E0604", "functions.rs: an_out_of_range_read_names_the_tensor_and_the_index"),
+        ("E0605", "cli.rs: non_finite_outputs_are_named_and_finite_refuses_them"),
         ("E0701", "head_mixing.rs: head_mixing_compiles_forward_and_backward"),
         ("E0702", "cli.rs: cuda_backend_without_cuda_is_a_clear_error; cuda_launch.rs: driver_failures_have_their_codes_and_write_nothing"),
         ("E0703", "cuda_launch.rs: driver_failures_have_their_codes_and_write_nothing"),

@@ -81,6 +81,8 @@ codes! {
         "An input holds a value the spec's semantics reject, e.g. a rating outside 1..K or a NaN reward. The message names the group and sample.";
     OutOfRange = "E0604", "read out of range",
         "A score or mask function read an entry outside a tensor's shape, e.g. `bias[h, i - j]` with `j > i`. The message names the function, the tensor, the index, its shape and the (b, h, i, j) of the call. The interpreter stops there; the kernels clamp each index into range (docs/language.md, \"Score and mask functions\"). Check the index arithmetic, or the values of a tensor used as an index.";
+    NonFinite = "E0605", "non-finite output",
+        "An output holds NaN or an infinity and `attnc run --finite` was given: the message names the output, how many NaN and infinite values it holds and the first one's index. Without `--finite` the run says so on stderr and writes its outputs. NaN comes from the spec's arithmetic (e.g. `log` of a negative number, `0 / 0`) or from NaN inputs (`--check-inputs` reports those); it propagates through every later operation (docs/semantics.md).";
     NoGradient = "E0801", "no gradient",
         "A gradient was asked of an input that has none: its values are discrete (`integers`, `binary`), or it is not an input of the spec. Gradients flow through every continuous operation; comparisons, `thresholds` and `count` pass none. `attnc grad --wrt` takes the continuous inputs.";
     Internal = "E0901", "internal compiler error",

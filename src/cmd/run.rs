@@ -4,7 +4,7 @@
 use super::{fail, not_an_input, program, report, Failed};
 use crate::args::RunArgs;
 use crate::progress::Ui;
-use attnc_compiler::opt;
+use attnc_compiler::{opt, Code};
 use attnc_runtime::{io, RunError, Tensor};
 
 pub fn run(a: RunArgs, ui: &Ui) -> Result<(), Failed> {
@@ -60,6 +60,24 @@ pub fn run(a: RunArgs, ui: &Ui) -> Result<(), Failed> {
         bound.run(backend).map_err(fail)?
     };
     let outputs: Vec<Tensor> = program.outputs.iter().map(|(n, _)| by_name[n].clone()).collect();
+    for ((name, _), t) in program.outputs.iter().zip(&outputs) {
+        let Some(first) = t.data.iter().position(|v| !v.is_finite()) else { continue };
+        let nan = t.data.iter().filter(|v| v.is_nan()).count();
+        let inf = t.data.iter().filter(|v| v.is_infinite()).count();
+        let mut index = vec![0; t.shape.len()];
+        let mut rest = first;
+        for (axis, &n) in t.shape.iter().enumerate().rev() {
+            (index[axis], rest) = (rest % n.max(1), rest / n.max(1));
+        }
+        let what = format!(
+            "output `{name}` holds {nan} NaN and {inf} infinite value(s); the first, {}, at {index:?}",
+            t.data[first]
+        );
+        if a.finite {
+            return Err(report(Code::NonFinite, format_args!("{what} (`--finite`; nothing written)")));
+        }
+        eprintln!("warning: {what}");
+    }
     let mut named: Vec<(String, &Tensor)> = program.outputs.iter().map(|(n, _)| n.clone()).zip(&outputs).collect();
     if a.seed.is_some() {
         named.extend(program.inputs.iter().map(|i| (i.name.clone(), &bound.inputs()[&i.name])));
