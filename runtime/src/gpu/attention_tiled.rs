@@ -27,7 +27,7 @@ use super::kit::launch::{Inputs, Shape, ROW_I, ROW_OUT, ROW_Q};
 use super::kit::norm::{self, store_lse, store_partial, Step};
 use super::kit::pair::mask_scores;
 use super::kit::source::key_address;
-use super::kit::walk::{in_parts, setup, KeyWalk, SET_K, SET_V};
+use super::kit::walk::{in_parts, setup, KeyWalk, TileAt, SET_K, SET_V};
 use attnc_compiler::plan::ATTN_ROWS;
 use cubecl::prelude::*;
 
@@ -64,7 +64,8 @@ pub fn build<N: Size>(scope: &Scope, x: &Inputs<N>, out: Out<N>, scale: NativeEx
     KeyWalk::new(scope, &set, a, bk).walk(scope, |scope, (kt, masked, hidden)| {
         let k0 = k::mul_const::expand(scope, kt, bk);
         let tile = |scope: &Scope, k0| {
-            let t = KeyTile { a, set: &set, kb, v, rows: &units, lane, k0, bk: part, dl, el, plane, masked, hidden };
+            let at = TileAt { a, set: &set, lane, k0, bk: part, dl, el, plane, masked, hidden };
+            let t = KeyTile { at, kb, v, rows: &units };
             t.emit(scope)
         };
         in_parts(scope, k0, bk, part, tile);
@@ -100,22 +101,12 @@ struct UnitRow<N: Size> {
     state: NativeExpand<Array<f32>>,
 }
 
-/// One key tile of one cube, starting at key row `k0`.
+/// One key tile of one cube ([`TileAt`]) against the unit's rows.
 struct KeyTile<'a, N: Size> {
-    a: &'a Shape,
-    set: &'a NativeExpand<Array<usize>>,
+    at: TileAt<'a>,
     kb: &'a NativeExpand<[Vector<Stored, N>]>,
     v: &'a NativeExpand<[Vector<Stored, N>]>,
     rows: &'a [UnitRow<N>],
-    lane: NativeExpand<usize>,
-    k0: NativeExpand<usize>,
-    bk: usize,
-    dl: usize,
-    el: usize,
-    plane: u32,
-    masked: Option<NativeExpand<bool>>,
-    /// Whether the mask function may hide a key of the tile (`kit::walk::KeyWalk`).
-    hidden: Option<NativeExpand<bool>>,
 }
 
 impl<N: Size> KeyTile<'_, N> {
@@ -126,32 +117,32 @@ impl<N: Size> KeyTile<'_, N> {
         row: NativeExpand<usize>,
         n: usize,
     ) -> Vec<NativeExpand<Vector<f32, N>>> {
-        shared_row(scope, x, row, n, self.lane, self.plane)
+        shared_row(scope, x, row, n, self.at.lane, self.at.plane)
     }
 
     /// Every key row of the tile is loaded once and serves each of the
     /// unit's query rows; then one rescale per row, and each value row is
     /// loaded once and accumulated into every row.
     fn emit(&self, scope: &Scope) {
-        let a = self.a;
-        let k_base = k::uget::expand(scope, self.set, SET_K);
-        let v_base = k::uget::expand(scope, self.set, SET_V);
+        let a = self.at.a;
+        let k_base = k::uget::expand(scope, self.at.set, SET_K);
+        let v_base = k::uget::expand(scope, self.at.set, SET_V);
         let rows: Vec<_> = self
             .rows
             .iter()
             .map(|u| {
                 let i = k::uget::expand(scope, &u.slots, ROW_I);
-                let qr: Vec<_> = (0..self.dl).map(|c| k::vget::expand::<N>(scope, &u.qr, c)).collect();
+                let qr: Vec<_> = (0..self.at.dl).map(|c| k::vget::expand::<N>(scope, &u.qr, c)).collect();
                 (i, qr)
             })
             .collect();
-        let mut scores = vec![Vec::with_capacity(self.bk); rows.len()];
-        let mut value_rows = Vec::with_capacity(self.bk);
-        for jj in 0..self.bk {
-            let clamp = self.masked.is_some();
-            let row = key_address(scope, a, self.k0, k_base, jj, clamp, a.views[1]);
-            value_rows.push(key_address(scope, a, self.k0, v_base, jj, clamp, a.views[2]));
-            let keys = self.row(scope, self.kb, row, self.dl);
+        let mut scores = vec![Vec::with_capacity(self.at.bk); rows.len()];
+        let mut value_rows = Vec::with_capacity(self.at.bk);
+        for jj in 0..self.at.bk {
+            let clamp = self.at.masked.is_some();
+            let row = key_address(scope, a, self.at.k0, k_base, jj, clamp, a.views[1]);
+            value_rows.push(key_address(scope, a, self.at.k0, v_base, jj, clamp, a.views[2]));
+            let keys = self.row(scope, self.kb, row, self.at.dl);
             for ((_, qr), sc) in rows.iter().zip(&mut scores) {
                 let mut dot = k::fconst::expand(scope, 0.0);
                 for (qc, kc) in qr.iter().zip(&keys) {
@@ -161,7 +152,7 @@ impl<N: Size> KeyTile<'_, N> {
             }
         }
         let scores: Vec<_> = (rows.iter().zip(scores))
-            .map(|((i, _), sc)| mask_scores(scope, sc, &self.masked, self.hidden, *i, self.k0, a))
+            .map(|((i, _), sc)| mask_scores(scope, sc, &self.at.masked, self.at.hidden, *i, self.at.k0, a))
             .collect();
         // One rescale per row and tile.
         let mut outs = vec![];
@@ -169,14 +160,14 @@ impl<N: Size> KeyTile<'_, N> {
         for (u, sc) in self.rows.iter().zip(&scores) {
             let step = Step::open(scope, &u.state, sc);
             outs.push(
-                (0..self.el)
+                (0..self.at.el)
                     .map(|c| k::vscale::expand::<N>(scope, k::vget::expand::<N>(scope, &u.acc, c), step.corr))
                     .collect::<Vec<_>>(),
             );
             steps.push(step);
         }
         for (jj, row) in value_rows.into_iter().enumerate() {
-            let vals = self.row(scope, self.v, row, self.el);
+            let vals = self.row(scope, self.v, row, self.at.el);
             for r in 0..self.rows.len() {
                 let p = steps[r].weight(scope, scores[r][jj]);
                 for (o, vc) in outs[r].iter_mut().zip(&vals) {

@@ -23,7 +23,7 @@ use super::kit::launch::{Shape, ROW_I, ROW_OUT, ROW_Q};
 use super::kit::norm;
 use super::kit::pair::{grad_weight, mask_scores, pair_score, times_slope};
 use super::kit::source::{key_address, view_row};
-use super::kit::walk::{in_parts, setup, walk_query_tiles, KeyWalk, SET_K, SET_V};
+use super::kit::walk::{in_parts, setup, walk_query_tiles, KeyWalk, TileAt, SET_K, SET_V};
 use attnc_compiler::plan::{RowView, ATTN_ROWS};
 use cubecl::prelude::*;
 
@@ -76,7 +76,8 @@ pub fn build_grad_q<N: Size>(
     KeyWalk::new(scope, &set, a, bk).walk(scope, |scope, (kt, masked, hidden)| {
         let k0 = k::mul_const::expand(scope, kt, bk);
         let tile = |scope: &Scope, k0| {
-            let t = GradTile { a, set: &set, b, rows: &rows, lane, k0, bk: part, dl, el, plane, masked, hidden };
+            let at = TileAt { a, set: &set, lane, k0, bk: part, dl, el, plane, masked, hidden };
+            let t = GradTile { at, b, rows: &rows };
             t.emit(scope)
         };
         in_parts(scope, k0, bk, part, tile);
@@ -97,36 +98,27 @@ struct GradRow<N: Size> {
     acc: NativeExpand<Array<Vector<f32, N>>>,
 }
 
-/// One key tile (or part of one) of one cube, from key row `k0`.
+/// One key tile (or part of one) of one cube ([`TileAt`]) against the unit's rows.
 struct GradTile<'a, N: Size> {
-    a: &'a Shape,
-    set: &'a NativeExpand<Array<usize>>,
+    at: TileAt<'a>,
     b: &'a GradBuffers<'a, N>,
     rows: &'a [GradRow<N>],
-    lane: NativeExpand<usize>,
-    k0: NativeExpand<usize>,
-    bk: usize,
-    dl: usize,
-    el: usize,
-    plane: u32,
-    masked: Option<NativeExpand<bool>>,
-    hidden: Option<NativeExpand<bool>>,
 }
 
 impl<N: Size> GradTile<'_, N> {
     fn emit(&self, scope: &Scope) {
-        let a = self.a;
-        let k_base = k::uget::expand(scope, self.set, SET_K);
-        let v_base = k::uget::expand(scope, self.set, SET_V);
-        let clamp = self.masked.is_some();
+        let a = self.at.a;
+        let k_base = k::uget::expand(scope, self.at.set, SET_K);
+        let v_base = k::uget::expand(scope, self.at.set, SET_V);
+        let clamp = self.at.masked.is_some();
         let key_rows: Vec<_> =
-            (0..self.bk).map(|jj| key_address(scope, a, self.k0, k_base, jj, clamp, a.views[1])).collect();
+            (0..self.at.bk).map(|jj| key_address(scope, a, self.at.k0, k_base, jj, clamp, a.views[1])).collect();
         let value_rows: Vec<_> =
-            (0..self.bk).map(|jj| key_address(scope, a, self.k0, v_base, jj, clamp, a.views[2])).collect();
+            (0..self.at.bk).map(|jj| key_address(scope, a, self.at.k0, v_base, jj, clamp, a.views[2])).collect();
         // The scaled logits of every row against every key of the tile.
-        let mut logits = vec![Vec::with_capacity(self.bk); self.rows.len()];
+        let mut logits = vec![Vec::with_capacity(self.at.bk); self.rows.len()];
         for row in &key_rows {
-            let keys = shared_row(scope, self.b.k, *row, self.dl, self.lane, self.plane);
+            let keys = shared_row(scope, self.b.k, *row, self.at.dl, self.at.lane, self.at.plane);
             for (u, sc) in self.rows.iter().zip(&mut logits) {
                 let mut dot = k::fconst::expand(scope, 0.0);
                 for (c, kc) in keys.iter().enumerate() {
@@ -138,18 +130,18 @@ impl<N: Size> GradTile<'_, N> {
         let scores: Vec<_> = (self.rows.iter().zip(&logits))
             .map(|(u, sc)| {
                 let i = k::uget::expand(scope, &u.slots, ROW_I);
-                mask_scores(scope, sc.clone(), &self.masked, self.hidden, i, self.k0, a)
+                mask_scores(scope, sc.clone(), &self.at.masked, self.at.hidden, i, self.at.k0, a)
             })
             .collect();
         let mut accs: Vec<Vec<_>> = (self.rows.iter())
-            .map(|u| (0..self.dl).map(|c| k::vget::expand::<N>(scope, &u.acc, c)).collect())
+            .map(|u| (0..self.at.dl).map(|c| k::vget::expand::<N>(scope, &u.acc, c)).collect())
             .collect();
         let slope_fns = a.fns.as_ref().filter(|f| f.score.is_some());
         // The cube's batch and head, for the score function's slope.
         let head = slope_fns.map(|_| a.cube_head(scope));
-        for jj in 0..self.bk {
-            let values = shared_row(scope, self.b.v, value_rows[jj], self.el, self.lane, self.plane);
-            let keys = shared_row(scope, self.b.k, key_rows[jj], self.dl, self.lane, self.plane);
+        for jj in 0..self.at.bk {
+            let values = shared_row(scope, self.b.v, value_rows[jj], self.at.el, self.at.lane, self.at.plane);
+            let keys = shared_row(scope, self.b.k, key_rows[jj], self.at.dl, self.at.lane, self.at.plane);
             for (r, u) in self.rows.iter().enumerate() {
                 let mut dp = k::fconst::expand(scope, 0.0);
                 for (c, vc) in values.iter().enumerate() {
@@ -159,7 +151,7 @@ impl<N: Size> GradTile<'_, N> {
                 let mut ds = grad_weight::expand(scope, p, dp, u.delta);
                 if let (Some(fns), Some((b, h))) = (slope_fns, head) {
                     let i = k::uget::expand(scope, &u.slots, ROW_I);
-                    let j = k::add_index::expand(scope, self.k0, k::const_index::expand(scope, jj));
+                    let j = k::add_index::expand(scope, self.at.k0, k::const_index::expand(scope, jj));
                     let slope = fns.slope(scope, logits[r][jj], &Indices { b, h, i, j }).expect("a score function");
                     ds = k::fmul::expand(scope, ds, slope);
                 }

@@ -365,3 +365,22 @@ pub fn cube_keys(#[comptime] cube_rows: usize, #[comptime] sk: usize, #[comptime
     a[1] = min(j0 + comptime![cube_rows - 1], comptime![sk - 1]);
     a
 }
+
+/// Where a host-assembled mainloop (`attention_tiled`, `attention_tiled_grad`)
+/// stands in its key walk: one key tile (or part of one, `bk` rows) of one
+/// cube from key row `k0`, the cube's `set` ([`setup`]), this unit's lane of
+/// a plane of `plane`, row widths `dl` and `el` in vectors, and the tile's
+/// flags from [`KeyWalk`] (`masked`: a boundary tile; `hidden`: a mask
+/// function may hide a key).
+pub struct TileAt<'a> {
+    pub a: &'a Shape,
+    pub set: &'a NativeExpand<Array<usize>>,
+    pub lane: NativeExpand<usize>,
+    pub k0: NativeExpand<usize>,
+    pub bk: usize,
+    pub dl: usize,
+    pub el: usize,
+    pub plane: u32,
+    pub masked: Option<NativeExpand<bool>>,
+    pub hidden: Option<NativeExpand<bool>>,
+}
