@@ -13,13 +13,13 @@ use crate::ir::AttnArg;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum AttnPath {
     /// The CPU drivers' tiling: several whole rows a unit in vectors, the
-    /// other side's tiles unrolled (`gpu::attention_tiled`,
-    /// `gpu::attention_tiled_grad`; a read tensor's gradient and the
-    /// log-sum-exp on `gpu::attention_grad`'s one row a unit).
+    /// other side's tiles unrolled (`gpu::attention_tiled`, its
+    /// log-sum-exp launch too, and `gpu::attention_tiled_grad`).
     Tiled,
     /// Within a GPU's register file: this many lanes of one plane share
     /// each row, each holding a slice of its channels
-    /// (`gpu::attention_split`, `gpu::attention_grad`).
+    /// (`gpu::attention_split`; the log-sum-exp and the backward on
+    /// `gpu::attention_grad`'s `#[cube]` kernels).
     Lanes(usize),
     /// Matrix fragments, one row a unit (`gpu::mma::flash`,
     /// `gpu::mma::flash_grad`; in software where the device has none).
