@@ -29,13 +29,17 @@ const EXACT: [&str; 4] = [
 /// same on the kernels as on the interpreter, which propagates it).
 const EVERYWHERE: [&str; 2] = ["s / 0.0 + log(-1.0)", "s + 1e39"];
 
-fn spec(score: &str) -> attnc_compiler::Compiled {
+/// The spec of attention with score function `score`, and its plan.
+fn spec(score: &str) -> (attnc_compiler::Compiled, plan::Plan) {
     let text = format!(
         "spec consts\ndim N = 40\ninput q: [1, 2, N, 8]\ninput k: [1, 2, N, 8]\ninput v: [1, 2, N, 8]\n\
          output o = attention(q, k, v, score = |s, b, h, i, j| {score})\n"
     );
-    attnc_compiler::compile(&text, &[])
-        .unwrap_or_else(|e| panic!("{}", attnc_compiler::render("consts.attn", &text, &e)))
+    let c = attnc_compiler::compile(&text, &[])
+        .unwrap_or_else(|e| panic!("{}", attnc_compiler::render("consts.attn", &text, &e)));
+    let dims = bind::default_dims(&c.program).unwrap();
+    let planned = plan::plan(&c.program, &dims);
+    (c, planned)
 }
 
 /// On wgpu (lavapipe) the kernels with these constants compile and run;
@@ -46,16 +50,11 @@ fn spec(score: &str) -> attnc_compiler::Compiled {
 fn non_finite_constants_run_on_wgpu() {
     let gpu = Gpu::wgpu().unwrap_or_else(|e| panic!("this test needs a device: {e}"));
     for score in EXACT.into_iter().chain(EVERYWHERE) {
-        let c = spec(score);
-        let dims = bind::default_dims(&c.program).unwrap();
+        let (c, planned) = spec(score);
         let (drawn, _) = bind::generate_inputs(&c.program, 7).unwrap();
         let inputs = c.program.inputs.iter().map(|i| i.name.clone()).zip(drawn).collect();
         let want = eval(&c, &inputs).remove("o").unwrap();
-        let got = gpu
-            .run(&plan::plan(&c.program, &dims), &inputs)
-            .unwrap_or_else(|e| panic!("`{score}` on wgpu: {e}"))
-            .0
-            .remove(0);
+        let got = gpu.run(&planned, &inputs).unwrap_or_else(|e| panic!("`{score}` on wgpu: {e}")).0.remove(0);
         if EVERYWHERE.contains(&score) {
             continue;
         }
@@ -73,9 +72,8 @@ fn non_finite_constants_run_on_wgpu() {
 fn non_finite_constants_compile_for_cuda() {
     let tools = Tools::find().unwrap_or_else(|e| panic!("this test compiles CUDA with NVIDIA's compilers: {e}"));
     for score in EXACT.into_iter().chain(EVERYWHERE) {
-        let c = spec(score);
-        let dims = bind::default_dims(&c.program).unwrap();
-        let (files, manifest) = emit::emit(&plan::plan(&c.program, &dims), emit::Target::Cuda).unwrap();
+        let (_, planned) = spec(score);
+        let (files, manifest) = emit::emit(&planned, emit::Target::Cuda).unwrap();
         for ((_, source), l) in files.iter().zip(&manifest.launches) {
             for arch in [Arch::Sm80, Arch::Sm90] {
                 tools.compile(&l.entry, source, arch).unwrap_or_else(|e| panic!("`{score}` for {arch:?}: {e}"));
