@@ -180,12 +180,7 @@ pub fn check_domain(name: &str, domain: &Domain, t: &Tensor, dims: &DimValues) -
         Domain::Integers { lo, hi } => v.fract() == 0.0 && v >= *lo as f64 && v <= hi.at(dims) as f64,
     };
     let Some(flat) = t.data.iter().position(|v| !ok(*v)) else { return Ok(()) };
-    let mut index = vec![0; t.shape.len()];
-    let mut rest = flat;
-    for axis in (0..t.shape.len()).rev() {
-        index[axis] = rest % t.shape[axis];
-        rest /= t.shape[axis];
-    }
+    let index = t.index_of(flat);
     let want = match domain {
         Domain::Any => unreachable!(),
         Domain::Finite => "a finite number".to_string(),

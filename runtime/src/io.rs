@@ -24,27 +24,28 @@ pub enum FileDtype {
 /// for any other a float input would silently take rounded integers.
 pub fn read_tensors(path: &Path, integers: &BTreeSet<String>) -> Result<BTreeMap<String, Tensor>, RunError> {
     let bytes = std::fs::read(path).map_err(|e| RunError::Io(format!("cannot read `{}`: {e}", path.display())))?;
-    let tensors = decode(&bytes).map_err(|m| RunError::TensorFile(format!("`{}`: {m}", path.display())))?;
-    let st = SafeTensors::deserialize(&bytes).expect("decoded above");
-    for (name, view) in st.tensors() {
-        if matches!(view.dtype(), Dtype::I32 | Dtype::I64) && !integers.contains(&name) {
-            return Err(RunError::TensorFile(format!(
-                "`{}`: tensor `{name}` has dtype {:?}, an integer type, but the spec's `{name}` is not an integer \
-                 input (`in integers(...)`); attnc reads F32, F64, F16 or BF16 for it",
-                path.display(),
-                view.dtype()
-            )));
-        }
-    }
-    Ok(tensors)
+    decode_for(&bytes, Some(integers)).map_err(|m| RunError::TensorFile(format!("`{}`: {m}", path.display())))
 }
 
 /// Every tensor of safetensors bytes, by name, widened to f64 (integer
 /// types included: [`read_tensors`] decides who may give them).
 pub fn decode(bytes: &[u8]) -> Result<BTreeMap<String, Tensor>, String> {
+    decode_for(bytes, None)
+}
+
+/// [`decode`], refusing integer tensors but for the names in `integers` where given.
+fn decode_for(bytes: &[u8], integers: Option<&BTreeSet<String>>) -> Result<BTreeMap<String, Tensor>, String> {
     let st = SafeTensors::deserialize(bytes).map_err(|e| format!("not a valid safetensors file ({e})"))?;
     let mut out = BTreeMap::new();
     for (name, view) in st.tensors() {
+        let integer = matches!(view.dtype(), Dtype::I32 | Dtype::I64);
+        if integer && integers.is_some_and(|names| !names.contains(&name)) {
+            return Err(format!(
+                "tensor `{name}` has dtype {:?}, an integer type, but the spec's `{name}` is not an integer \
+                 input (`in integers(...)`); attnc reads F32, F64, F16 or BF16 for it",
+                view.dtype()
+            ));
+        }
         let bytes = view.data();
         let data: Vec<f64> = match view.dtype() {
             Dtype::F32 => bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64).collect(),

@@ -21,6 +21,24 @@ impl Tensor {
     pub fn is_empty(&self) -> bool {
         self.data.is_empty()
     }
+    /// The index along each axis of the entry at row-major position `flat`.
+    pub fn index_of(&self, flat: usize) -> Vec<usize> {
+        let mut index = vec![0; self.shape.len()];
+        let mut rest = flat;
+        for axis in (0..self.shape.len()).rev() {
+            index[axis] = rest % self.shape[axis];
+            rest /= self.shape[axis];
+        }
+        index
+    }
+    /// Where the tensor is not finite: the first such entry's row-major
+    /// position and how many NaN and infinite values it holds; `None` when
+    /// every value is finite.
+    pub fn non_finite(&self) -> Option<(usize, usize, usize)> {
+        let first = self.data.iter().position(|v| !v.is_finite())?;
+        let nan = self.data.iter().filter(|v| v.is_nan()).count();
+        Some((first, nan, self.data.iter().filter(|v| v.is_infinite()).count()))
+    }
     /// `self` and `other` joined along `axis` (every other axis equal): a
     /// key/value cache with a decode step's new rows appended, as the
     /// language's `concat`.

@@ -34,11 +34,9 @@ pub fn run(a: RunArgs, ui: &Ui) -> Result<(), Failed> {
     if a.check_inputs {
         for input in &program.inputs {
             let t = &bound.inputs()[&input.name];
-            let nan = t.data.iter().filter(|v| v.is_nan()).count();
-            let inf = t.data.iter().filter(|v| v.is_infinite()).count();
-            match t.data.iter().position(|v| !v.is_finite()) {
+            match t.non_finite() {
                 None => eprintln!("input `{}`: all {} values finite", input.name, t.len()),
-                Some(first) => eprintln!(
+                Some((first, nan, inf)) => eprintln!(
                     "input `{}`: {nan} NaN and {inf} infinite values (first at flat index {first}); they propagate through the computation per IEEE 754",
                     input.name
                 ),
@@ -61,17 +59,11 @@ pub fn run(a: RunArgs, ui: &Ui) -> Result<(), Failed> {
     };
     let outputs: Vec<Tensor> = program.outputs.iter().map(|(n, _)| by_name[n].clone()).collect();
     for ((name, _), t) in program.outputs.iter().zip(&outputs) {
-        let Some(first) = t.data.iter().position(|v| !v.is_finite()) else { continue };
-        let nan = t.data.iter().filter(|v| v.is_nan()).count();
-        let inf = t.data.iter().filter(|v| v.is_infinite()).count();
-        let mut index = vec![0; t.shape.len()];
-        let mut rest = first;
-        for (axis, &n) in t.shape.iter().enumerate().rev() {
-            (index[axis], rest) = (rest % n.max(1), rest / n.max(1));
-        }
+        let Some((first, nan, inf)) = t.non_finite() else { continue };
         let what = format!(
-            "output `{name}` holds {nan} NaN and {inf} infinite value(s); the first, {}, at {index:?}",
-            t.data[first]
+            "output `{name}` holds {nan} NaN and {inf} infinite value(s); the first, {}, at {:?}",
+            t.data[first],
+            t.index_of(first)
         );
         if a.finite {
             return Err(report(Code::NonFinite, format_args!("{what} (`--finite`; nothing written)")));
