@@ -35,12 +35,13 @@ pub struct ProgramCost {
 }
 
 pub fn program_cost(p: &Program, dims: &BTreeMap<String, u64>, target: &Target, mode: Mode) -> ProgramCost {
-    // Launches with too few cubes for the target are split over their keys.
-    let plan = crate::plan::plan(p, dims).split_kv(target.compute_units);
+    // Launches with too few cubes for the target are split over their keys,
+    // and each launch's kernel is the one the target's planes run.
+    let plan = crate::plan::plan(p, dims).split_kv(target.compute_units).on_planes(target.register_plane);
     let mut out =
         ProgramCost { total: OpCost::default(), seconds: 0.0, launches: vec![], prepared: vec![], tiling: vec![] };
     for l in &plan.launches {
-        let spec = l.spec.on_planes(plan.dtype, target.register_plane);
+        let spec = &l.spec;
         if let Some(gap) = spec.kernel_gap() {
             out.tiling.push((l.name.clone(), format!("no kernel yet: {gap}; priced by its roofline")));
         } else if let Some(note) = spec.tiling_note() {
@@ -48,7 +49,7 @@ pub fn program_cost(p: &Program, dims: &BTreeMap<String, u64>, target: &Target, 
         }
         let c = OpCost { flops: l.flops, bytes: l.bytes, launches: 1 };
         // The work's share slows with the SMs left idle; the launch does not.
-        let t = (c.time(target) - target.launch) / attention_occupancy(&spec, target) + target.launch;
+        let t = (c.time(target) - target.launch) / attention_occupancy(spec, target) + target.launch;
         if mode == Mode::Inference && l.prepare {
             out.prepared.push((l.name.clone(), c, t));
             continue;

@@ -57,6 +57,9 @@ pub fn choose(spec: &KernelSpec, dtype: Dtype, plane: Option<usize>) -> Option<A
 /// of it: the narrowest count that splits both rows evenly within a plane,
 /// else the widest there is.
 fn fit_lanes(spec: &KernelSpec, plane: usize) -> usize {
+    // The row as the CPU drivers' tiling holds it (no lanes, no fragments):
+    // `line_size` and `row_floats` read the flags, and a launch already
+    // split (chosen again) must not count its own lanes.
     let mut scalar = spec.clone();
     scalar.set_path(AttnPath::Tiled, Dtype::F32);
     let Some(super::RowFloats { held, widths: (a, b), widest, .. }) = scalar.row_floats() else { return 1 };
