@@ -6,8 +6,8 @@
 
 mod common;
 
-use attnc_compiler::grad::{cotangent_name, differentiate, gradient_name};
-use attnc_compiler::ir::Program;
+use attnc_compiler::grad::{cotangent_name, differentiate, gradient_name, split};
+use attnc_compiler::ir::{Op, Program};
 use attnc_compiler::Code;
 use attnc_runtime::rng::Rng;
 use attnc_runtime::{bind, interp, Tensor};
@@ -90,9 +90,10 @@ fn check_wrt(p: &Program, seed: u64, what: &str, wrt: &[String]) -> f64 {
     worst
 }
 
-#[test]
-fn attention_specs_gradients_match_finite_differences() {
-    let cases: Vec<(&str, Vec<(&'static str, String)>)> = vec![
+/// Attention specs at small sizes: masks, windows, GQA, IHA's masks and
+/// collapses, RoPE, a decode step.
+fn attention_cases() -> Vec<(&'static str, Vec<(&'static str, String)>)> {
+    vec![
         ("mha", sets(&[("H", "2"), ("d", "4"), ("N", "40"), ("mask", "causal")])),
         ("mha", sets(&[("H", "2"), ("d", "3"), ("N", "11"), ("mask", "none"), ("window", "3")])),
         ("mha", sets(&[("H", "4"), ("H_kv", "2"), ("d", "2"), ("N", "7"), ("B", "2")])),
@@ -118,8 +119,12 @@ fn attention_specs_gradients_match_finite_differences() {
                 ("B", "2"),
             ]),
         ),
-    ];
-    for (i, (spec, s)) in cases.iter().chain(&function_cases()).enumerate() {
+    ]
+}
+
+#[test]
+fn attention_specs_gradients_match_finite_differences() {
+    for (i, (spec, s)) in attention_cases().iter().chain(&function_cases()).enumerate() {
         let c = compile_stdlib(spec, s);
         let worst = check(&c.program, 40 + i as u64, &format!("{spec} {s:?}"));
         eprintln!("{spec} {s:?}: worst relative error {worst:.1e}");
@@ -346,4 +351,67 @@ fn head_mixing_gradients_match_finite_differences() {
     let causal = core.replace("mask = |b, h, i, j| abs(i - j) <= h + 1", "mask = causal, window = 4");
     let c = attnc_compiler::compile(&causal, &[]).unwrap();
     check_wrt(&c.program, 71, "rectangular mixing, causal window, M < N", &all);
+}
+
+/// The training halves (`grad::split`): the forward computes the outputs
+/// and the residuals, the backward the gradients from the inputs, those
+/// residuals and the cotangents; together they give the gradient program's
+/// results bit for bit on the interpreter, and the backward repeats no
+/// forward attention.
+#[test]
+fn training_halves_compute_the_gradient_program() {
+    let others = [
+        ("talking_heads", sets(&[("H", "4"), ("H_kv", "2"), ("d", "2"), ("N", "6"), ("B", "2")])),
+        ("diff", sets(&[("H", "2"), ("d", "2"), ("N", "6")])),
+        ("grpo", sets(&[("std", "bessel"), ("G", "5")])),
+        ("rloo", sets(&[("G", "3")])),
+        ("gdpo", sets(&[("C", "2")])),
+    ];
+    let cases = attention_cases().into_iter().chain(function_cases()).chain(others);
+    for (i, (spec, s)) in cases.enumerate() {
+        let what = format!("{spec} {s:?}");
+        let p = compile_stdlib(spec, &s).program;
+        let g = differentiate(&p, &[]).unwrap();
+        let halves = split(&g, p.inputs.len(), p.outputs.len());
+        for half in [&halves.forward, &halves.backward] {
+            let problems = attnc_compiler::valid::validate(half);
+            assert!(problems.is_empty(), "{what}: {} invalid: {problems:?}", half.name);
+        }
+        let (drawn, _) = bind::generate_inputs(&g, 70 + i as u64).unwrap();
+        let all: BTreeMap<String, Tensor> = g.inputs.iter().map(|i| i.name.clone()).zip(drawn).collect();
+        let run = |q: &Program, given: &BTreeMap<String, Tensor>| {
+            let (tensors, dims) = bind::bind_inputs(q, given.clone(), &Default::default())
+                .unwrap_or_else(|e| panic!("{what}: {}: {e}", q.name));
+            let outs = interp::evaluate(q, &tensors, &dims);
+            q.outputs.iter().map(|(n, _)| n.clone()).zip(outs).collect::<BTreeMap<_, _>>()
+        };
+        let whole = run(&g, &all);
+        let inputs = p.inputs.iter().map(|i| (i.name.clone(), all[&i.name].clone())).collect();
+        let forward = run(&halves.forward, &inputs);
+        let mut given = all.clone();
+        for name in &halves.saved {
+            given.insert(name.clone(), forward[name].clone());
+        }
+        let backward = run(&halves.backward, &given);
+        for (name, _) in &p.outputs {
+            assert_eq!(forward[name].data, whole[name].data, "{what}: output {name}");
+        }
+        let grads = &g.outputs[p.outputs.len()..];
+        assert_eq!(backward.len(), grads.len(), "{what}: the backward's outputs are the gradients");
+        for (name, _) in grads {
+            assert_eq!(backward[name].data, whole[name].data, "{what}: {name}");
+        }
+        let attention = |q: &Program| {
+            q.nodes.iter().filter(|n| matches!(n.op, Op::Attention { .. } | Op::AttentionLse { .. })).count()
+        };
+        assert_eq!(attention(&halves.backward), 0, "{what}: the backward recomputes attention");
+        if attention(&p) > 0 {
+            assert!(!halves.saved.is_empty(), "{what}: attention's backward saves nothing");
+        }
+        assert_eq!(attention(&halves.forward), attention(&g), "{what}");
+        if spec == "mha" {
+            // FlashAttention's residuals: q, k, v, o and the rows' log-sum-exp.
+            assert_eq!(halves.saved.len(), 5, "{what}: {:?}", halves.saved);
+        }
+    }
 }

@@ -258,6 +258,19 @@ impl Gradient {
         &self.program
     }
 
+    /// The gradient program cut for training (`compiler::grad::split`): a
+    /// forward that also returns the residuals its backward reads, and a
+    /// backward that runs only the gradients' launches on them.
+    pub fn training(&self) -> Training {
+        let forward = self.forward.ir();
+        let split = attnc_compiler::grad::split(self.program.ir(), forward.inputs.len(), forward.outputs.len());
+        let program = |ir| Program {
+            compiler: self.forward.compiler.clone(),
+            compiled: Compiled { program: ir, params: self.forward.compiled.params.clone(), warnings: vec![] },
+        };
+        Training { forward: program(split.forward), backward: program(split.backward), saved: split.saved }
+    }
+
     /// The forward program it differentiates.
     pub fn forward(&self) -> &Program {
         &self.forward
@@ -309,6 +322,18 @@ impl Gradient {
         }
         self.program.bind(all)
     }
+}
+
+/// A training step's two programs ([`Gradient::training`]).
+#[derive(Clone, Debug)]
+pub struct Training {
+    /// The spec's inputs → its outputs, then the residuals `saved_<k>`.
+    pub forward: Program,
+    /// The spec's inputs, the cotangents `cot_<output>` and the tensors
+    /// `saved` names → `grad_<input>` for each differentiated input.
+    pub backward: Program,
+    /// The forward's outputs the backward reads, by name.
+    pub saved: Vec<String>,
 }
 
 /// A program at concrete dims with its inputs, optionally optimized.

@@ -234,3 +234,58 @@ pub(crate) fn attention_gradients_run_on_kernels() {
         }
     }
 }
+
+/// A training step in two halves (`Gradient::training`): the forward's
+/// kernels also return the residuals (q, k, v, o and the rows' log-sum-exp
+/// for attention), the backward's run only the gradients' launches on them,
+/// and the gradients match the float64 interpreter's gradient program
+/// within `TOL`, past several tiles of rows and keys.
+#[test]
+pub(crate) fn training_halves_run_on_kernels() {
+    use attnc_runtime::pipeline::{Backend, Compiler};
+    let cases: &[(&str, &[&str])] = &[
+        ("mha", &["N=1000", "H=2", "d=16", "B=2"]),
+        ("iha", &["N=150", "H=2", "P=2", "d=8", "window=40"]),
+        ("talking_heads", &["N=90", "H=4", "H_kv=2", "d=8"]),
+        ("alibi", &["N=130", "M=70", "H=2", "d=8"]),
+        ("grpo", &["B=40", "G=9"]),
+    ];
+    for (spec, sets) in cases {
+        let program = Compiler::new(*spec, common::stdlib_source(spec)).settings(sets).unwrap().compile().unwrap();
+        let gradient = program.gradient(&[]).unwrap();
+        let whole = gradient.seeded(21, None).unwrap();
+        let want = whole.run(Backend::Interp).unwrap();
+        let training = gradient.training();
+        let forward_inputs = program.ir().inputs.iter().map(|i| (i.name.clone(), whole.inputs()[&i.name].clone()));
+        let forward = training.forward.bind(forward_inputs.collect()).unwrap();
+        let outputs = forward.run(Backend::Wgpu).unwrap_or_else(|e| panic!("{spec} {sets:?}: forward: {e}"));
+        let mut given = whole.inputs().clone();
+        given.extend(training.saved.iter().map(|n| (n.clone(), outputs[n].clone())));
+        let backward = training.backward.bind(given).unwrap();
+        let got = backward.run(Backend::Wgpu).unwrap_or_else(|e| panic!("{spec} {sets:?}: backward: {e}"));
+        let results = program.ir().outputs.iter().map(|(n, _)| (n, &outputs[n])).chain(got.iter());
+        let mut checked = 0;
+        for (name, g) in results {
+            assert!(g.data.iter().all(|v| !v.is_nan()), "{spec} {name}: NaN");
+            let e = attnc_runtime::relative_error(&g.data, &want[name].data);
+            assert!(e <= TOL, "{spec} {sets:?} {name}: relative error {e:e}");
+            checked += 1;
+        }
+        assert_eq!(checked, want.len(), "{spec}: every output and gradient");
+        let launches =
+            |b: &attnc_runtime::pipeline::Bound| b.plan().launches.iter().map(|l| l.spec.kind()).collect::<Vec<_>>();
+        let (all, back) = (launches(&whole), launches(&backward));
+        let fwd = launches(&forward);
+        assert!(back.len() < all.len(), "{spec}: backward {back:?} vs whole {all:?}");
+        // No launch runs twice: the halves together launch at most what the
+        // gradient program does (fewer where the backward fuses better).
+        assert!(fwd.len() + back.len() <= all.len(), "{spec}: {fwd:?} + {back:?} vs {all:?}");
+        assert!(!back.iter().any(|k| *k == "attention" || *k == "attention_lse"), "{spec}: {back:?}");
+        eprintln!(
+            "{spec} {sets:?}: launches: gradient program {}, forward {} + backward {}",
+            all.len(),
+            fwd.len(),
+            back.len()
+        );
+    }
+}

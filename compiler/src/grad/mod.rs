@@ -18,8 +18,10 @@
 
 mod elementwise;
 mod func;
+mod split;
 
 pub use func::{read_partials, score_slope, Lines};
+pub use split::{split, Split};
 
 use crate::ir::*;
 use crate::Code;
