@@ -102,7 +102,11 @@ def compile(spec: Union[str, "os.PathLike[str]"], **params) -> "Program":
     Raises :class:`SpecError` with the CLI's diagnostic."""
     name, text = _source(spec)
     settings = [(k, _setting(v)) for k, v in params.items()]
-    return Program(_attnc.compile(name, text, settings))
+    program = Program(_attnc.compile(name, text, settings))
+    # What compiles it again: the key `attnc.torch`'s operators are called
+    # with (a string, as torch.library's schemas take), in any process.
+    program._key = json.dumps({"name": name, "text": text, "settings": settings}, sort_keys=True)
+    return program
 
 
 # DLPack device types in host memory: CPU, CUDA pinned, CUDA managed.

@@ -1,25 +1,43 @@
-"""PyTorch front end: compiled specs as differentiable functions and modules.
+"""PyTorch front end: compiled specs as differentiable functions and modules,
+through custom operators that ``torch.compile`` and ``torch.export`` trace.
 
     import torch, attnc.torch
     layer = attnc.torch.Module("stdlib/iha.attn", H=4, P=2, d=16)   # weights are nn.Parameters
-    y = layer(x=torch.randn(2, 100, 64))
-    y.square().mean().backward()                                  # gradients by `Program.grad`
+    y = torch.compile(layer, fullgraph=True)(torch.randn(2, 100, 64))
+    y.square().mean().backward()
 
-Forward and backward both run the compiled program (`Program.run`,
-`Program.grad`). Tensors cross through DLPack: the native layer reads CPU
-tensors where they lie (any float dtype, bfloat16 included, any strides),
-and outputs come back in the inputs' dtype in buffers PyTorch adopts without
-a copy. Float64 tensors run and differentiate in float64 on the
-interpreter, so `torch.autograd.gradcheck` holds the package to central
-differences. The forward runs CUDA tensors on the CUDA backend and CPU
-tensors on the interpreter unless ``backend`` says otherwise; CUDA tensors
-still cross through host memory (one copy each way). The backward runs the
-gradient program on the forward's backend.
+Three operators (``torch.library.custom_op``) run a compiled program; each
+takes the spec as a string key (``Program._key``: its name, text and
+settings), compiled on first use in any process and cached:
+
+- ``attnc::run(spec, inputs, backend) -> outputs``: no gradient needed;
+- ``attnc::forward(spec, wrt, inputs, backend) -> outputs + residuals``:
+  the training forward, which also returns what its backward reads of it
+  (the projections, attention's output and rows' log-sum-exp, ...;
+  ``compiler::grad::split``);
+- ``attnc::backward(spec, wrt, inputs, residuals, cotangents, backend) ->
+  gradients``: only the gradients' launches, in ``wrt``'s order.
+
+``wrt`` names the differentiated inputs, comma-separated. Each operator
+has a fake implementation that derives the outputs' shapes from the spec's
+shape rules (symbolic sizes included) without running anything, and
+``attnc::forward`` has its autograd formula (``register_autograd``), which
+saves the inputs and residuals.
+
+Tensors cross through DLPack: the native layer reads CPU tensors where
+they lie (any float dtype, bfloat16 included, any strides); outputs come
+back in the inputs' dtype, residuals in float32 (float64 for float64
+inputs). Float64 tensors run in float64 on the interpreter, so
+``torch.autograd.gradcheck`` holds the package to central differences.
+CUDA tensors run on the CUDA backend through host memory (one copy each
+way); CPU tensors on the interpreter unless ``backend`` says otherwise.
 """
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+import json
+from collections import OrderedDict
+from typing import Dict, List, Optional, Sequence
 
 import torch
 
@@ -32,10 +50,74 @@ import torch._dynamo  # noqa: F401,E402
 from . import Program
 from . import compile as _compile
 
-__all__ = ["function", "Module"]
+__all__ = ["function", "Module", "CACHE_SIZE"]
 
 
 _OUT = {torch.float64: "f64", torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
+
+#: How many compiled specs the operators keep (least recently used dropped;
+#: compiling one again takes milliseconds, and its kernels stay cached by
+#: the backend).
+CACHE_SIZE = 64
+
+
+class _Spec:
+    """A compiled spec as the operators use it: its program, input and
+    output names, shape rules and training programs by ``wrt``."""
+
+    def __init__(self, program: Program):
+        self.program = program
+        self.inputs = [t.name for t in program.inputs]
+        self.outputs = [t.name for t in program.outputs]
+        self.rules = program._native.shape_rules()
+        self._training: Dict[str, object] = {}
+
+    def training(self, wrt: str):
+        """The training programs for the gradients by ``wrt`` (input names,
+        comma-separated; empty: every input a gradient is taken by default)."""
+        if wrt not in self._training:
+            self._training[wrt] = self.program._native.training(wrt.split(",") if wrt else [])
+        return self._training[wrt]
+
+    def gradients(self, wrt: str) -> List[str]:
+        """The inputs the backward for ``wrt`` differentiates, in its output order."""
+        _, (_, outputs), _ = self.training(wrt).shape_rules()
+        return [name[len("grad_") :] for name, _ in outputs]
+
+
+_SPECS: "OrderedDict[str, _Spec]" = OrderedDict()
+
+
+def _spec(key: str, program: Optional[Program] = None) -> _Spec:
+    """The cached spec for ``key``, compiled from it on a miss."""
+    if key in _SPECS:
+        _SPECS.move_to_end(key)
+        return _SPECS[key]
+    if program is None:
+        k = json.loads(key)
+        program = _compile(k["text"], **dict(k["settings"]))
+    _SPECS[key] = spec = _Spec(program)
+    while len(_SPECS) > CACHE_SIZE:
+        _SPECS.popitem(last=False)
+    return spec
+
+
+def _like(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The tensor whose dtype and device the outputs take: the first floating one."""
+    return next((t for t in tensors if t.is_floating_point()), tensors[0])
+
+
+def _out(like: torch.Tensor) -> torch.dtype:
+    return like.dtype if like.dtype in _OUT else torch.float32
+
+
+def _exact(like: torch.Tensor) -> torch.dtype:
+    """The residuals' dtype."""
+    return torch.float64 if like.dtype == torch.float64 else torch.float32
+
+
+def _kernel_dtype(like: torch.Tensor) -> Optional[str]:
+    return "f64" if like.dtype == torch.float64 else None
 
 
 def _host(t: torch.Tensor) -> torch.Tensor:
@@ -44,9 +126,182 @@ def _host(t: torch.Tensor) -> torch.Tensor:
     return t.detach().cpu()
 
 
-def _tensors(outputs, device: torch.device) -> Dict[str, torch.Tensor]:
-    """Native outputs adopted by PyTorch (no copy on the host)."""
-    return {n: torch.from_dlpack(a).to(device) for n, a in outputs}
+def _adopt(outputs, device: torch.device) -> List[torch.Tensor]:
+    """Native outputs adopted by PyTorch (no copy on the host), in order."""
+    return [torch.from_dlpack(a).to(device) for _, a in outputs]
+
+
+# Shapes without running: the dims solved from the inputs' sizes as the
+# binder solves them (`bind::bind_inputs`: an axis a·X + c with X the one
+# unknown dim), then the outputs' polynomials evaluated; sizes may be
+# symbolic (torch.SymInt).
+
+
+def _value(poly, dims):
+    total = 0
+    for coeff, monomial in poly:
+        term = coeff
+        for name, exponent in monomial:
+            term = term * dims[name] ** exponent
+        total = total + term
+    return total
+
+
+def _linear(poly, dims):
+    """``(X, a, c)`` when ``poly`` is a·X + c in one unknown dim X."""
+    unknown = {s for _, m in poly for s, _ in m if s not in dims}
+    if len(unknown) != 1:
+        return None
+    (x,) = unknown
+    a = c = 0
+    for coeff, monomial in poly:
+        term, has_x = coeff, False
+        for name, exponent in monomial:
+            if name == x:
+                if exponent != 1:
+                    return None
+                has_x = True
+            else:
+                term = term * dims[name] ** exponent
+        if has_x:
+            a = a + term
+        else:
+            c = c + term
+    return x, a, c
+
+
+def _shapes(rules, shapes) -> List[List[object]]:
+    """The outputs' shapes of a program with shape ``rules`` (its
+    ``shape_rules()``) for inputs of ``shapes`` (in its input order)."""
+    inputs, outputs, fixed = rules
+    dims: Dict[str, object] = {}
+    progress = True
+    while progress:
+        progress = False
+        for (_, rule), shape in zip(inputs, shapes):
+            for poly, size in zip(rule, shape):
+                solved = _linear(poly, dims)
+                if solved is not None:
+                    x, a, c = solved
+                    dims[x] = (size - c) // a
+                    progress = True
+    for name, value in fixed:
+        dims.setdefault(name, value)
+    return [[_value(p, dims) for p in rule] for _, rule in outputs]
+
+
+def _empty(shapes, dtype, like):
+    return [like.new_empty([int(s) if isinstance(s, int) else s for s in shape], dtype=dtype) for shape in shapes]
+
+
+@torch.library.custom_op("attnc::run", mutates_args=())
+def _run(spec: str, inputs: List[torch.Tensor], backend: str) -> List[torch.Tensor]:
+    s, like = _spec(spec), _like(inputs)
+    named = {n: _host(t) for n, t in zip(s.inputs, inputs)}
+    return _adopt(s.program._run(named, backend, _kernel_dtype(like), out=_OUT[_out(like)]), like.device)
+
+
+@_run.register_fake
+def _(spec, inputs, backend):
+    s, like = _spec(spec), _like(inputs)
+    return _empty(_shapes(s.rules, [t.shape for t in inputs]), _out(like), like)
+
+
+@torch.library.custom_op("attnc::forward", mutates_args=())
+def _forward(spec: str, wrt: str, inputs: List[torch.Tensor], backend: str) -> List[torch.Tensor]:
+    s, like = _spec(spec), _like(inputs)
+    named = [(n, _host(t)) for n, t in zip(s.inputs, inputs)]
+    from . import _inputs
+
+    out = s.training(wrt).forward(_inputs(dict(named)), backend, _kernel_dtype(like) or "f32", _OUT[_out(like)])
+    return _adopt(out, like.device)
+
+
+@_forward.register_fake
+def _(spec, wrt, inputs, backend):
+    s, like = _spec(spec), _like(inputs)
+    (ins, outs), _, fixed = s.training(wrt).shape_rules()
+    shapes = _shapes((ins, outs, fixed), [t.shape for t in inputs])
+    n = len(s.outputs)
+    return _empty(shapes[:n], _out(like), like) + _empty(shapes[n:], _exact(like), like)
+
+
+@torch.library.custom_op("attnc::backward", mutates_args=())
+def _backward(
+    spec: str,
+    wrt: str,
+    inputs: List[torch.Tensor],
+    saved: List[torch.Tensor],
+    cotangents: List[torch.Tensor],
+    backend: str,
+) -> List[torch.Tensor]:
+    from . import _inputs
+
+    s, like = _spec(spec), _like(inputs)
+    training = s.training(wrt)
+    named = {n: _host(t) for n, t in zip(s.inputs, inputs)}
+    named.update((n, _host(t)) for n, t in zip(training.saved(), saved))
+    named.update(("cot_" + n, _host(t)) for n, t in zip(s.outputs, cotangents))
+    out = training.backward(_inputs(named), backend, _kernel_dtype(like) or "f32", _OUT[_out(like)])
+    return _adopt(out, like.device)
+
+
+@_backward.register_fake
+def _(spec, wrt, inputs, saved, cotangents, backend):
+    s, like = _spec(spec), _like(inputs)
+    shapes = {n: list(t.shape) for n, t in zip(s.inputs, inputs)}
+    return _empty([shapes[n] for n in s.gradients(wrt)], _out(like), like)
+
+
+def _setup_context(ctx, inputs, output):
+    spec, wrt, tensors, backend = inputs
+    s = _spec(spec)
+    saved = s.training(wrt).saved()
+    produced = dict(zip([*s.outputs, *[n for n in saved if n not in s.outputs]], output))
+    ctx.save_for_backward(*tensors, *(produced[n] for n in saved))
+    ctx.attnc = (spec, wrt, backend, len(tensors), [o.shape for o in output[: len(s.outputs)]])
+
+
+def _gradients(ctx, cotangents):
+    spec, wrt, backend, count, shapes = ctx.attnc
+    s = _spec(spec)
+    kept = ctx.saved_tensors
+    tensors, saved = list(kept[:count]), list(kept[count:])
+    like = _like(tensors)
+    # A cotangent PyTorch did not materialise (an output the loss ignores) is zero.
+    cot = [
+        c if c is not None else torch.zeros(shape, dtype=_out(like), device=like.device)
+        for c, shape in zip(cotangents[: len(s.outputs)], shapes)
+    ]
+    grads = dict(zip(s.gradients(wrt), torch.ops.attnc.backward(spec, wrt, tensors, saved, cot, backend)))
+    per_input = [grads[n].to(t.dtype) if n in grads else None for n, t in zip(s.inputs, tensors)]
+    return None, None, per_input, None
+
+
+_forward.register_autograd(_gradients, setup_context=_setup_context)
+
+
+def _run_setup_context(ctx, inputs, output):
+    spec, tensors, backend = inputs
+    ctx.save_for_backward(*tensors)
+    ctx.attnc = (spec, backend)
+
+
+def _run_gradients(ctx, cotangents):
+    """``attnc::run`` differentiated (called directly on tensors that need
+    gradients; ``function`` calls ``attnc::forward`` then): the training
+    forward again, for its residuals, then the backward."""
+    spec, backend = ctx.attnc
+    s, tensors = _spec(spec), list(ctx.saved_tensors)
+    out = torch.ops.attnc.forward(spec, "", tensors, backend)
+    saved = s.training("").saved()
+    produced = dict(zip([*s.outputs, *[n for n in saved if n not in s.outputs]], out))
+    grads = torch.ops.attnc.backward(spec, "", tensors, [produced[n] for n in saved], list(cotangents), backend)
+    grads = dict(zip(s.gradients(""), grads))
+    return None, [grads[n].to(t.dtype) if n in grads else None for n, t in zip(s.inputs, tensors)], None
+
+
+_run.register_autograd(_run_gradients, setup_context=_run_setup_context)
 
 
 def function(program: Program, backend: Optional[str] = None):
@@ -54,41 +309,13 @@ def function(program: Program, backend: Optional[str] = None):
     order, or by name) as torch tensors and returning its output (a dict when
     there are several), differentiable in every input with continuous values.
     ``backend`` runs the forward and the backward: by default CUDA tensors on
-    ``"cuda"`` and CPU tensors on the interpreter (``"wgpu"`` is the other choice)."""
-    names: List[str] = [t.name for t in program.inputs]
-    outputs: List[str] = [t.name for t in program.outputs]
+    ``"cuda"`` and CPU tensors on the interpreter (``"wgpu"`` is the other choice).
+    It calls ``attnc::run`` when no input needs a gradient, else
+    ``attnc::forward`` (whose backward is ``attnc::backward``)."""
+    key = program._key
+    spec = _spec(key, program)
+    names, outputs = spec.inputs, spec.outputs
     continuous = {t.name for t in program.inputs if t.domain in ("Any", "Finite")}
-
-    class _Apply(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, *tensors):
-            ctx.save_for_backward(*tensors)
-            like = next((t for t in tensors if t.is_floating_point()), tensors[0])
-            ctx.like = (like.dtype, like.device)
-            dtype = "f64" if like.dtype == torch.float64 else None
-            chosen = backend or ("cuda" if like.device.type == "cuda" else "interp")
-            ctx.backend = chosen
-            inputs = {n: _host(t) for n, t in zip(names, tensors)}
-            out = _tensors(program._run(inputs, chosen, dtype, out=_OUT.get(like.dtype, "f32")), like.device)
-            return tuple(out[n].to(like.dtype) for n in outputs)
-
-        @staticmethod
-        def backward(ctx, *cotangents):
-            tensors = ctx.saved_tensors
-            dtype, device = ctx.like
-            wrt = [n for n, need in zip(names, ctx.needs_input_grad) if need and n in continuous]
-            if not wrt:
-                return (None,) * len(names)
-            result = program._grad(
-                {n: _host(c) for n, c in zip(outputs, cotangents)},
-                wrt,
-                ctx.backend,
-                "f64" if dtype == torch.float64 else None,
-                {n: _host(t) for n, t in zip(names, tensors)},
-                out=_OUT.get(dtype, "f32"),
-            )
-            grads = _tensors(result, device)
-            return tuple(grads["grad_" + n].to(dtype) if n in wrt else None for n in names)
 
     def call(*args: torch.Tensor, **kwargs: torch.Tensor):
         if len(args) > len(names):
@@ -103,7 +330,14 @@ def function(program: Program, backend: Optional[str] = None):
         missing = [n for n in names if n not in given]
         if missing:
             raise TypeError(f"missing inputs: {', '.join(missing)}")
-        out = _Apply.apply(*(torch.as_tensor(given[n]) for n in names))
+        tensors = [torch.as_tensor(given[n]) for n in names]
+        like = _like(tensors)
+        chosen = backend or ("cuda" if like.device.type == "cuda" else "interp")
+        wrt = [n for n, t in zip(names, tensors) if n in continuous and t.requires_grad]
+        if wrt and torch.is_grad_enabled():
+            out = torch.ops.attnc.forward(key, ",".join(wrt), tensors, chosen)[: len(outputs)]
+        else:
+            out = torch.ops.attnc.run(key, tensors, chosen)
         return out[0] if len(outputs) == 1 else dict(zip(outputs, out))
 
     return call

@@ -14,7 +14,7 @@ use attnc_compiler::plan::Dtype;
 use attnc_runtime::bind::{DEFAULT_MAX_FLOPS, DEFAULT_MEMORY_BUDGET};
 use attnc_runtime::cuda::{Cuda, DeviceTensor, Kernels};
 use attnc_runtime::gpu::emit::Target as Source;
-use attnc_runtime::pipeline::{Backend, Compiler, Error, Program};
+use attnc_runtime::pipeline::{Backend, Compiler, Error, Program, Training};
 use attnc_runtime::{nvidia, RunError, Tensor};
 use dlpack::{HostArray, OutType};
 use pyo3::prelude::*;
@@ -36,16 +36,27 @@ mod exceptions {
 /// The specs shipped in `stdlib/`, by name, so that the package finds them
 /// from any directory.
 const STDLIB: &[(&str, &str)] = &[
+    ("alibi", include_str!("../../stdlib/alibi.attn")),
+    ("diff", include_str!("../../stdlib/diff.attn")),
+    ("document", include_str!("../../stdlib/document.attn")),
     ("dr_grpo", include_str!("../../stdlib/dr_grpo.attn")),
     ("gdpo", include_str!("../../stdlib/gdpo.attn")),
     ("gqa", include_str!("../../stdlib/gqa.attn")),
     ("grpo", include_str!("../../stdlib/grpo.attn")),
     ("iha", include_str!("../../stdlib/iha.attn")),
+    ("iha_decode", include_str!("../../stdlib/iha_decode.attn")),
+    ("kvcache", include_str!("../../stdlib/kvcache.attn")),
     ("maxrl", include_str!("../../stdlib/maxrl.attn")),
     ("mha", include_str!("../../stdlib/mha.attn")),
     ("mqa", include_str!("../../stdlib/mqa.attn")),
     ("odrpo", include_str!("../../stdlib/odrpo.attn")),
+    ("paged", include_str!("../../stdlib/paged.attn")),
+    ("prefix_lm", include_str!("../../stdlib/prefix_lm.attn")),
+    ("relative_bias", include_str!("../../stdlib/relative_bias.attn")),
     ("rloo", include_str!("../../stdlib/rloo.attn")),
+    ("sinks", include_str!("../../stdlib/sinks.attn")),
+    ("softcap", include_str!("../../stdlib/softcap.attn")),
+    ("talking_heads", include_str!("../../stdlib/talking_heads.attn")),
 ];
 
 /// Run `f`, turning a panic into `attnc.Error`.
@@ -158,17 +169,53 @@ fn host_arrays(program: &Program, outputs: &BTreeMap<String, Tensor>, out: OutTy
     order.map(|n| (n.clone(), HostArray::new(&outputs[n], out))).collect()
 }
 
-/// A compiled spec: parameters bound, dims free until inputs fix them.
-#[pyclass(module = "attnc._attnc", frozen)]
-struct NativeProgram {
-    name: String,
-    source: String,
-    program: Program,
+/// Run `program` on named `inputs`: bound (dims from the shapes, every
+/// value checked), within the limits, optimized if asked, in `dtype`.
+fn execute(
+    py: Python<'_>,
+    program: &Program,
+    inputs: BTreeMap<String, Tensor>,
+    (backend, dtype): (Backend, Dtype),
+    optimize: bool,
+) -> Result<BTreeMap<String, Tensor>, Error> {
+    let mut bound = program.bind(inputs)?;
+    bound.check_limits(backend, DEFAULT_MEMORY_BUDGET, DEFAULT_MAX_FLOPS)?;
+    if optimize {
+        bound = bound.optimize(cost::H200, Mode::Inference);
+    }
+    let bound = bound.in_dtype(dtype);
+    py.detach(|| bound.run(backend))
 }
 
-impl NativeProgram {
+/// A dim as a polynomial: `(coefficient, [(dim, exponent)])` per term.
+type Polynomial = Vec<(i64, Vec<(String, u32)>)>;
+
+/// A tensor's name and its shape as polynomials in the dims.
+type ShapeRule = (String, Vec<Polynomial>);
+
+/// How `ir`'s shapes follow from its inputs', for a caller that computes
+/// them itself (PyTorch's fake tensors, with symbolic sizes): the inputs'
+/// and the outputs' shapes as polynomials in the dims, and the dims that
+/// parameters fix.
+fn shape_rules(ir: &attnc_compiler::ir::Program) -> (Vec<ShapeRule>, Vec<ShapeRule>, Vec<(String, u64)>) {
+    let poly = |d: &attnc_compiler::ir::Dim| -> Polynomial { d.terms().map(|(c, m)| (c, m.to_vec())).collect() };
+    let rule = |name: &str, node| (name.to_string(), ir.shape(node).0.iter().map(poly).collect());
+    let inputs = ir.inputs.iter().map(|i| rule(&i.name, i.node)).collect();
+    let outputs = ir.outputs.iter().map(|(n, id)| rule(n, *id)).collect();
+    let fixed = ir.dims.iter().filter_map(|d| Some((d.name.clone(), d.default?))).collect();
+    (inputs, outputs, fixed)
+}
+
+/// A spec's name (as diagnostics print it) and text, to report errors by.
+#[derive(Clone)]
+struct SpecText {
+    name: String,
+    text: String,
+}
+
+impl SpecText {
     fn fail(&self, py: Python<'_>, e: Error) -> PyErr {
-        py_error(py, e, &self.name, &self.source)
+        py_error(py, e, &self.name, &self.text)
     }
 
     /// Inputs by name, read through DLPack.
@@ -181,6 +228,94 @@ impl NativeProgram {
             };
         }
         Ok(out)
+    }
+}
+
+/// A compiled spec: parameters bound, dims free until inputs fix them.
+#[pyclass(module = "attnc._attnc", frozen)]
+struct NativeProgram {
+    spec: SpecText,
+    program: Program,
+}
+
+impl NativeProgram {
+    fn fail(&self, py: Python<'_>, e: Error) -> PyErr {
+        self.spec.fail(py, e)
+    }
+
+    fn tensors(&self, py: Python<'_>, inputs: Vec<Input<'_>>) -> PyResult<BTreeMap<String, Tensor>> {
+        self.spec.tensors(py, inputs)
+    }
+}
+
+/// A training step's two programs (`Gradient::training`): the forward
+/// returns the outputs and the residuals the backward reads; the backward
+/// runs only the gradients' launches.
+#[pyclass(module = "attnc._attnc", frozen)]
+struct NativeTraining {
+    spec: SpecText,
+    training: Training,
+    /// How many of the forward's outputs are the spec's (the residuals follow).
+    outputs: usize,
+}
+
+#[pymethods]
+impl NativeTraining {
+    /// The residuals, in the backward's input order: names of the
+    /// forward's outputs (spec outputs, or `saved_<k>`).
+    fn saved(&self) -> Vec<String> {
+        self.training.saved.clone()
+    }
+
+    /// The forward's and the backward's shape rules (`NativeProgram.shape_rules`).
+    #[allow(clippy::type_complexity)]
+    fn shape_rules(&self) -> ((Vec<ShapeRule>, Vec<ShapeRule>), (Vec<ShapeRule>, Vec<ShapeRule>), Vec<(String, u64)>) {
+        let (fi, fo, fixed) = shape_rules(self.training.forward.ir());
+        let (bi, bo, _) = shape_rules(self.training.backward.ir());
+        ((fi, fo), (bi, bo), fixed)
+    }
+
+    /// The forward: the spec's outputs in element type `out`, then the
+    /// residuals in float32 (float64 when `out` is f64), by name.
+    fn forward(
+        &self,
+        py: Python<'_>,
+        tensors: Vec<Input<'_>>,
+        backend: &str,
+        dtype: &str,
+        out: &str,
+    ) -> PyResult<Vec<(String, HostArray)>> {
+        guarded(|| {
+            let (backend, dtype, out) = (self::backend(backend)?, self::dtype(dtype)?, out_type(out)?);
+            let inputs = self.spec.tensors(py, tensors)?;
+            let forward = &self.training.forward;
+            let outputs = execute(py, forward, inputs, (backend, dtype), false).map_err(|e| self.spec.fail(py, e))?;
+            let exact = if out == OutType::F64 { OutType::F64 } else { OutType::Storage(Dtype::F32) };
+            let order = forward.ir().outputs.iter().enumerate();
+            Ok(order
+                .map(|(i, (n, _))| (n.clone(), HostArray::new(&outputs[n], if i < self.outputs { out } else { exact })))
+                .collect())
+        })
+    }
+
+    /// The backward: `grad_<input>` for each differentiated input, given the
+    /// spec's inputs, the residuals by name and a cotangent `cot_<output>`
+    /// per output; returned as `forward` returns the outputs.
+    fn backward(
+        &self,
+        py: Python<'_>,
+        tensors: Vec<Input<'_>>,
+        backend: &str,
+        dtype: &str,
+        out: &str,
+    ) -> PyResult<Vec<(String, HostArray)>> {
+        guarded(|| {
+            let (backend, dtype, out) = (self::backend(backend)?, self::dtype(dtype)?, out_type(out)?);
+            let inputs = self.spec.tensors(py, tensors)?;
+            let backward = &self.training.backward;
+            let grads = execute(py, backward, inputs, (backend, dtype), false).map_err(|e| self.spec.fail(py, e))?;
+            Ok(host_arrays(backward, &grads, out))
+        })
     }
 }
 
@@ -251,13 +386,8 @@ impl NativeProgram {
         guarded(|| {
             let (backend, dtype, out) = (self::backend(backend)?, self::dtype(dtype)?, out_type(out)?);
             let inputs = self.tensors(py, tensors)?;
-            let mut bound = self.program.bind(inputs).map_err(|e| self.fail(py, e))?;
-            bound.check_limits(backend, DEFAULT_MEMORY_BUDGET, DEFAULT_MAX_FLOPS).map_err(|e| self.fail(py, e))?;
-            if optimize {
-                bound = bound.optimize(cost::H200, Mode::Inference);
-            }
-            let bound = bound.in_dtype(dtype);
-            let outputs = py.detach(|| bound.run(backend)).map_err(|e| self.fail(py, e))?;
+            let outputs =
+                execute(py, &self.program, inputs, (backend, dtype), optimize).map_err(|e| self.fail(py, e))?;
             Ok(host_arrays(&self.program, &outputs, out))
         })
     }
@@ -287,6 +417,23 @@ impl NativeProgram {
             let bound = bound.in_dtype(dtype);
             let outputs = py.detach(|| bound.run(backend)).map_err(|e| self.fail(py, e))?;
             Ok(host_arrays(gradient.program(), &outputs, out))
+        })
+    }
+
+    /// How the shapes follow from the inputs': `(inputs, outputs, fixed)`,
+    /// each shape a list of polynomials `[(coefficient, [(dim, exponent)])]`
+    /// in the dims, and the dims parameters fix with their values.
+    fn shape_rules(&self) -> (Vec<ShapeRule>, Vec<ShapeRule>, Vec<(String, u64)>) {
+        shape_rules(self.program.ir())
+    }
+
+    /// The training step's programs for the gradients by `wrt` (every
+    /// continuous input when empty).
+    fn training(&self, py: Python<'_>, wrt: Vec<String>) -> PyResult<NativeTraining> {
+        guarded(|| {
+            let gradient = self.program.gradient(&wrt).map_err(|e| self.fail(py, e))?;
+            let outputs = self.program.ir().outputs.len();
+            Ok(NativeTraining { spec: self.spec.clone(), training: gradient.training(), outputs })
         })
     }
 
@@ -412,7 +559,7 @@ fn compile(py: Python<'_>, name: String, source: String, settings: Vec<(String, 
     guarded(|| {
         let compiler = settings.iter().fold(Compiler::new(&name, &source), |c, (k, v)| c.set(k, v));
         let program = compiler.compile().map_err(|e| py_error(py, e, &name, &source))?;
-        Ok(NativeProgram { name, source, program })
+        Ok(NativeProgram { spec: SpecText { name, text: source }, program })
     })
 }
 
@@ -440,6 +587,7 @@ fn _attnc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<NativeProgram>()?;
     m.add_class::<HostArray>()?;
     m.add_class::<CudaKernels>()?;
+    m.add_class::<NativeTraining>()?;
     m.add_function(wrap_pyfunction!(compile, m)?)?;
     m.add_function(wrap_pyfunction!(stdlib, m)?)?;
     m.add_function(wrap_pyfunction!(stdlib_names, m)?)?;

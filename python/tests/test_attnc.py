@@ -207,7 +207,7 @@ def test_reward_estimators_from_any_directory(tmp_path, monkeypatch):
     adv = attnc.compile("stdlib/odrpo.attn", K=10, base="grpo").run(rewards=r)["advantages"]
     assert adv.shape == (6, 8) and adv.dtype == np.float32
     assert (adv[2] == 0).all() and np.abs(adv).sum() > 0
-    assert "odrpo" in attnc.stdlib()
+    assert sorted(attnc.stdlib()) == sorted(p.stem for p in (ROOT / "stdlib").glob("*.attn"))
 
 
 def test_spec_errors_carry_the_clis_diagnostic(tmp_path):

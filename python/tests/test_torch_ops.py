@@ -1,0 +1,137 @@
+"""attnc's PyTorch operators (attnc::run, attnc::forward, attnc::backward):
+traced by torch.compile with no graph break, checked by opcheck, exported
+by torch.export, with symbolic shapes, and a backward that runs on the
+forward's residuals."""
+
+import numpy as np
+import pytest
+import torch
+import torch._dynamo.testing
+
+import attnc
+import attnc.torch
+
+
+class TwoLayers(torch.nn.Module):
+    """An IHA layer and a talking-heads layer, each with a residual."""
+
+    def __init__(self, d=8, H=2):
+        super().__init__()
+        self.iha = attnc.torch.Module("stdlib/iha.attn", seed=1, H=H, P=2, d=d)
+        self.th = attnc.torch.Module("stdlib/talking_heads.attn", seed=2, H=H, d=d)
+
+    def forward(self, x):
+        x = x + self.iha(x)
+        return x + self.th(x)
+
+
+def grads(model):
+    return {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+
+
+def step(model, x, run=None):
+    """One loss's output and gradients, through ``run`` (default ``model``)."""
+    model.zero_grad()
+    y = (model if run is None else run)(x)
+    y.square().mean().backward()
+    return y.detach(), grads(model)
+
+
+def assert_same(a, b, what, tol=1e-6):
+    assert not torch.isnan(a).any(), what
+    err = ((a.double() - b.double()).norm() / b.double().norm()).item()
+    assert err <= tol, (what, err)
+
+
+def test_compiled_model_traces_without_graph_breaks_and_equals_eager():
+    torch.manual_seed(0)
+    model = TwoLayers()
+    x = torch.randn(2, 24, 16, requires_grad=True)
+    explained = torch._dynamo.explain(model)(x)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1, explained
+    y, g = step(model, x)
+    dx = x.grad.clone()
+    x.grad = None
+    compiled = torch.compile(model, fullgraph=True)
+    y2, g2 = step(model, x, compiled)
+    assert_same(y2, y, "output")
+    assert_same(x.grad, dx, "grad x")
+    assert g.keys() == g2.keys() and len(g) == 2 * 4 + 3 + 1 + 2
+    for n in g:
+        assert_same(g2[n], g[n], n)
+
+
+def specs():
+    """Small instances of IHA, MHA, talking heads and a score-function spec."""
+    return [
+        ("iha", dict(H=2, P=2, d=4, N=7)),
+        ("mha", dict(H=2, d=4, N=9)),
+        ("talking_heads", dict(H=2, d=4, N=6)),
+        ("alibi", dict(H=2, d=4, M=5, N=7)),
+    ]
+
+
+@pytest.mark.parametrize("name,params", specs())
+def test_opcheck_passes_on_each_operator(name, params):
+    program = attnc.compile(f"stdlib/{name}.attn", **params)
+    attnc.torch.function(program)  # registers the spec
+    drawn = program.sample(seed=3)
+    tensors = [torch.tensor(drawn[t.name], dtype=torch.float32, requires_grad=True) for t in program.inputs]
+    wrt = ",".join(t.name for t in program.inputs if t.domain in ("Any", "Finite"))
+    key = program._key
+    for op, args in [
+        (torch.ops.attnc.run.default, (key, tensors, "interp")),
+        (torch.ops.attnc.forward.default, (key, wrt, tensors, "interp")),
+    ]:
+        result = torch.library.opcheck(op, args)
+        assert set(result.values()) == {"SUCCESS"}, (op, result)
+    outputs = torch.ops.attnc.forward(key, wrt, [t.detach() for t in tensors], "interp")
+    training = program._native.training(wrt.split(","))
+    produced = dict(zip([t.name for t in program.outputs] + [n for n in training.saved() if n.startswith("saved_")], outputs))
+    saved = [produced[n] for n in training.saved()]
+    cot = [torch.randn(o.shape) for o in outputs[: len(program.outputs)]]
+    result = torch.library.opcheck(
+        torch.ops.attnc.backward.default, (key, wrt, [t.detach() for t in tensors], saved, cot, "interp")
+    )
+    assert set(result.values()) == {"SUCCESS"}, result
+
+
+def test_backward_from_residuals_equals_the_gradient_program():
+    """In float64 on the interpreter the backward run on the forward's
+    residuals gives `Program.grad`'s gradients (which run the forward
+    again) bit for bit."""
+    for name, params in specs():
+        program = attnc.compile(f"stdlib/{name}.attn", **params)
+        drawn = program.sample(seed=4)
+        tensors = {n: torch.tensor(v, requires_grad=True) for n, v in drawn.items()}
+        y = attnc.torch.function(program)(**tensors)
+        cot = torch.randn(y.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+        (y * cot).sum().backward()
+        want = program.grad({program.outputs[0].name: cot.numpy()}, dtype="f64", **drawn)
+        assert np.array_equal(y.detach().numpy(), want[program.outputs[0].name]), name
+        assert len(program._native.training([]).saved()) >= 2, name
+        for n, t in tensors.items():
+            if "grad_" + n in want:
+                assert np.array_equal(t.grad.numpy(), want["grad_" + n]), (name, n)
+
+
+def test_dynamic_shapes_compile_once_for_every_length():
+    """With symbolic sizes the fake implementations give the outputs'
+    shapes from the spec's rules: one graph serves several lengths."""
+    layer = attnc.torch.Module("stdlib/iha.attn", H=2, P=2, d=4)
+    counter = torch._dynamo.testing.CompileCounter()
+    compiled = torch.compile(layer, backend=counter, dynamic=True, fullgraph=True)
+    for n in (10, 17, 23):
+        x = torch.randn(2, n, 8)
+        assert_same(compiled(x), layer(x), f"N={n}")
+        compiled(x).sum().backward()
+    assert counter.frame_count == 1, counter.frame_count
+
+
+def test_torch_export_of_a_model_with_an_attnc_layer():
+    torch.manual_seed(1)
+    model = TwoLayers(d=4)
+    x = torch.randn(1, 12, 8)
+    exported = torch.export.export(model, (x,))
+    assert any("attnc" in str(n.target) for n in exported.graph.nodes)
+    assert_same(exported.module()(x), model(x), "exported")
