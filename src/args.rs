@@ -218,9 +218,12 @@ pub struct GradArgs {
     /// Where to execute: the float64 interpreter, or the gradient program's kernels
     #[arg(long, value_enum, default_value_t = Backend::Interp)]
     pub backend: Backend,
-    /// f32 or f64 output file
-    #[arg(long, value_enum, default_value_t = FileArg::F32)]
-    pub dtype: FileArg,
+    /// Element type, as `attnc run` takes it: f32 or f64 files; f16 or bf16
+    /// gradient kernels (wgpu, cuda) store every tensor in that type and
+    /// compute in f32 (the tensor-core backward kernels), and the file holds
+    /// f32; tf32 stores f32 and multiplies GEMMs on TF32 tensor cores (cuda)
+    #[arg(long, value_enum, default_value_t = Dtype::F32)]
+    pub dtype: Dtype,
 }
 
 // `attnc fmt`.
@@ -343,21 +346,6 @@ impl Dtype {
             Dtype::F16 => (plan::Dtype::F16, FileDtype::F32),
             Dtype::Bf16 => (plan::Dtype::Bf16, FileDtype::F32),
             Dtype::Tf32 => (plan::Dtype::Tf32, FileDtype::F32),
-        }
-    }
-}
-
-#[derive(Clone, Copy, ValueEnum)]
-pub enum FileArg {
-    F32,
-    F64,
-}
-
-impl FileArg {
-    pub fn file(self) -> FileDtype {
-        match self {
-            FileArg::F32 => FileDtype::F32,
-            FileArg::F64 => FileDtype::F64,
         }
     }
 }

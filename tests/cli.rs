@@ -504,6 +504,56 @@ fn grad_writes_gradients_or_refuses_clearly() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// `attnc grad --dtype f16` runs the half-precision gradient kernels on
+/// wgpu (every tensor stored in f16, f32 accumulation) and writes an f32
+/// file; at N = 1500 past many tiles each gradient holds against the
+/// float64 interpreter within docs/gradients.md's rule for half precision:
+/// relative error (2-norm) at most 8u and every element within 16u of the
+/// largest, u = 2⁻¹¹ f16's unit roundoff. bf16 on wgpu and half precision
+/// on the interpreter are refused as `run` refuses them, nothing written.
+#[test]
+fn grad_runs_the_half_precision_gradient_kernels() {
+    let dir = scratch("grad_half");
+    let sets = ["--set", "N=1500", "--set", "H=2", "--set", "d=32", "--set", "B=1"];
+    let read = |p: &Path| decode(&std::fs::read(p).unwrap()).unwrap();
+    let (exact, half) = (dir.join("exact.safetensors"), dir.join("half.safetensors"));
+    let o =
+        attnc(&[&["grad", "stdlib/mha.attn", "--seed", "8", "--dtype", "f64", "--out", s(&exact)][..], &sets].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let args = ["grad", "stdlib/mha.attn", "--seed", "8", "--backend", "wgpu", "--dtype", "f16", "--out", s(&half)];
+    let o = attnc(&[&args[..], &sets].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let header = String::from_utf8_lossy(&std::fs::read(&half).unwrap()[..400]).into_owned();
+    assert!(header.contains("\"F32\"") && !header.contains("F16"), "f16 gradients write f32 files: {header}");
+    let (want, got) = (read(&exact), read(&half));
+    let u = 2f64.powi(-11);
+    for name in ["y", "grad_x", "grad_w_q", "grad_w_k", "grad_w_v", "grad_w_o"] {
+        let (g, w) = (&got[name].data, &want[name].data);
+        assert!(g.iter().all(|v| v.is_finite()), "{name}: not finite");
+        let e = attnc_runtime::relative_error(g, w);
+        let largest = w.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+        let worst = g.iter().zip(w).fold(0.0f64, |m, (a, b)| m.max((a - b).abs()));
+        assert!(
+            e <= 8.0 * u && worst <= 16.0 * u * largest,
+            "{name}: relative {e:e}, worst element {worst:e} of {largest:e}"
+        );
+        // Half precision for real: not the f32 kernels' error.
+        assert!(e > 1e-5, "{name}: relative error {e:e} is f32's");
+    }
+    for (extra, needle) in [
+        (&["--backend", "wgpu", "--dtype", "bf16"][..], "cannot run bf16 kernels (WebGPU and wgpu have no bf16 type)"),
+        (&["--dtype", "f16"][..], "interpreter computes in float64"),
+    ] {
+        let out = dir.join("refused.safetensors");
+        let o = attnc(
+            &[&["grad", "stdlib/mha.attn", "--seed", "1", "--set", "N=20", "--out", s(&out)][..], extra].concat(),
+        );
+        let err = stderr(&o);
+        assert!(!o.status.success() && !out.exists() && err.contains(needle) && !err.contains("panicked"), "{err}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 /// The seconds a bench row's median column gives (`1.053 s`, `72.066 ms`, `893.984 µs`).
 fn seconds(value: &str, unit: &str) -> f64 {
     let v: f64 = value.parse().unwrap_or_else(|_| panic!("`{value}` is not a number"));

@@ -36,6 +36,8 @@ way); CPU tensors on the interpreter unless ``backend`` says otherwise.
 from __future__ import annotations
 
 import json
+import logging
+import os
 from collections import OrderedDict
 from typing import Dict, List, Optional, Sequence
 
@@ -47,7 +49,7 @@ import torch
 # here, keeps `attnc.torch` and the wgpu backend on lavapipe usable together.
 import torch._dynamo  # noqa: F401,E402
 
-from . import Program
+from . import Program, _attnc, _inputs
 from . import compile as _compile
 
 __all__ = ["function", "Module", "CACHE_SIZE"]
@@ -116,8 +118,47 @@ def _exact(like: torch.Tensor) -> torch.dtype:
     return torch.float64 if like.dtype == torch.float64 else torch.float32
 
 
-def _kernel_dtype(like: torch.Tensor) -> Optional[str]:
-    return "f64" if like.dtype == torch.float64 else None
+def _kernel_dtype(like: torch.Tensor, backend: str) -> str:
+    """The kernels' storage type for tensors like ``like``: float16 and
+    bfloat16 run the half-precision kernels (f32 accumulation) where the
+    backend has the type (wgpu has no bf16: f32 kernels there); float64
+    asks for float64 results (the interpreter computes in float64)."""
+    if like.dtype == torch.float64:
+        return "f64"
+    if backend == "cuda" and like.dtype in (torch.float16, torch.bfloat16):
+        return _OUT[like.dtype]
+    if backend == "wgpu" and like.dtype == torch.float16:
+        return "f16"
+    return "f32"
+
+
+_log = logging.getLogger("attnc.torch")
+_ADAPTER: List[Optional[str]] = []
+_TOLD: set = set()
+
+
+def _backend(backend: str, like: torch.Tensor) -> str:
+    """``backend``, or for ``"auto"``: CUDA tensors on ``cuda``; float64 on
+    the interpreter (exact, so ``gradcheck`` holds); other CPU tensors on
+    wgpu when an adapter exists (a GPU, or lavapipe), else the interpreter.
+    ``ATTNC_TORCH_BACKEND`` pins the CPU choice. Logged once at DEBUG."""
+    if backend != "auto":
+        return backend
+    if like.device.type == "cuda":
+        return "cuda"
+    if like.dtype == torch.float64:
+        chosen, why = "interp", "float64 stays exact"
+    elif os.environ.get("ATTNC_TORCH_BACKEND"):
+        chosen, why = os.environ["ATTNC_TORCH_BACKEND"], "ATTNC_TORCH_BACKEND"
+    else:
+        if not _ADAPTER:
+            _ADAPTER.append(_attnc.wgpu_adapter())
+        chosen = "wgpu" if _ADAPTER[0] else "interp"
+        why = f"wgpu adapter `{_ADAPTER[0]}`" if _ADAPTER[0] else "no wgpu adapter"
+    if (like.dtype, chosen) not in _TOLD:
+        _TOLD.add((like.dtype, chosen))
+        _log.debug("attnc.torch: %s CPU tensors run on %s (%s)", like.dtype, chosen, why)
+    return chosen
 
 
 def _host(t: torch.Tensor) -> torch.Tensor:
@@ -197,8 +238,9 @@ def _empty(shapes, dtype, like):
 @torch.library.custom_op("attnc::run", mutates_args=())
 def _run(spec: str, inputs: List[torch.Tensor], backend: str) -> List[torch.Tensor]:
     s, like = _spec(spec), _like(inputs)
+    backend = _backend(backend, like)
     named = {n: _host(t) for n, t in zip(s.inputs, inputs)}
-    return _adopt(s.program._run(named, backend, _kernel_dtype(like), out=_OUT[_out(like)]), like.device)
+    return _adopt(s.program._run(named, backend, _kernel_dtype(like, backend), out=_OUT[_out(like)]), like.device)
 
 
 @_run.register_fake
@@ -210,10 +252,9 @@ def _(spec, inputs, backend):
 @torch.library.custom_op("attnc::forward", mutates_args=())
 def _forward(spec: str, wrt: str, inputs: List[torch.Tensor], backend: str) -> List[torch.Tensor]:
     s, like = _spec(spec), _like(inputs)
-    named = [(n, _host(t)) for n, t in zip(s.inputs, inputs)]
-    from . import _inputs
-
-    out = s.training(wrt).forward(_inputs(dict(named)), backend, _kernel_dtype(like) or "f32", _OUT[_out(like)])
+    backend = _backend(backend, like)
+    named = _inputs({n: _host(t) for n, t in zip(s.inputs, inputs)})
+    out = s.training(wrt).forward(named, backend, _kernel_dtype(like, backend), _OUT[_out(like)])
     return _adopt(out, like.device)
 
 
@@ -235,14 +276,13 @@ def _backward(
     cotangents: List[torch.Tensor],
     backend: str,
 ) -> List[torch.Tensor]:
-    from . import _inputs
-
     s, like = _spec(spec), _like(inputs)
+    backend = _backend(backend, like)
     training = s.training(wrt)
     named = {n: _host(t) for n, t in zip(s.inputs, inputs)}
     named.update((n, _host(t)) for n, t in zip(training.saved(), saved))
     named.update(("cot_" + n, _host(t)) for n, t in zip(s.outputs, cotangents))
-    out = training.backward(_inputs(named), backend, _kernel_dtype(like) or "f32", _OUT[_out(like)])
+    out = training.backward(_inputs(named), backend, _kernel_dtype(like, backend), _OUT[_out(like)])
     return _adopt(out, like.device)
 
 
@@ -331,8 +371,7 @@ def function(program: Program, backend: Optional[str] = None):
         if missing:
             raise TypeError(f"missing inputs: {', '.join(missing)}")
         tensors = [torch.as_tensor(given[n]) for n in names]
-        like = _like(tensors)
-        chosen = backend or ("cuda" if like.device.type == "cuda" else "interp")
+        chosen = backend or "auto"
         wrt = [n for n, t in zip(names, tensors) if n in continuous and t.requires_grad]
         if wrt and torch.is_grad_enabled():
             out = torch.ops.attnc.forward(key, ",".join(wrt), tensors, chosen)[: len(outputs)]

@@ -569,6 +569,13 @@ fn stdlib(name: &str) -> Option<&'static str> {
     STDLIB.iter().find(|(n, _)| *n == name).map(|(_, text)| *text)
 }
 
+/// The name of the wgpu adapter attnc would run on (a GPU, or Mesa's
+/// lavapipe on the CPU), or `None` when there is none.
+#[pyfunction]
+fn wgpu_adapter(py: Python<'_>) -> Option<String> {
+    py.detach(|| attnc_runtime::gpu::exec::Gpu::wgpu().ok().map(|g| g.adapter))
+}
+
 /// The stdlib's spec names.
 #[pyfunction]
 fn stdlib_names() -> Vec<&'static str> {
@@ -591,5 +598,6 @@ fn _attnc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(compile, m)?)?;
     m.add_function(wrap_pyfunction!(stdlib, m)?)?;
     m.add_function(wrap_pyfunction!(stdlib_names, m)?)?;
+    m.add_function(wrap_pyfunction!(wgpu_adapter, m)?)?;
     Ok(())
 }

@@ -3,6 +3,8 @@ traced by torch.compile with no graph break, checked by opcheck, exported
 by torch.export, with symbolic shapes, and a backward that runs on the
 forward's residuals."""
 
+import logging
+
 import numpy as np
 import pytest
 import torch
@@ -135,3 +137,38 @@ def test_torch_export_of_a_model_with_an_attnc_layer():
     exported = torch.export.export(model, (x,))
     assert any("attnc" in str(n.target) for n in exported.graph.nodes)
     assert_same(exported.module()(x), model(x), "exported")
+
+
+def test_cpu_tensors_run_on_wgpu_in_their_precision_and_say_so_once(caplog):
+    """By default float64 CPU tensors stay on the interpreter (exact) and
+    float32/float16 ones run on wgpu (lavapipe in CI), float16 on the
+    half-precision kernels both ways: against float64 on the same rounded
+    values, f32 kernels are within 1e-4 and f16 ones show half precision's
+    error (above 1e-5, at most 8u, u = 2⁻¹¹). The choice is logged once
+    per dtype at DEBUG."""
+    caplog.set_level(logging.DEBUG, logger="attnc.torch")
+    attnc.torch._TOLD.clear()
+    program = attnc.compile("stdlib/mha.attn", H=2, d=16, N=300)
+    f = attnc.torch.function(program)
+    drawn = program.sample(seed=9)
+    cot = torch.randn(2, dtype=torch.float64)  # replaced below, once y's shape is known
+    u = 2.0**-11
+    for dtype, lo, hi in [(torch.float32, 0.0, 1e-4), (torch.float16, 1e-5, 8 * u)]:
+        low = {n: torch.tensor(v).to(dtype).requires_grad_() for n, v in drawn.items()}
+        exact = {n: t.detach().double().requires_grad_() for n, t in low.items()}
+        y64 = f(**exact)
+        cot = torch.randn(y64.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(10))
+        (y64 * cot).sum().backward()
+        y = f(**low)
+        f(**{n: t.detach() for n, t in low.items()})  # again, without gradients: attnc::run
+        assert y.dtype == dtype
+        (y.double() * cot).sum().backward()
+        pairs = [("y", y, y64)] + [("grad_" + n, low[n].grad, exact[n].grad) for n in low]
+        for name, got, want in pairs:
+            assert got.dtype == dtype and not torch.isnan(got).any(), (dtype, name)
+            err = ((got.double() - want).norm() / want.norm()).item()
+            assert lo < err <= hi, (dtype, name, err)
+    told = [r.getMessage() for r in caplog.records if r.name == "attnc.torch"]
+    assert len(told) == 3, told
+    assert any("torch.float64" in m and "on interp" in m for m in told), told
+    assert any("torch.float16" in m and "on wgpu" in m for m in told), told

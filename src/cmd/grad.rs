@@ -18,6 +18,7 @@ pub fn grad(a: GradArgs, ui: &Ui) -> Result<(), Failed> {
     // Cotangents are real: no integer tensor among them.
     let cotangents =
         a.cotangents.as_deref().map(|c| io::read_tensors(c, &Default::default())).transpose().map_err(rfail)?;
+    let (dtype, file_dtype) = a.dtype.split();
     let bound = match (&a.inputs, a.seed) {
         (Some(path), _) => {
             gradient.bind(io::read_tensors(path, &integers).map_err(rfail)?, cotangents, 0).map_err(fail)?
@@ -27,7 +28,7 @@ pub fn grad(a: GradArgs, ui: &Ui) -> Result<(), Failed> {
     };
     let results = {
         let _step = ui.step("running the gradient program");
-        bound.run(a.backend.pipeline()).map_err(fail)?
+        bound.clone().in_dtype(dtype).run(a.backend.pipeline()).map_err(fail)?
     };
     let ir = gradient.program().ir();
     let mut named: Vec<(String, &Tensor)> = ir.outputs.iter().map(|(n, _)| (n.clone(), &results[n])).collect();
@@ -39,7 +40,7 @@ pub fn grad(a: GradArgs, ui: &Ui) -> Result<(), Failed> {
             named.push((input.name.clone(), &bound.inputs()[&input.name]));
         }
     }
-    io::write_tensors(&a.out, &named, a.dtype.file()).map_err(rfail)?;
+    io::write_tensors(&a.out, &named, file_dtype).map_err(rfail)?;
     for (name, t) in &named {
         eprintln!("wrote {name} {:?} to {}", t.shape, a.out.display());
     }
