@@ -320,14 +320,17 @@ impl Gpu {
         let mut state = prepared.clone();
         self.upload_buffers(plan, inputs, &mut state, |role| matches!(role, BufferRole::Input { weight: false, .. }))?;
         self.launch_all(plan, plan.prepared()..plan.launches.len(), &mut state, times)?;
-        let mut outputs = vec![];
-        for (name, id) in &plan.outputs {
-            let h = state.handles[*id].clone().expect("outputs stay alive");
-            let bytes = self.client.read_one(h).map_err(|e| GpuError::Launch(name.clone(), format!("{e:?}")))?;
-            let data = crate::dtype::decode(plan.dtype, &bytes);
-            outputs.push(Tensor::new(plan.buffers[*id].shape.clone(), data));
-        }
-        Ok((outputs, state.stats))
+        // Every output read back in one request: one wait for the device,
+        // not one an output.
+        let handles = plan.outputs.iter().map(|(_, id)| state.handles[*id].clone().expect("outputs stay alive"));
+        let read = self.client.read(handles.collect()).map_err(|e| {
+            let names: Vec<&str> = plan.outputs.iter().map(|(n, _)| n.as_str()).collect();
+            GpuError::Launch(names.join(", "), format!("{e:?}"))
+        })?;
+        let outputs = plan.outputs.iter().zip(read).map(|((_, id), bytes)| {
+            Tensor::new(plan.buffers[*id].shape.clone(), crate::dtype::decode(plan.dtype, &bytes))
+        });
+        Ok((outputs.collect(), state.stats))
     }
 
     /// Upload the input (by name) and constant buffers `pick` selects.
