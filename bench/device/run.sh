@@ -11,9 +11,12 @@
 # cubek and PyTorch), half (bf16 and tf32), grad (gradients), functions
 # (score and mask functions against the interpreter and FlexAttention),
 # mixing (head mixing inside attention: Talking-Heads, Differential),
-# serving (lengths, paged caches and split-KV decoding). Default: all.
+# serving (lengths, paged caches and split-KV decoding), torch (a bf16
+# training step through attnc.torch against the IHA paper's PyTorch
+# implementation, and the host/device copies in it: bench/device/torch_train.py).
+# Default: all.
 set -u
-SECTIONS=${*:-cuda core half grad functions mixing serving}
+SECTIONS=${*:-cuda core half grad functions mixing serving torch}
 want() { [[ " $SECTIONS " == *" $1 "* ]]; }
 BIN=${BIN:-.device-bin/attnc}
 if [ ! -x "$BIN" ] && [ -f "$BIN.xz" ]; then
@@ -151,5 +154,11 @@ if want serving; then
 fi
 if want mixing; then
   source bench/device/mixing.sh
+fi
+if want torch; then
+  whl=$(ls .device-bin/attnc-*.whl 2>/dev/null | head -1)
+  [ -n "$whl" ] && python3 -m pip install -q --no-deps --force-reinstall "$whl" 2>&1 | tail -2 | tee -a "$log"
+  timeout 400 python3 bench/device/torch_train.py 2>&1 | tee -a "$log"
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
 fi
 exit $status

@@ -29,8 +29,11 @@ they lie (any float dtype, bfloat16 included, any strides); outputs come
 back in the inputs' dtype, residuals in float32 (float64 for float64
 inputs). Float64 tensors run in float64 on the interpreter, so
 ``torch.autograd.gradcheck`` holds the package to central differences.
-CUDA tensors run on the CUDA backend through host memory (one copy each
-way); CPU tensors on the interpreter unless ``backend`` says otherwise.
+CUDA tensors run on the CUDA backend without a host copy: kernels planned
+at their shapes, launched on the current stream over their pointers, the
+outputs allocated by PyTorch (specs with integer inputs, whose values are
+checked on the host, excepted). float64 CPU tensors run on the
+interpreter, other CPU tensors on wgpu when an adapter exists.
 """
 
 from __future__ import annotations
@@ -72,6 +75,9 @@ class _Spec:
         self.inputs = [t.name for t in program.inputs]
         self.outputs = [t.name for t in program.outputs]
         self.rules = program._native.shape_rules()
+        # Integer inputs (lengths, page tables) are checked on the host
+        # before a launch: such specs' CUDA tensors cross through it.
+        self.on_device = not any(t.domain.startswith("Integers") for t in program.inputs)
         self._training: Dict[str, object] = {}
 
     def training(self, wrt: str):
@@ -235,12 +241,62 @@ def _empty(shapes, dtype, like):
     return [like.new_empty([int(s) if isinstance(s, int) else s for s in shape], dtype=dtype) for shape in shapes]
 
 
+# CUDA tensors without a copy: kernels planned at the inputs' shapes and
+# loaded once per (spec, program, shapes, dtype, device), launched on
+# PyTorch's current stream over the tensors' device pointers; outputs and
+# the workspace come from PyTorch's caching allocator (freed memory is
+# reused in stream order, so nothing waits). Inputs not yet in the
+# kernels' storage type or not contiguous get one copy, on the device.
+
+_STORAGE = {"f32": torch.float32, "f64": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+_KERNELS: "OrderedDict[tuple, object]" = OrderedDict()
+
+
+def _on_device(like: torch.Tensor, backend: str, spec: _Spec) -> bool:
+    return like.device.type == "cuda" and backend == "cuda" and spec.on_device
+
+
+def _launch(load, key, named: Dict[str, torch.Tensor], outputs, kernel_dtype: str, device: torch.device):
+    """Queue a program's kernels on the current stream: ``load(shapes)``
+    gives them for the inputs' shapes (cached under ``key``); ``outputs``
+    are ``(name, shape)``. Returns the outputs in the storage type."""
+    storage = _STORAGE[kernel_dtype]
+    shapes = {n: list(t.shape) for n, t in named.items()}
+    key = (*key, tuple((n, tuple(v)) for n, v in sorted(shapes.items())), kernel_dtype, device.index)
+    if key in _KERNELS:
+        _KERNELS.move_to_end(key)
+    else:
+        _KERNELS[key] = load(shapes)
+        while len(_KERNELS) > CACHE_SIZE:
+            _KERNELS.popitem(last=False)
+    kernels = _KERNELS[key]
+    given = {n: t.detach().to(dtype=storage).contiguous() for n, t in named.items()}
+    given.update((n, torch.empty([int(d) for d in shape], dtype=storage, device=device)) for n, shape in outputs)
+    bytes_ = kernels.workspace_bytes()
+    workspace = torch.empty(bytes_, dtype=torch.uint8, device=device) if bytes_ else None
+    pointers = {n: (t.data_ptr(), t.numel() * t.element_size()) for n, t in given.items()}
+    stream = torch.cuda.current_stream(device).cuda_stream
+    kernels.launch(pointers, stream, None if workspace is None else (workspace.data_ptr(), bytes_))
+    return [given[n] for n, _ in outputs]
+
+
+def _device_index(t: torch.Tensor) -> int:
+    return t.device.index if t.device.index is not None else torch.cuda.current_device()
+
+
 @torch.library.custom_op("attnc::run", mutates_args=())
 def _run(spec: str, inputs: List[torch.Tensor], backend: str) -> List[torch.Tensor]:
     s, like = _spec(spec), _like(inputs)
     backend = _backend(backend, like)
+    kernel_dtype = _kernel_dtype(like, backend)
+    if _on_device(like, backend, s):
+        index = _device_index(like)
+        outputs = list(zip(s.outputs, _shapes(s.rules, [t.shape for t in inputs])))
+        load = lambda shapes: s.program._native.cuda_kernels_at(shapes, kernel_dtype, index)  # noqa: E731
+        got = _launch(load, ("run", spec), dict(zip(s.inputs, inputs)), outputs, kernel_dtype, like.device)
+        return [t.to(_out(like)) for t in got]
     named = {n: _host(t) for n, t in zip(s.inputs, inputs)}
-    return _adopt(s.program._run(named, backend, _kernel_dtype(like, backend), out=_OUT[_out(like)]), like.device)
+    return _adopt(s.program._run(named, backend, kernel_dtype, out=_OUT[_out(like)]), like.device)
 
 
 @_run.register_fake
@@ -253,8 +309,17 @@ def _(spec, inputs, backend):
 def _forward(spec: str, wrt: str, inputs: List[torch.Tensor], backend: str) -> List[torch.Tensor]:
     s, like = _spec(spec), _like(inputs)
     backend = _backend(backend, like)
+    kernel_dtype, training = _kernel_dtype(like, backend), s.training(wrt)
+    if _on_device(like, backend, s):
+        index = _device_index(like)
+        (ins, outs), _, fixed = training.shape_rules()
+        outputs = list(zip([n for n, _ in outs], _shapes((ins, outs, fixed), [t.shape for t in inputs])))
+        load = lambda shapes: training.cuda_kernels_at("forward", shapes, kernel_dtype, index)  # noqa: E731
+        got = _launch(load, ("forward", spec, wrt), dict(zip(s.inputs, inputs)), outputs, kernel_dtype, like.device)
+        n = len(s.outputs)
+        return [t.to(_out(like)) for t in got[:n]] + [t.to(_exact(like)) for t in got[n:]]
     named = _inputs({n: _host(t) for n, t in zip(s.inputs, inputs)})
-    out = s.training(wrt).forward(named, backend, _kernel_dtype(like, backend), _OUT[_out(like)])
+    out = training.forward(named, backend, kernel_dtype, _OUT[_out(like)])
     return _adopt(out, like.device)
 
 
@@ -278,11 +343,21 @@ def _backward(
 ) -> List[torch.Tensor]:
     s, like = _spec(spec), _like(inputs)
     backend = _backend(backend, like)
-    training = s.training(wrt)
+    kernel_dtype, training = _kernel_dtype(like, backend), s.training(wrt)
+    if _on_device(like, backend, s):
+        index = _device_index(like)
+        given = dict(zip(s.inputs, inputs))
+        given.update(zip(training.saved(), saved))
+        given.update(("cot_" + n, t) for n, t in zip(s.outputs, cotangents))
+        shapes = {n: list(t.shape) for n, t in zip(s.inputs, inputs)}
+        outputs = [("grad_" + n, shapes[n]) for n in s.gradients(wrt)]
+        load = lambda shapes: training.cuda_kernels_at("backward", shapes, kernel_dtype, index)  # noqa: E731
+        got = _launch(load, ("backward", spec, wrt), given, outputs, kernel_dtype, like.device)
+        return [t.to(_out(like)) for t in got]
     named = {n: _host(t) for n, t in zip(s.inputs, inputs)}
     named.update((n, _host(t)) for n, t in zip(training.saved(), saved))
     named.update(("cot_" + n, _host(t)) for n, t in zip(s.outputs, cotangents))
-    out = training.backward(_inputs(named), backend, _kernel_dtype(like, backend), _OUT[_out(like)])
+    out = training.backward(_inputs(named), backend, kernel_dtype, _OUT[_out(like)])
     return _adopt(out, like.device)
 
 
@@ -348,8 +423,9 @@ def function(program: Program, backend: Optional[str] = None):
     """A callable taking the spec's inputs (positionally in declaration
     order, or by name) as torch tensors and returning its output (a dict when
     there are several), differentiable in every input with continuous values.
-    ``backend`` runs the forward and the backward: by default CUDA tensors on
-    ``"cuda"`` and CPU tensors on the interpreter (``"wgpu"`` is the other choice).
+    ``backend`` runs the forward and the backward: by default (``"auto"``)
+    CUDA tensors on ``"cuda"``, float64 CPU tensors on the interpreter and
+    other CPU tensors on ``"wgpu"`` when an adapter exists.
     It calls ``attnc::run`` when no input needs a gradient, else
     ``attnc::forward`` (whose backward is ``attnc::backward``)."""
     key = program._key

@@ -14,7 +14,7 @@ use attnc_compiler::plan::Dtype;
 use attnc_runtime::bind::{DEFAULT_MAX_FLOPS, DEFAULT_MEMORY_BUDGET};
 use attnc_runtime::cuda::{Cuda, DeviceTensor, Kernels};
 use attnc_runtime::gpu::emit::Target as Source;
-use attnc_runtime::pipeline::{Backend, Compiler, Error, Program, Training};
+use attnc_runtime::pipeline::{self, Backend, Compiler, Error, Program, Training};
 use attnc_runtime::{nvidia, RunError, Tensor};
 use dlpack::{HostArray, OutType};
 use pyo3::prelude::*;
@@ -231,6 +231,20 @@ impl SpecText {
     }
 }
 
+/// `bound`'s kernels in `dtype`, compiled for CUDA device `device` and loaded.
+fn load_cuda(
+    py: Python<'_>,
+    spec: &SpecText,
+    bound: pipeline::Bound,
+    dtype: &str,
+    device: usize,
+) -> PyResult<CudaKernels> {
+    let bound = bound.in_dtype(self::dtype(dtype)?);
+    let cuda = Cuda::open(device).map_err(|e| spec.fail(py, Error::Cuda(e)))?;
+    let kernels = py.detach(|| bound.cuda_kernels(&cuda)).map_err(|e| spec.fail(py, e))?;
+    Ok(CudaKernels { kernels })
+}
+
 /// A compiled spec: parameters bound, dims free until inputs fix them.
 #[pyclass(module = "attnc._attnc", frozen)]
 struct NativeProgram {
@@ -273,6 +287,28 @@ impl NativeTraining {
         let (fi, fo, fixed) = shape_rules(self.training.forward.ir());
         let (bi, bo, _) = shape_rules(self.training.backward.ir());
         ((fi, fo), (bi, bo), fixed)
+    }
+
+    /// The forward's (`half = "forward"`) or the backward's kernels at the
+    /// dims the inputs' `shapes` (by name; the backward's include the
+    /// residuals and cotangents) give, compiled for CUDA device `device`.
+    fn cuda_kernels_at(
+        &self,
+        py: Python<'_>,
+        half: &str,
+        shapes: BTreeMap<String, Vec<usize>>,
+        dtype: &str,
+        device: usize,
+    ) -> PyResult<CudaKernels> {
+        guarded(|| {
+            let program = match half {
+                "forward" => &self.training.forward,
+                "backward" => &self.training.backward,
+                _ => return Err(setting_error(format!("unknown half `{half}`; expected forward or backward"))),
+            };
+            let bound = program.shaped(&shapes).map_err(|e| self.spec.fail(py, e))?;
+            load_cuda(py, &self.spec, bound, dtype, device)
+        })
     }
 
     /// The forward: the spec's outputs in element type `out`, then the
@@ -473,10 +509,23 @@ impl NativeProgram {
     /// caller owns (`CudaKernels.launch`).
     fn cuda_kernels(&self, py: Python<'_>, dtype: &str, device: usize) -> PyResult<CudaKernels> {
         guarded(|| {
-            let bound = self.program.sized().map_err(|e| self.fail(py, e))?.in_dtype(self::dtype(dtype)?);
-            let cuda = Cuda::open(device).map_err(|e| self.fail(py, Error::Cuda(e)))?;
-            let kernels = py.detach(|| bound.cuda_kernels(&cuda)).map_err(|e| self.fail(py, e))?;
-            Ok(CudaKernels { kernels })
+            let bound = self.program.sized().map_err(|e| self.fail(py, e))?;
+            load_cuda(py, &self.spec, bound, dtype, device)
+        })
+    }
+
+    /// [`NativeProgram::cuda_kernels`] at the dims the inputs' `shapes`
+    /// (by name) give: for tensors that already live on the device.
+    fn cuda_kernels_at(
+        &self,
+        py: Python<'_>,
+        shapes: BTreeMap<String, Vec<usize>>,
+        dtype: &str,
+        device: usize,
+    ) -> PyResult<CudaKernels> {
+        guarded(|| {
+            let bound = self.program.shaped(&shapes).map_err(|e| self.fail(py, e))?;
+            load_cuda(py, &self.spec, bound, dtype, device)
         })
     }
 

@@ -80,3 +80,65 @@ def test_launches_on_the_callers_pointers_and_stream(tmp_path):
     (small, missing) = got["errors"]
     assert small[0] == "E0709" and f"`{got['name']}` holds" in small[1], small
     assert missing[0] == "E0709" and "no device tensor" in missing[1], missing
+
+
+# The PyTorch operators' CUDA path up to the driver: kernels planned at the
+# shapes of tensors that live on the device (MHA at N = 37, not the spec's
+# default 64), for the plain program and the training forward and backward,
+# each sized as the operators allocate its tensors and launched on them.
+SHAPED = r"""
+import json, os, re, attnc
+import attnc.torch as at
+p = attnc.compile("stdlib/mha.attn", H=2, d=16)
+spec = at._spec(p._key, p)
+x = [1, 37, 32]
+shapes = {"x": x, "w_q": [32, 32], "w_k": [32, 32], "w_v": [32, 32], "w_o": [32, 32]}
+def info_bytes(decl):
+    return sum(4 * int(n) for _, n in re.findall(r"(\w+) \w+\[(\d+)\];", decl))
+report, entries = {}, []
+def check(name, k, want):
+    m = json.loads(k.manifest())
+    entries.extend(f"{l['entry']}={len(l['bindings'])}+{info_bytes(l['info_struct'])}" for l in m["launches"])
+    os.environ["FAKE_CUDA_ARGS"] = ";".join(entries)
+    sizes = k.tensor_bytes()
+    report[name] = {"sizes": sizes, "want": want, "launches": len(m["launches"])}
+    tensors = {n: (0x7000_0000_0000 + i * 2**32, b) for i, (n, b) in enumerate(sorted(sizes.items()))}
+    k.launch(tensors, 0x5EED, (0x6000_0000_0000, k.workspace_bytes()))
+def numel(shape):
+    out = 1
+    for d in shape:
+        out *= d
+    return out
+def wanted(named):
+    return {n: 4 * numel(s) for n, s in named.items()}
+outs = at._shapes(spec.rules, [shapes[n] for n in spec.inputs])
+check("run", p._native.cuda_kernels_at(shapes, "f32", 0), wanted({**shapes, "y": outs[0]}))
+training = spec.training("")
+(ins, fouts), _, fixed = training.shape_rules()
+forward = dict(zip([n for n, _ in fouts], at._shapes((ins, fouts, fixed), [shapes[n] for n in spec.inputs])))
+check("forward", training.cuda_kernels_at("forward", shapes, "f32", 0), wanted({**shapes, **forward}))
+given = {**shapes, **{n: forward[n] for n in training.saved()}, "cot_y": forward["y"]}
+grads = {"grad_" + n: shapes[n] for n in spec.gradients("")}
+check("backward", training.cuda_kernels_at("backward", given, "f32", 0), wanted({**given, **grads}))
+print(json.dumps(report))
+"""
+
+
+def test_operators_plan_device_tensors_at_their_shapes(tmp_path):
+    assert os.environ.get("ATTNC_CUDA_TOOLS") or os.environ.get("CUDA_HOME"), \
+        "NVRTC is needed: set ATTNC_CUDA_TOOLS (see .ci/run)"
+    log = tmp_path / "log"
+    env = {**os.environ, "LD_LIBRARY_PATH": str(fake_driver(tmp_path)), "FAKE_CUDA_LOG": str(log),
+           "ATTNC_CACHE_DIR": str(tmp_path / "cache")}
+    run = subprocess.run([sys.executable, "-c", SHAPED], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads(run.stdout.splitlines()[-1])
+    for name, r in report.items():
+        # Every tensor the operator allocates is the size the kernels need, at N = 37.
+        assert r["sizes"] == r["want"], (name, r)
+    assert report["forward"]["sizes"]["x"] == 4 * 37 * 32
+    # Five residuals (q, k, v, o, log-sum-exp); the backward repeats no forward launch.
+    assert len([n for n in report["backward"]["sizes"] if n.startswith("saved_")]) == 5
+    assert report["forward"]["launches"] + report["backward"]["launches"] <= 15
+    launched = [line for line in log.read_text().splitlines() if line.startswith("launch ")]
+    assert len(launched) == sum(r["launches"] for r in report.values())

@@ -194,3 +194,28 @@ def test_the_torch_training_example_learns_associative_recall():
     accuracy = float(re.search(r"recall accuracy ([\d.]+)%", r.stdout).group(1))
     print(r.stdout)
     assert fell >= 4 and accuracy >= 50, r.stdout
+
+
+def test_the_device_checks_paper_implementation_is_iha():
+    """bench/device/torch_train.py times attnc against the IHA paper's own
+    PyTorch implementation on a GPU; on the CPU, in float64, that
+    implementation's loss is attnc's (to 1e-12) with the same weights, and
+    its gradients are too."""
+    import pathlib
+    import sys
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench" / "device"))
+    from torch_train import paper_step
+
+    for p in (2, 4):
+        layer = attnc.torch.Module("stdlib/iha.attn", H=2, P=p, d=8, mask="flat_causal", dtype=torch.float64)
+        x = torch.randn(1, 16, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(p))
+        ours = layer(x).float().square().mean()
+        ours.backward()
+        g = grads(layer)
+        layer.zero_grad()
+        paper = paper_step(x, dict(layer.named_parameters()), p, 2)
+        paper.backward()
+        assert abs(ours.item() - paper.item()) <= 1e-12 * abs(paper.item()), p
+        for n, want in grads(layer).items():
+            assert_same(g[n], want, n, tol=1e-6)

@@ -33,29 +33,49 @@ pub fn bind_inputs(
         }
     }
     let mut inputs = Vec::new();
-    for (i, input) in program.inputs.iter().enumerate() {
-        let declared = program.input_shape(i);
+    for input in &program.inputs {
+        let declared = program.input_shape(inputs.len());
         let t = tensors
             .remove(&input.name)
             .ok_or_else(|| RunError::TensorFile(format!("missing tensor `{}` of shape {declared}", input.name)))?;
-        if t.shape.len() != declared.rank() {
-            return Err(RunError::TensorFile(format!(
-                "tensor `{}` has shape {:?}, but the spec declares {declared}",
-                input.name, t.shape
-            )));
-        }
         inputs.push(t);
+    }
+    let shapes: Vec<&[usize]> = inputs.iter().map(|t| t.shape.as_slice()).collect();
+    let dims = solve_dims(program, &shapes, explicit)?;
+    check_tables(program, &inputs, &dims)?;
+    for (i, t) in inputs.iter().enumerate() {
+        check_domain(&program.inputs[i].name, &program.inputs[i].domain, t, &dims)?;
+    }
+    Ok((inputs, dims))
+}
+
+/// Solve every dim from the inputs' `shapes` (in declaration order), as
+/// [`bind_inputs`] does, without their values (what a caller holding the
+/// tensors on a device can give). `explicit` as for [`bind_inputs`].
+pub fn solve_dims(program: &Program, shapes: &[&[usize]], explicit: &BTreeSet<String>) -> Result<DimValues, RunError> {
+    let shape_error = |i: usize| {
+        RunError::TensorFile(format!(
+            "tensor `{}` has shape {:?}, but the spec declares {}",
+            program.inputs[i].name,
+            shapes[i],
+            program.input_shape(i)
+        ))
+    };
+    for (i, shape) in shapes.iter().enumerate() {
+        if shape.len() != program.input_shape(i).rank() {
+            return Err(shape_error(i));
+        }
     }
     let mut dims = DimValues::new();
     // Solve dims from axes of the form a·X + c (the other dims known), until nothing changes.
     loop {
         let mut progress = false;
-        for (i, t) in inputs.iter().enumerate() {
+        for (i, shape) in shapes.iter().enumerate() {
             for (axis, d) in program.input_shape(i).0.iter().enumerate() {
                 if let Some((sym, a, c)) = d.linear_in(&|s| dims.get(s).copied()) {
-                    let rest = t.shape[axis] as i64 - c;
+                    let rest = shape[axis] as i64 - c;
                     if rest % a != 0 || rest / a < 1 {
-                        return Err(shape_error(program, i, t));
+                        return Err(shape_error(i));
                     }
                     dims.insert(sym, (rest / a) as u64);
                     progress = true;
@@ -86,16 +106,12 @@ pub fn bind_inputs(
         }
     }
     check_sizes(program, &dims)?;
-    for (i, t) in inputs.iter().enumerate() {
-        if concrete(program.input_shape(i), &dims) != t.shape {
-            return Err(shape_error(program, i, t));
+    for (i, shape) in shapes.iter().enumerate() {
+        if concrete(program.input_shape(i), &dims) != *shape {
+            return Err(shape_error(i));
         }
     }
-    check_tables(program, &inputs, &dims)?;
-    for (i, t) in inputs.iter().enumerate() {
-        check_domain(&program.inputs[i].name, &program.inputs[i].domain, t, &dims)?;
-    }
-    Ok((inputs, dims))
+    Ok(dims)
 }
 
 /// Attention's serving tables, checked on the host before any launch,
@@ -300,15 +316,6 @@ pub fn check_sizes(program: &Program, dims: &DimValues) -> Result<(), RunError> 
         }
     }
     Ok(())
-}
-
-fn shape_error(program: &Program, i: usize, t: &Tensor) -> RunError {
-    RunError::TensorFile(format!(
-        "tensor `{}` has shape {:?}, but the spec declares {}",
-        program.inputs[i].name,
-        t.shape,
-        program.input_shape(i)
-    ))
 }
 
 /// The dims' default values (after `--set`), all of which must be known.

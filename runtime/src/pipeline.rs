@@ -171,15 +171,19 @@ impl Program {
     /// At the default dims (and those set), without inputs: enough to
     /// optimize, plan and emit, not to run.
     pub fn sized(&self) -> Result<Bound, Error> {
-        let dims = self.default_dims()?;
-        Ok(Bound {
+        Ok(self.without_inputs(self.default_dims()?))
+    }
+
+    /// At `dims`, without inputs.
+    fn without_inputs(&self, dims: DimValues) -> Bound {
+        Bound {
             original: self.ir().clone(),
             chosen: self.ir().clone(),
             dims,
             inputs: BTreeMap::new(),
             dtype: Dtype::F32,
             compute_units: None,
-        })
+        }
     }
 
     /// The optimizer's report at the default dims for `target` in `mode`
@@ -222,6 +226,21 @@ impl Program {
     pub fn bind(&self, inputs: BTreeMap<String, Tensor>) -> Result<Bound, Error> {
         let (tensors, dims) = bind::bind_inputs(self.ir(), inputs, &self.explicit_dims())?;
         Ok(self.bound(tensors, dims))
+    }
+
+    /// At the dims the inputs' `shapes` (by name) give, without their
+    /// values: enough to plan and load kernels for tensors that live on a
+    /// device ([`Bound::cuda_kernels`]); nothing checks their values.
+    pub fn shaped(&self, shapes: &BTreeMap<String, Vec<usize>>) -> Result<Bound, Error> {
+        let mut ordered = Vec::new();
+        for input in &self.ir().inputs {
+            let shape = shapes
+                .get(&input.name)
+                .ok_or_else(|| RunError::TensorFile(format!("missing tensor `{}`", input.name)))?;
+            ordered.push(shape.as_slice());
+        }
+        let dims = bind::solve_dims(self.ir(), &ordered, &self.explicit_dims())?;
+        Ok(self.without_inputs(dims))
     }
 
     /// Inputs drawn with `seed` from the spec's distributions at the default dims.
