@@ -21,7 +21,7 @@ from typing import Dict, List, Optional, Tuple, Union
 import numpy as np
 
 from . import _attnc
-from ._attnc import DeviceError, Error, InputError, SettingError, SpecError
+from ._attnc import DeviceError, Error, InputError, NonFiniteError, SettingError, SpecError
 
 __all__ = [
     "compile",
@@ -33,6 +33,7 @@ __all__ = [
     "InputError",
     "DeviceError",
     "SettingError",
+    "NonFiniteError",
 ]
 
 Dim = Union[int, str]
@@ -181,7 +182,9 @@ class Program:
         (float64; the same values as ``attnc run --seed``)."""
         return _numpy(self._native.sample(seed))
 
-    def run(self, backend: str = "interp", dtype: Optional[str] = None, optimize: bool = False, **tensors):
+    def run(
+        self, backend: str = "interp", dtype: Optional[str] = None, optimize: bool = False, finite: bool = False, **tensors
+    ):
         """Run on arrays given by input name; returns the outputs by name as
         NumPy arrays. An input is anything NumPy converts, in any real dtype,
         or any object that speaks DLPack on the host (a PyTorch CPU tensor,
@@ -189,14 +192,17 @@ class Program:
         (the float64 reference), ``"wgpu"`` or ``"cuda"``. ``dtype`` as the
         CLI's ``--dtype``: ``None``/``"f32"`` (float32 outputs), ``"f64"``
         (float64 outputs), ``"f16"``, ``"bf16"`` or ``"tf32"`` (kernels store
-        that type; float32 outputs). ``optimize`` runs the optimizer's choice."""
-        return _numpy(self._run(tensors, backend, dtype, optimize))
+        that type; float32 outputs). ``optimize`` runs the optimizer's choice.
+        An output holding NaN or an infinity is a ``RuntimeWarning`` naming
+        it and its first such index; with ``finite=True`` it raises
+        :class:`NonFiniteError` (code ``E0605``), as ``attnc run --finite``."""
+        return _numpy(self._run(tensors, backend, dtype, optimize, finite=finite))
 
-    def _run(self, tensors, backend, dtype, optimize=False, out=None):
+    def _run(self, tensors, backend, dtype, optimize=False, out=None, finite=False):
         """The native outputs (DLPack producers), in element type ``out``
         (default: float64 for ``dtype="f64"``, else float32)."""
         dtype, out = _types(dtype, out)
-        return self._native.run(_inputs(tensors), backend, dtype, optimize, out)
+        return self._native.run(_inputs(tensors), backend, dtype, optimize, out, finite)
 
     def grad(self, cotangents, wrt=None, backend: str = "interp", dtype: Optional[str] = None, **tensors):
         """Reverse-mode gradients, as ``attnc grad`` computes them: given the

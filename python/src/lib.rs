@@ -31,6 +31,12 @@ mod exceptions {
     create_exception!(attnc, InputError, Error, "Tensors that do not fit the spec: `.code`, `.tensor`.");
     create_exception!(attnc, DeviceError, Error, "No device for the backend, or the device refused or failed.");
     create_exception!(attnc, SettingError, Error, "A parameter, backend, dtype or target that does not apply.");
+    create_exception!(
+        attnc,
+        NonFiniteError,
+        Error,
+        "Outputs that hold NaN or an infinity, with `finite=True` (E0605)."
+    );
 }
 
 /// The specs shipped in `stdlib/`, by name, so that the package finds them
@@ -408,8 +414,12 @@ impl NativeProgram {
     }
 
     /// Run on `tensors` (any DLPack producer, by input name); the outputs in
-    /// the element type `out` (f64, f32, f16 or bf16).
-    #[pyo3(signature = (tensors, backend, dtype, optimize, out))]
+    /// the element type `out` (f64, f32, f16 or bf16). An output holding NaN
+    /// or an infinity is a `RuntimeWarning` naming it and its first such
+    /// index, or with `finite` a `NonFiniteError` (E0605), as `attnc run
+    /// [--finite]` reports it.
+    #[pyo3(signature = (tensors, backend, dtype, optimize, out, finite=false))]
+    #[allow(clippy::too_many_arguments)] // the Python signature
     fn run(
         &self,
         py: Python<'_>,
@@ -418,12 +428,23 @@ impl NativeProgram {
         dtype: &str,
         optimize: bool,
         out: &str,
+        finite: bool,
     ) -> PyResult<Vec<(String, HostArray)>> {
         guarded(|| {
             let (backend, dtype, out) = (self::backend(backend)?, self::dtype(dtype)?, out_type(out)?);
             let inputs = self.tensors(py, tensors)?;
             let outputs =
                 execute(py, &self.program, inputs, (backend, dtype), optimize).map_err(|e| self.fail(py, e))?;
+            for (name, _) in &self.program.ir().outputs {
+                let Some(what) = outputs[name].describe_non_finite(name) else { continue };
+                if finite {
+                    let err = exceptions::NonFiniteError::new_err(format!("{what} (`finite=True`)"));
+                    let _ = err.value(py).setattr("code", attnc_compiler::Code::NonFinite.as_str());
+                    return Err(err);
+                }
+                let warning = std::ffi::CString::new(what).expect("messages hold no NUL");
+                PyErr::warn(py, &py.get_type::<pyo3::exceptions::PyRuntimeWarning>(), &warning, 1)?;
+            }
             Ok(host_arrays(&self.program, &outputs, out))
         })
     }
@@ -639,6 +660,7 @@ fn _attnc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("InputError", py.get_type::<exceptions::InputError>())?;
     m.add("DeviceError", py.get_type::<exceptions::DeviceError>())?;
     m.add("SettingError", py.get_type::<exceptions::SettingError>())?;
+    m.add("NonFiniteError", py.get_type::<exceptions::NonFiniteError>())?;
     m.add("TENSOR_FILE_CODE", attnc_compiler::Code::TensorFile.as_str())?;
     m.add_class::<NativeProgram>()?;
     m.add_class::<HostArray>()?;

@@ -11,6 +11,7 @@ import pathlib
 import re
 import subprocess
 import time
+import warnings
 import sys
 
 import numpy as np
@@ -258,6 +259,35 @@ def test_input_errors_name_the_tensor():
     with pytest.raises(attnc.InputError) as info:
         attnc.compile("stdlib/odrpo.attn", K=10).run(rewards=r)
     assert info.value.tensor == "rewards" and "group 1" in str(info.value) and "sample 2" in str(info.value)
+
+
+def test_non_finite_outputs_warn_or_raise_as_the_cli_reports_them(tmp_path):
+    """An output holding NaN or an infinity: a RuntimeWarning naming the
+    output, the counts and the first index (the CLI's stderr line, word for
+    word); with finite=True, NonFiniteError with the CLI's code E0605."""
+    text = "spec nonfinite\ninput x: [2, 3]\noutput y = sqrt(x) / x\n"
+    program = attnc.compile(text)
+    x = np.array([[1.0, 4.0, -1.0], [0.0, 9.0, 16.0]])
+    with pytest.warns(RuntimeWarning) as caught:
+        y = program.run(dtype="f64", x=x)["y"]
+    assert np.isnan(y[0, 2]) and np.isnan(y[1, 0]) and y[0, 1] == 0.5
+    message = str(caught[0].message)
+    assert message == "output `y` holds 2 NaN and 0 infinite value(s); the first, NaN, at [0, 2]", message
+    with pytest.raises(attnc.NonFiniteError) as info:
+        program.run(dtype="f64", finite=True, x=x)
+    assert info.value.code == "E0605" and message in str(info.value)
+    spec, inputs, out = tmp_path / "n.attn", tmp_path / "x.safetensors", tmp_path / "y.safetensors"
+    spec.write_text(text)
+    from safetensors.numpy import save_file
+
+    save_file({"x": x}, str(inputs))
+    r = cli("run", spec, "--inputs", inputs, "--out", out, "--dtype", "f64")
+    assert r.returncode == 0 and f"warning: {message}" in r.stderr, r.stderr
+    r = cli("run", spec, "--inputs", inputs, "--out", tmp_path / "z.safetensors", "--finite")
+    assert r.returncode != 0 and "E0605" in r.stderr, r.stderr
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        program.run(x=np.abs(x) + 1.0)  # finite: no warning
 
 
 def test_settings_and_devices_raise_their_own_exceptions():

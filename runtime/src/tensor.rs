@@ -39,6 +39,17 @@ impl Tensor {
         let nan = self.data.iter().filter(|v| v.is_nan()).count();
         Some((first, nan, self.data.iter().filter(|v| v.is_infinite()).count()))
     }
+    /// What output `name` holds that is not finite, as `attnc run` and the
+    /// Python package report it (counts, the first value and its index);
+    /// `None` when every value is finite.
+    pub fn describe_non_finite(&self, name: &str) -> Option<String> {
+        let (first, nan, inf) = self.non_finite()?;
+        Some(format!(
+            "output `{name}` holds {nan} NaN and {inf} infinite value(s); the first, {}, at {:?}",
+            self.data[first],
+            self.index_of(first)
+        ))
+    }
     /// `self` and `other` joined along `axis` (every other axis equal): a
     /// key/value cache with a decode step's new rows appended, as the
     /// language's `concat`.

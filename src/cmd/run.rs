@@ -59,12 +59,7 @@ pub fn run(a: RunArgs, ui: &Ui) -> Result<(), Failed> {
     };
     let outputs: Vec<Tensor> = program.outputs.iter().map(|(n, _)| by_name[n].clone()).collect();
     for ((name, _), t) in program.outputs.iter().zip(&outputs) {
-        let Some((first, nan, inf)) = t.non_finite() else { continue };
-        let what = format!(
-            "output `{name}` holds {nan} NaN and {inf} infinite value(s); the first, {}, at {:?}",
-            t.data[first],
-            t.index_of(first)
-        );
+        let Some(what) = t.describe_non_finite(name) else { continue };
         if a.finite {
             return Err(report(Code::NonFinite, format_args!("{what} (`--finite`; nothing written)")));
         }
