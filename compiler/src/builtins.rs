@@ -49,6 +49,22 @@ impl MaskName {
 }
 
 choices! {
+    /// `attention`'s `weights =`.
+    WeightsName { Softmax = "softmax", Sigmoid = "sigmoid", Linear = "linear", Hard = "hard" }
+}
+impl WeightsName {
+    pub fn weights(self) -> crate::ir::Weights {
+        use crate::ir::Weights;
+        match self {
+            WeightsName::Softmax => Weights::Softmax,
+            WeightsName::Sigmoid => Weights::Sigmoid,
+            WeightsName::Linear => Weights::Linear,
+            WeightsName::Hard => Weights::Hard,
+        }
+    }
+}
+
+choices! {
     /// `gelu`'s `approximate =`.
     GeluForm { None = "none", Tanh = "tanh" }
 }
@@ -308,6 +324,8 @@ pub mod attention {
     pub const WINDOW_LEFT: usize = 11;
     pub const WINDOW_RIGHT: usize = 12;
     pub const PAGES: usize = 13;
+    pub const WEIGHTS: usize = 14;
+    pub const SINK: usize = 15;
 }
 
 /// `attention`'s parameters, at the positions [`attention`] names.
@@ -326,6 +344,8 @@ pub const ATTENTION: &[Param] = &[
     p("window_left", K::Count),
     p("window_right", K::Count),
     p("pages", K::Tensor),
+    p("weights", K::Choice(WeightsName::NAMES)),
+    p("sink", K::Tensor),
 ];
 
 const X: Param = p("x", K::Tensor);
@@ -401,7 +421,7 @@ impl Builtin {
             Builtin::Collapse => s("collapse", const { &[X, p("r", K::Tensor), p("mode", K::Choice(CollapseMode::NAMES))] }, 2, "x [B, H', P, S, d], r [H, H'*P] -> [B, H, S, d]; per_head keeps only r[h, h·P + j] (each head collapses its own P rows)"),
             Builtin::Rope => s("rope", const { &[X, p("base", K::Number), p("offset", K::DimSize)] }, 1, "rotary embedding at position offset + row index; base none = identity; offset a size of dims (default 0)"),
             Builtin::Concat => s("concat", const { &[p("a", K::Tensor), p("b", K::Tensor), p("axis", K::Axis)] }, 3, "a and b joined along axis (negative counts from the end); their other axes equal"),
-            Builtin::Attention => s("attention", ATTENTION, 3, "softmax(score(q kᵀ · scale) + mask) v; mask a name or a function of (b, h, i, j) to bool, score a function of (s, b, h, i, j); mix_logits [H_q, H_s] mixes heads' logits before the softmax, mix_probs [H_s, H_o] its probabilities after (Talking-Heads); lengths [B] each sequence's key count (its queries the last rows); window_left, window_right: keys p - left ..= p + right of query position p; pages [B, MP] a block table into k, v caches [NB, PS, H_kv, d]"),
+            Builtin::Attention => s("attention", ATTENTION, 3, "softmax(score(q kᵀ · scale) + mask) v; mask a name or a function of (b, h, i, j) to bool, score a function of (s, b, h, i, j); mix_logits [H_q, H_s] mixes heads' logits before the softmax, mix_probs [H_s, H_o] its probabilities after (Talking-Heads); lengths [B] each sequence's key count (its queries the last rows); window_left, window_right: keys p - left ..= p + right of query position p; pages [B, MP] a block table into k, v caches [NB, PS, H_kv, d]; weights: how scores become weights (softmax, sigmoid, linear, hard); sink [H] a logit per query head in every row's softmax denominator"),
             Builtin::Math(m) => s(m.op().name(), &[X], 1, m.summary()),
             Builtin::Gelu => s("gelu", const { &[X, p("approximate", K::Choice(GeluForm::NAMES))] }, 1, "elementwise x * Phi(x), or its tanh approximation"),
             Builtin::Pairwise(Pairwise::Pow) => s("pow", const { &[p("a", K::Operand), p("b", K::Operand)] }, 2, "elementwise a^b, broadcasting"),

@@ -308,6 +308,15 @@ impl Builder {
                 vec![(x, self.binary(B::Mul, rotated, n)?)]
             }
             Op::Attention { q, k, v, mask, scale, ref fns } => {
+                if let Some(f) = fns.as_deref().filter(|f| f.reweights()) {
+                    let what = match f.sink {
+                        Some(_) => "a softmax with a `sink`".to_string(),
+                        None => format!("`weights = {}`", f.weights.name()),
+                    };
+                    return Err(no_gradient(format!(
+                        "attention with {what} has no gradient program yet: its forward runs, its backward is not built"
+                    )));
+                }
                 let fns = fns.clone();
                 let lse = self.push(Op::AttentionLse { q, k, mask, scale, fns: fns.clone() })?;
                 let mixes = fns.as_ref().is_some_and(|f| f.mixes());

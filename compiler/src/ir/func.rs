@@ -386,9 +386,51 @@ pub struct AttnFns {
     /// names the tensor the host checks before a run (every value an
     /// integer in `0..=` the key rows).
     pub lengths: Option<usize>,
+    /// How a row's visible scores become weights (`weights =`; softmax by default).
+    pub weights: Weights,
+    /// The capture holding each query head's sink logit (`sink =`, `[H]`):
+    /// it joins every row's softmax denominator and carries no value.
+    pub sink: Option<usize>,
+}
+
+/// How attention turns a row's visible scores `s_j` into the weights of
+/// its values (docs/semantics.md §9).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Weights {
+    /// `exp(s_j) / (Σ_k exp(s_k) [+ exp(sink)])`.
+    #[default]
+    Softmax,
+    /// `sigmoid(s_j)`, unnormalised.
+    Sigmoid,
+    /// `s_j` itself.
+    Linear,
+    /// `1 / |argmax|` on the row's maximal scores, 0 elsewhere.
+    Hard,
+}
+
+impl Weights {
+    pub fn name(self) -> &'static str {
+        match self {
+            Weights::Softmax => "softmax",
+            Weights::Sigmoid => "sigmoid",
+            Weights::Linear => "linear",
+            Weights::Hard => "hard",
+        }
+    }
+
+    pub fn is_softmax(&self) -> bool {
+        *self == Weights::Softmax
+    }
 }
 
 impl AttnFns {
+    /// Whether the weights are anything but a plain softmax (another
+    /// weighting, or a sink).
+    pub fn reweights(&self) -> bool {
+        !self.weights.is_softmax() || self.sink.is_some()
+    }
+
     /// Whether attention mixes heads inside its softmax.
     pub fn mixes(&self) -> bool {
         !self.mix.is_identity()

@@ -525,5 +525,14 @@ fn mixed_heads(
     };
     let hs = matrix(f.mix.logits, hq.clone(), "mix_logits (query heads × softmax heads)", "H_s")?;
     let ho = matrix(f.mix.probs, hs.clone(), "mix_probs (softmax heads × output heads)", "H_o")?;
+    if let Some(c) = f.sink {
+        let s = shape(f.captures[c]);
+        if s.rank() != 1 || s.0[0] != *hq {
+            return err(
+                ShapeErrorKind::Mismatch,
+                format!("sink (a logit per query head) must have shape [{hq}], not {s}"),
+            );
+        }
+    }
     Ok((hs, ho))
 }

@@ -182,6 +182,12 @@ impl Program {
                     let _ = write!(t, ", {name}={}", f.captures[c]);
                 }
             }
+            if !f.weights.is_softmax() {
+                let _ = write!(t, ", weights={}", f.weights.name());
+            }
+            if let Some(c) = f.sink {
+                let _ = write!(t, ", sink={}", f.captures[c]);
+            }
             t
         };
         let mut out = format!("program {}\n", self.name);

@@ -565,7 +565,26 @@ impl KernelSpec {
     }
 
     /// What the kernels cannot compute yet for this launch, if anything.
+    /// The attention functions of an attention launch, if it has any.
+    pub fn attn_fns(&self) -> Option<&super::KernelFns> {
+        match self {
+            KernelSpec::Attention { shape, .. }
+            | KernelSpec::AttentionLse { shape, .. }
+            | KernelSpec::AttentionGrad { shape, .. }
+            | KernelSpec::AttentionReadLines { shape, .. }
+            | KernelSpec::AttentionReadSum { shape, .. }
+            | KernelSpec::MixedAttention { shape, .. } => shape.fns.as_ref(),
+            _ => None,
+        }
+    }
+
     pub fn kernel_gap(&self) -> Option<&'static str> {
+        if self.attn_fns().is_some_and(|f| !f.weights.is_softmax() || f.sink.is_some()) {
+            return Some(
+                "attention weights other than a plain softmax (`weights = sigmoid | linear | hard`, `sink`): \
+                 the kernels compute softmax only so far (the interpreter computes them: `--backend interp`)",
+            );
+        }
         match self {
             KernelSpec::MixedAttention { shape, mix, .. } if mix.shared_floats(shape.h) > MIX_SHARED => {
                 Some("more heads than one cube's shared memory holds, for head mixing inside attention")

@@ -5,7 +5,7 @@
 //! the loop iterations their reads add (what Mesa's CPU drivers bound).
 
 use super::KernelSpec;
-use crate::ir::{AttnFns, DimValues, Domain, Func, HeadMix, Mask, MaskKind, NodeId, Op, Program};
+use crate::ir::{AttnFns, DimValues, Domain, Func, HeadMix, Mask, MaskKind, NodeId, Op, Program, Weights};
 use crate::sparsity::TileFns;
 use serde::Serialize;
 
@@ -32,6 +32,12 @@ pub struct KernelFns {
     /// as [`INTEGER_DIGITS`] base-256 digits.
     #[serde(skip_serializing_if = "no_integers")]
     pub integers: Vec<bool>,
+    /// How scores become weights, and a softmax's sink (a capture): the
+    /// kernels compute a plain softmax only ([`KernelSpec::kernel_gap`]).
+    #[serde(skip_serializing_if = "Weights::is_softmax")]
+    pub weights: Weights,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sink: Option<usize>,
 }
 
 fn no_integers(v: &[bool]) -> bool {
@@ -159,6 +165,8 @@ pub(super) fn kernel_fns(
         captures: f.captures.iter().map(|c| shapes[c.0 as usize].clone()).collect(),
         mix: f.mix,
         integers: f.captures.iter().map(|c| integers[c.0 as usize]).collect(),
+        weights: f.weights,
+        sink: f.sink,
     })
 }
 

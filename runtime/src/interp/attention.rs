@@ -4,7 +4,7 @@
 
 use super::func::{self, Env, FVal, ReadError};
 use crate::tensor::Tensor;
-use attnc_compiler::ir::{AttnFns, Func, Mask};
+use attnc_compiler::ir::{AttnFns, Func, Mask, Weights};
 
 /// The score of query row `i` against key row `j`: `scale · q_i · k_j`,
 /// then the score function; `None` where the built-in mask or the mask
@@ -97,8 +97,34 @@ impl<'a> Scores<'a> {
     }
 }
 
-/// `softmax(scores) · v` per query row; a row that sees no key is 0;
-/// `round` rounds the probabilities (the same-dtype references).
+/// The weights of a row's visible scores (`None`: hidden), in place, as
+/// `weights` turns them (docs/semantics.md §9); `sink` is the row's sink
+/// logit, for a softmax. NaN propagates (IEEE 754), unlike `f64::max`.
+fn weigh(row: &mut [Option<f64>], weights: Weights, sink: Option<f64>) {
+    let nan_max = |a: f64, b: f64| if a.is_nan() || b.is_nan() { f64::NAN } else { a.max(b) };
+    let max = row.iter().flatten().fold(f64::NEG_INFINITY, |m, &x| nan_max(m, x));
+    match weights {
+        Weights::Softmax => {
+            let max = sink.map_or(max, |z| nan_max(max, z));
+            let total: f64 =
+                row.iter().flatten().map(|sc| (sc - max).exp()).sum::<f64>() + sink.map_or(0.0, |z| (z - max).exp());
+            row.iter_mut().flatten().for_each(|sc| *sc = (*sc - max).exp() / total);
+        }
+        Weights::Sigmoid => row.iter_mut().flatten().for_each(|sc| *sc = 1.0 / (1.0 + (-*sc).exp())),
+        Weights::Linear => {}
+        Weights::Hard => {
+            // Ties share the weight; a NaN score makes the whole row NaN.
+            let ties = row.iter().flatten().filter(|&&x| x == max).count() as f64;
+            row.iter_mut()
+                .flatten()
+                .for_each(|sc| *sc = if max.is_nan() { f64::NAN } else { f64::from(u8::from(*sc == max)) / ties });
+        }
+    }
+}
+
+/// `weights(scores) · v` per query row (a softmax unless the functions
+/// say otherwise); a row that sees no key is 0; `round` rounds the
+/// weights (the same-dtype references).
 pub(super) fn attention(
     scores: &Scores,
     v: &Tensor,
@@ -109,28 +135,27 @@ pub(super) fn attention(
     let (b, h, s) = (q.shape[0], q.shape[1], q.shape[2]);
     let (hk, sk, e) = (k.shape[1], k.shape[2], v.shape[3]);
     let group = h / hk;
+    let (weights, sink) = match &scores.fns {
+        Some((f, _)) => (f.weights, f.sink.map(|c| scores.capture(c))),
+        None => (Weights::Softmax, None),
+    };
     let mut out = Tensor::zeros(shape);
     let mut row = vec![None; sk];
     for bi in 0..b {
         for hi in 0..h {
             let g = hi / group;
             for i in 0..s {
-                let mut max = f64::NEG_INFINITY;
                 for (j, sc) in row.iter_mut().enumerate() {
                     *sc = scores.at(bi, hi, i, j)?;
-                    if let Some(x) = *sc {
-                        // NaN propagates (IEEE 754), unlike f64::max.
-                        max = if x.is_nan() || max.is_nan() { f64::NAN } else { max.max(x) };
-                    }
                 }
                 if row.iter().all(Option::is_none) {
                     continue; // no visible key: the row is 0
                 }
-                let total: f64 = row.iter().flatten().map(|sc| (sc - max).exp()).sum();
+                weigh(&mut row, weights, sink.map(|t| t.data[hi]));
                 let orow = ((bi * h + hi) * s + i) * e;
-                for (j, sc) in row.iter().enumerate() {
-                    let Some(sc) = sc else { continue };
-                    let w = round((sc - max).exp() / total);
+                for (j, w) in row.iter().enumerate() {
+                    let Some(w) = w else { continue };
+                    let w = round(*w);
                     if w != 0.0 {
                         for c in 0..e {
                             out.data[orow + c] += w * v.data[((bi * hk + g) * sk + j) * e + c];

@@ -4,7 +4,7 @@
 
 use super::args::Args;
 use crate::builtins::attention::*;
-use crate::builtins::MaskName;
+use crate::builtins::{MaskName, WeightsName};
 use crate::codes::Code;
 use crate::diag::Diagnostic;
 use crate::ir::*;
@@ -92,6 +92,42 @@ pub(super) fn lower(l: &mut Lowerer, call: &Expr, args: &Args) -> Option<NodeId>
             *slot = Some(captures.len() - 1);
         }
     }
+    // The weighting, and a softmax's sink (a capture, as the mixing matrices).
+    let weights = args.choice::<WeightsName>(l, WEIGHTS)?.map_or(Weights::Softmax, WeightsName::weights);
+    if !weights.is_softmax() && (mix.logits.is_some() || mix.probs.is_some()) {
+        let at = if mix.logits.is_some() { MIX_LOGITS } else { MIX_PROBS };
+        return refuse(
+            l,
+            args,
+            at,
+            &format!(
+                "head mixing inside attention mixes a softmax's logits and probabilities, not `weights = {}`'s",
+                weights.name()
+            ),
+            "head mixing here",
+            "use `weights = softmax` with `mix_logits`/`mix_probs`, or mix the heads outside attention",
+        );
+    }
+    let sink = match args.given(SINK) {
+        true if !weights.is_softmax() => {
+            return refuse(
+                l,
+                args,
+                SINK,
+                &format!("`sink` joins a softmax's denominator, but this attention has `weights = {}`", weights.name()),
+                "a sink here",
+                "drop `sink`, or use `weights = softmax`",
+            );
+        }
+        true => {
+            let t = args.tensor(l, SINK)?;
+            Some(captures.iter().position(|c| *c == t).unwrap_or_else(|| {
+                captures.push(t);
+                captures.len() - 1
+            }))
+        }
+        false => None,
+    };
     let (left, right) = (args.opt_count(l, WINDOW_LEFT)?, args.opt_count(l, WINDOW_RIGHT)?);
     for (w, given) in [(WINDOW, window.is_some()), (WINDOW_LEFT, left.is_some()), (WINDOW_RIGHT, right.is_some())] {
         if mask_fn.is_some() && given {
@@ -162,7 +198,8 @@ pub(super) fn lower(l: &mut Lowerer, call: &Expr, args: &Args) -> Option<NodeId>
         },
     };
     let mixes = mix.logits.is_some() || mix.probs.is_some();
-    let fns = (mask_fn.is_some() || score_fn.is_some() || mixes)
-        .then(|| Box::new(AttnFns { score: score_fn, mask: mask_fn, captures, mix, lengths }));
+    let reweights = !weights.is_softmax() || sink.is_some();
+    let fns = (mask_fn.is_some() || score_fn.is_some() || mixes || reweights)
+        .then(|| Box::new(AttnFns { score: score_fn, mask: mask_fn, captures, mix, lengths, weights, sink }));
     l.add(Op::Attention { q, k, v, mask, scale, fns }, call.span, &args.spans(&[Q, KEYS, VALUES]))
 }
