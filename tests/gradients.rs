@@ -415,3 +415,50 @@ fn training_halves_compute_the_gradient_program() {
         }
     }
 }
+
+/// Attention weights beyond the softmax (docs/semantics.md §9) on the
+/// interpreter: sigmoid, linear and hard weights and a softmax's learned
+/// sink, with GQA, M ≠ N, a causal mask, a window and a score function;
+/// the sink's gradient included, also where a row sees no key (its
+/// output is the constant 0). Hard attention's q and k gradients are 0 (the
+/// argmax is piecewise constant; random scores do not tie).
+#[test]
+fn attention_weights_gradients_match_finite_differences() {
+    let head = "dim M = 6\ndim N = 9\ninput q: [2, 4, M, 3]\ninput k: [2, 2, N, 3]\ninput v: [2, 2, N, 2]\n";
+    let cases = [
+        "output o = attention(q, k, v, mask = causal, weights = sigmoid)",
+        "output o = attention(q, k, v, mask = none, window = 3, weights = sigmoid, score = |s, b, h, i, j| s - log(9.0))",
+        "output o = attention(q, k, v, mask = causal, weights = linear)",
+        "output o = attention(q, k, v, weights = hard, score = |s, b, h, i, j| 2.0 * tanh(s))",
+        "weight sinks: [4]\noutput o = attention(q, k, v, mask = causal, sink = sinks)",
+        "weight sinks: [4]\noutput o = attention(q, k, v, mask = |b, h, i, j| j < i, sink = sinks)",
+    ];
+    for (i, body) in cases.iter().enumerate() {
+        let text = format!("spec w\n{head}{body}\n");
+        let c = attnc_compiler::compile(&text, &[])
+            .unwrap_or_else(|d| panic!("{}", attnc_compiler::render("w", &text, &d)));
+        let g = differentiate(&c.program, &[]).unwrap();
+        let names: Vec<&str> = g.outputs.iter().map(|(n, _)| n.as_str()).collect();
+        if body.contains("sink") {
+            assert!(names.contains(&"grad_sinks"), "a learned sink is differentiated by default: {names:?}");
+        }
+        let worst = check(&c.program, 90 + i as u64, body);
+        eprintln!("{body}: worst relative error {worst:.1e}");
+        if body.contains("hard") {
+            let (drawn, _) = bind::generate_inputs(&g, 7).unwrap();
+            let (tensors, dims) = bind::bind_inputs(
+                &g,
+                g.inputs.iter().map(|i| i.name.clone()).zip(drawn).collect(),
+                &Default::default(),
+            )
+            .unwrap();
+            let out = interp::evaluate(&g, &tensors, &dims);
+            for name in ["grad_q", "grad_k"] {
+                let at = g.outputs.iter().position(|(n, _)| n == name).unwrap();
+                assert!(out[at].data.iter().all(|x| *x == 0.0), "hard attention's {name} is 0");
+            }
+            let at = g.outputs.iter().position(|(n, _)| n == "grad_v").unwrap();
+            assert!(out[at].data.iter().any(|x| *x != 0.0), "hard attention's grad_v is Pᵀ·dO");
+        }
+    }
+}

@@ -210,8 +210,8 @@ fn sigmoid_attention_takes_its_bias_from_a_score_function() {
 /// What is not defined, or not built yet, is a clear error: a sink with
 /// any weighting but softmax names both arguments; a sink of the wrong
 /// shape names it; head mixing with another weighting is refused; the
-/// kernels refuse every new weighting by name (the interpreter runs it);
-/// gradients are refused with E0801.
+/// kernels refuse every new weighting, forward and backward, by name (the
+/// interpreter runs both; tests/gradients.rs checks its gradients).
 #[test]
 fn what_is_not_defined_or_not_built_is_a_clear_error() {
     let base =
@@ -244,13 +244,17 @@ fn what_is_not_defined_or_not_built_is_a_clear_error() {
         assert!(bound.run(Backend::Interp).is_ok(), "{weights} runs on the interpreter");
         let err = bound.emit(attnc_runtime::gpu::emit::Target::Wgsl).err().expect("refused").to_string();
         assert!(err.contains("attention weights other than a plain softmax"), "{weights}: {err}");
-        let err = program.gradient(&[]).unwrap_err();
-        assert_eq!(err.code().as_str(), "E0801");
-        assert!(err.to_string().contains(&format!("`weights = {weights}` has no gradient program yet")), "{err}");
+        let gradient = program.gradient(&[]).unwrap().program().seeded(1).unwrap();
+        assert!(gradient.run(Backend::Interp).is_ok(), "{weights}: gradients on the interpreter");
+        let err = gradient.emit(attnc_runtime::gpu::emit::Target::Wgsl).err().expect("refused").to_string();
+        assert!(err.contains("attention weights other than a plain softmax"), "{weights} gradients: {err}");
     }
     let text = format!("{base}output o = attention(q, k, v, sink = t)\n");
     let program = Compiler::new("e.attn", text.as_str()).compile().unwrap();
     let err =
         program.seeded(1).unwrap().emit(attnc_runtime::gpu::emit::Target::Cuda).err().expect("refused").to_string();
     assert!(err.contains("`sink`"), "{err}");
+    let gradient = program.gradient(&["t".to_string()]).unwrap().program().seeded(1).unwrap();
+    let err = gradient.emit(attnc_runtime::gpu::emit::Target::Cuda).err().expect("refused").to_string();
+    assert!(err.contains("`sink`"), "the sink's gradient: {err}");
 }

@@ -77,7 +77,7 @@ fn asked_for_by_name(program: &Program) -> Vec<NodeId> {
     let fns = program.nodes.iter().filter_map(|n| match &n.op {
         Op::Attention { fns: Some(f), .. } => Some(
             (f.captures.iter().enumerate())
-                .filter(|(c, _)| !f.mix.reads(*c))
+                .filter(|(c, _)| !f.mix.reads(*c) && f.sink != Some(*c))
                 .filter(|(c, id)| !weight(id) || Lines::on_kernels(f.score.as_ref(), f.mix, *c).is_none())
                 .map(|(_, id)| *id)
                 .collect::<Vec<_>>(),
@@ -308,15 +308,6 @@ impl Builder {
                 vec![(x, self.binary(B::Mul, rotated, n)?)]
             }
             Op::Attention { q, k, v, mask, scale, ref fns } => {
-                if let Some(f) = fns.as_deref().filter(|f| f.reweights()) {
-                    let what = match f.sink {
-                        Some(_) => "a softmax with a `sink`".to_string(),
-                        None => format!("`weights = {}`", f.weights.name()),
-                    };
-                    return Err(no_gradient(format!(
-                        "attention with {what} has no gradient program yet: its forward runs, its backward is not built"
-                    )));
-                }
                 let fns = fns.clone();
                 let lse = self.push(Op::AttentionLse { q, k, mask, scale, fns: fns.clone() })?;
                 let mixes = fns.as_ref().is_some_and(|f| f.mixes());
@@ -344,7 +335,9 @@ impl Builder {
                     let read =
                         fns.as_ref().and_then(|f| f.score.as_ref()).is_some_and(|s| !read_partials(s, c).is_empty());
                     let mixed = fns.as_ref().is_some_and(|f| f.mix.reads(c));
-                    if (read && self.wanted.contains(&operand)) || (mixed && self.depends[operand.0 as usize]) {
+                    let sink = fns.as_ref().is_some_and(|f| f.sink == Some(c));
+                    if ((read || sink) && self.wanted.contains(&operand)) || (mixed && self.depends[operand.0 as usize])
+                    {
                         let wrt = AttnArg::Read(c);
                         let fns = fns.clone();
                         let grad = self.push(Op::AttentionGrad { q, k, v, o, dout: g, lse, mask, scale, wrt, fns })?;

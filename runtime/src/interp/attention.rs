@@ -60,6 +60,21 @@ impl<'a> Scores<'a> {
         }
     }
 
+    /// How the row's scores become weights.
+    pub fn weights(&self) -> Weights {
+        self.fns.as_ref().map_or(Weights::Softmax, |(f, _)| f.weights)
+    }
+
+    /// The capture holding the softmax's sink logits, if any.
+    pub fn sink_capture(&self) -> Option<usize> {
+        self.fns.as_ref().and_then(|(f, _)| f.sink)
+    }
+
+    /// The softmax's sink logits (`[H]`), if any.
+    pub fn sink(&self) -> Option<&'a Tensor> {
+        self.sink_capture().map(|c| self.capture(c))
+    }
+
     /// The captured tensor `c` of the functions.
     pub fn capture(&self, c: usize) -> &'a Tensor {
         let (_, env) = self.fns.as_ref().expect("attention functions");
@@ -135,10 +150,7 @@ pub(super) fn attention(
     let (b, h, s) = (q.shape[0], q.shape[1], q.shape[2]);
     let (hk, sk, e) = (k.shape[1], k.shape[2], v.shape[3]);
     let group = h / hk;
-    let (weights, sink) = match &scores.fns {
-        Some((f, _)) => (f.weights, f.sink.map(|c| scores.capture(c))),
-        None => (Weights::Softmax, None),
-    };
+    let (weights, sink) = (scores.weights(), scores.sink());
     let mut out = Tensor::zeros(shape);
     let mut row = vec![None; sk];
     for bi in 0..b {

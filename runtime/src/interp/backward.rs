@@ -4,7 +4,7 @@
 use super::attention::Scores;
 use super::func::ReadError;
 use crate::tensor::Tensor;
-use attnc_compiler::ir::{AttnArg, Func};
+use attnc_compiler::ir::{AttnArg, Func, Weights};
 
 pub(super) fn transpose(x: &Tensor, shape: Vec<usize>) -> Tensor {
     let (k, f) = (x.shape[0], x.shape[1]);
@@ -119,6 +119,7 @@ pub(super) fn collapse_grad(x: &Tensor, dy: &Tensor, shape: Vec<usize>) -> Tenso
 /// Per query row, `log Σ_j exp(score)` over visible keys (−∞ when none).
 pub(super) fn attention_lse(scores: &Scores, shape: Vec<usize>) -> Result<Tensor, ReadError> {
     let (b, h, s) = (scores.q.shape[0], scores.q.shape[1], scores.q.shape[2]);
+    let sink = scores.sink();
     let sk = scores.k.shape[2];
     let mut out = Tensor::zeros(shape);
     for bi in 0..b {
@@ -127,6 +128,10 @@ pub(super) fn attention_lse(scores: &Scores, shape: Vec<usize>) -> Result<Tensor
                 let mut row = Vec::with_capacity(sk);
                 for j in 0..sk {
                     row.extend(scores.at(bi, hi, i, j)?);
+                }
+                // A softmax's sink joins the denominator of a row that sees a key.
+                if let (Some(t), false) = (sink, row.is_empty()) {
+                    row.push(t.data[hi]);
                 }
                 let max = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
                 out.data[(bi * h + hi) * s + i] = if row.is_empty() {
@@ -194,6 +199,8 @@ pub(super) fn attention_grad(
     let (hk, sk, e) = (k.shape[1], k.shape[2], v.shape[3]);
     let mut out = Tensor::zeros(shape);
     let reads = read_partials(scores, wrt);
+    let weights = scores.weights();
+    let sink = scores.sink().filter(|_| matches!(wrt, AttnArg::Read(c) if scores.sink_capture() == Some(c)));
     for bi in 0..b {
         for hi in 0..h {
             let g = hi / (h / hk);
@@ -205,13 +212,48 @@ pub(super) fn attention_grad(
                 }
                 let (o_i, do_i) = (&o.data[row * e..][..e], &dout.data[row * e..][..e]);
                 let delta: f64 = o_i.iter().zip(do_i).map(|(a, b)| a * b).sum();
+                // The sink's weight is exp(t − lse); its "value" is 0, so dt = −D · exp(t − lse).
+                if let Some(t) = sink {
+                    out.data[hi] -= delta * (t.data[hi] - l).exp();
+                }
+                // Hard attention: the row's maximal scores and how many tie.
+                let (top, ties) = match weights {
+                    Weights::Hard => {
+                        let mut row_scores = vec![];
+                        for j in 0..sk {
+                            row_scores.extend(scores.at(bi, hi, i, j)?);
+                        }
+                        let top = row_scores.iter().fold(f64::NEG_INFINITY, |m, &x| {
+                            if x.is_nan() || m.is_nan() {
+                                f64::NAN
+                            } else {
+                                m.max(x)
+                            }
+                        });
+                        (top, row_scores.iter().filter(|&&x| x == top).count() as f64)
+                    }
+                    _ => (0.0, 0.0),
+                };
                 for j in 0..sk {
                     let Some([logit, sc, slope]) = scores.with_slope(bi, hi, i, j)? else { continue };
-                    let p = (sc - l).exp();
                     let kv = (bi * hk + g) * sk + j;
                     let v_j = &v.data[kv * e..][..e];
                     let dp: f64 = do_i.iter().zip(v_j).map(|(a, b)| a * b).sum();
-                    let ds = p * (dp - delta) * slope;
+                    // The weight and dL/d(score) (docs/semantics.md §9).
+                    let (p, dscore) = match weights {
+                        Weights::Softmax => {
+                            let p = (sc - l).exp();
+                            (p, p * (dp - delta))
+                        }
+                        Weights::Sigmoid => {
+                            let p = 1.0 / (1.0 + (-sc).exp());
+                            (p, p * (1.0 - p) * dp)
+                        }
+                        Weights::Linear => (sc, dp),
+                        Weights::Hard if top.is_nan() => (f64::NAN, f64::NAN),
+                        Weights::Hard => (f64::from(u8::from(sc == top)) / ties, 0.0),
+                    };
+                    let ds = dscore * slope;
                     match wrt {
                         AttnArg::Q => {
                             for c in 0..d {
@@ -229,9 +271,7 @@ pub(super) fn attention_grad(
                             }
                         }
                         // dS of the logit (before the slope) times ∂f/∂(value read), into the entry read.
-                        AttnArg::Read(_) => {
-                            scatter_reads(scores, &reads, &mut out, p * (dp - delta), logit, [bi, hi, i, j])?
-                        }
+                        AttnArg::Read(_) => scatter_reads(scores, &reads, &mut out, dscore, logit, [bi, hi, i, j])?,
                     }
                 }
             }
