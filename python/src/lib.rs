@@ -279,6 +279,26 @@ struct NativeTraining {
     outputs: usize,
 }
 
+impl NativeTraining {
+    /// One of the two programs on `tensors`, with the settings as Python
+    /// names them; the outputs and the element type asked for.
+    #[allow(clippy::too_many_arguments)] // the Python call's arguments, passed on
+    fn execute(
+        &self,
+        py: Python<'_>,
+        program: &Program,
+        tensors: Vec<Input<'_>>,
+        backend: &str,
+        dtype: &str,
+        out: &str,
+    ) -> PyResult<(BTreeMap<String, Tensor>, OutType)> {
+        let (backend, dtype, out) = (self::backend(backend)?, self::dtype(dtype)?, out_type(out)?);
+        let inputs = self.spec.tensors(py, tensors)?;
+        let outputs = execute(py, program, inputs, (backend, dtype), false).map_err(|e| self.spec.fail(py, e))?;
+        Ok((outputs, out))
+    }
+}
+
 #[pymethods]
 impl NativeTraining {
     /// The residuals, in the backward's input order: names of the
@@ -328,10 +348,8 @@ impl NativeTraining {
         out: &str,
     ) -> PyResult<Vec<(String, HostArray)>> {
         guarded(|| {
-            let (backend, dtype, out) = (self::backend(backend)?, self::dtype(dtype)?, out_type(out)?);
-            let inputs = self.spec.tensors(py, tensors)?;
             let forward = &self.training.forward;
-            let outputs = execute(py, forward, inputs, (backend, dtype), false).map_err(|e| self.spec.fail(py, e))?;
+            let (outputs, out) = self.execute(py, forward, tensors, backend, dtype, out)?;
             let exact = if out == OutType::F64 { OutType::F64 } else { OutType::Storage(Dtype::F32) };
             let order = forward.ir().outputs.iter().enumerate();
             Ok(order
@@ -352,10 +370,8 @@ impl NativeTraining {
         out: &str,
     ) -> PyResult<Vec<(String, HostArray)>> {
         guarded(|| {
-            let (backend, dtype, out) = (self::backend(backend)?, self::dtype(dtype)?, out_type(out)?);
-            let inputs = self.spec.tensors(py, tensors)?;
             let backward = &self.training.backward;
-            let grads = execute(py, backward, inputs, (backend, dtype), false).map_err(|e| self.spec.fail(py, e))?;
+            let (grads, out) = self.execute(py, backward, tensors, backend, dtype, out)?;
             Ok(host_arrays(backward, &grads, out))
         })
     }

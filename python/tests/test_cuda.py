@@ -48,15 +48,21 @@ def fake_driver(tmp):
     return tmp
 
 
-def test_launches_on_the_callers_pointers_and_stream(tmp_path):
+def child(tmp_path, code):
+    """Run `code` in a child process on the stand-in driver (its calls
+    logged); its last line of output as JSON, and the log's path."""
     assert os.environ.get("ATTNC_CUDA_TOOLS") or os.environ.get("CUDA_HOME"), \
         "NVRTC is needed: set ATTNC_CUDA_TOOLS (see .ci/run)"
     log = tmp_path / "log"
     env = {**os.environ, "LD_LIBRARY_PATH": str(fake_driver(tmp_path)), "FAKE_CUDA_LOG": str(log),
            "ATTNC_CACHE_DIR": str(tmp_path / "cache")}
-    run = subprocess.run([sys.executable, "-c", CHILD], cwd=ROOT, env=env, capture_output=True, text=True)
-    assert run.returncode == 0, run.stderr
-    got = json.loads(run.stdout.splitlines()[-1])
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.splitlines()[-1]), log
+
+
+def test_launches_on_the_callers_pointers_and_stream(tmp_path):
+    got, log = child(tmp_path, CHILD)
     manifest, tensors, (ws, _) = got["manifest"], got["tensors"], got["workspace"]
     launches = [line.split(" ") for line in log.read_text().splitlines() if line.startswith("launch ")]
     # Only the first, good call launched anything, and it called nothing else.
@@ -125,14 +131,7 @@ print(json.dumps(report))
 
 
 def test_operators_plan_device_tensors_at_their_shapes(tmp_path):
-    assert os.environ.get("ATTNC_CUDA_TOOLS") or os.environ.get("CUDA_HOME"), \
-        "NVRTC is needed: set ATTNC_CUDA_TOOLS (see .ci/run)"
-    log = tmp_path / "log"
-    env = {**os.environ, "LD_LIBRARY_PATH": str(fake_driver(tmp_path)), "FAKE_CUDA_LOG": str(log),
-           "ATTNC_CACHE_DIR": str(tmp_path / "cache")}
-    run = subprocess.run([sys.executable, "-c", SHAPED], cwd=ROOT, env=env, capture_output=True, text=True)
-    assert run.returncode == 0, run.stderr[-3000:]
-    report = json.loads(run.stdout.splitlines()[-1])
+    report, log = child(tmp_path, SHAPED)
     for name, r in report.items():
         # Every tensor the operator allocates is the size the kernels need, at N = 37.
         assert r["sizes"] == r["want"], (name, r)
