@@ -52,7 +52,7 @@ import torch
 # here, keeps `attnc.torch` and the wgpu backend on lavapipe usable together.
 import torch._dynamo  # noqa: F401,E402
 
-from . import Program, _attnc, _inputs
+from . import DeviceError, Program, _attnc, _inputs
 from . import compile as _compile
 
 __all__ = ["function", "Module", "CACHE_SIZE"]
@@ -241,6 +241,25 @@ def _empty(shapes, dtype, like):
     return [like.new_empty([int(s) if isinstance(s, int) else s for s in shape], dtype=dtype) for shape in shapes]
 
 
+def _on_backend(backend: str, like: torch.Tensor, run):
+    """``run(chosen)`` on ``backend`` (``"auto"`` resolved by ``_backend``).
+    Where the kernels do not compute what the spec asks (a ``DeviceError``
+    with ``.gap``: attention weights other than the softmax, say), an
+    ``"auto"`` choice runs on the interpreter instead, said once at DEBUG;
+    a backend asked for by name raises."""
+    chosen = _backend(backend, like)
+    try:
+        return run(chosen)
+    except DeviceError as e:
+        gap = getattr(e, "gap", None)
+        if backend != "auto" or chosen == "interp" or not gap:
+            raise
+        if ("gap", gap) not in _TOLD:
+            _TOLD.add(("gap", gap))
+            _log.debug("attnc.torch: the %s kernels do not compute %s; running on interp", chosen, gap)
+        return run("interp")
+
+
 # CUDA tensors without a copy: kernels planned at the inputs' shapes and
 # loaded once per (spec, program, shapes, dtype, device), launched on
 # PyTorch's current stream over the tensors' device pointers; outputs and
@@ -287,16 +306,19 @@ def _device_index(t: torch.Tensor) -> int:
 @torch.library.custom_op("attnc::run", mutates_args=())
 def _run(spec: str, inputs: List[torch.Tensor], backend: str) -> List[torch.Tensor]:
     s, like = _spec(spec), _like(inputs)
-    backend = _backend(backend, like)
-    kernel_dtype = _kernel_dtype(like, backend)
-    if _on_device(like, backend, s):
-        index = _device_index(like)
-        outputs = list(zip(s.outputs, _shapes(s.rules, [t.shape for t in inputs])))
-        load = lambda shapes: s.program._native.cuda_kernels_at(shapes, kernel_dtype, index)  # noqa: E731
-        got = _launch(load, ("run", spec), dict(zip(s.inputs, inputs)), outputs, kernel_dtype, like.device)
-        return [t.to(_out(like)) for t in got]
-    named = {n: _host(t) for n, t in zip(s.inputs, inputs)}
-    return _adopt(s.program._run(named, backend, kernel_dtype, out=_OUT[_out(like)]), like.device)
+
+    def on(backend):
+        kernel_dtype = _kernel_dtype(like, backend)
+        if _on_device(like, backend, s):
+            index = _device_index(like)
+            outputs = list(zip(s.outputs, _shapes(s.rules, [t.shape for t in inputs])))
+            load = lambda shapes: s.program._native.cuda_kernels_at(shapes, kernel_dtype, index)  # noqa: E731
+            got = _launch(load, ("run", spec), dict(zip(s.inputs, inputs)), outputs, kernel_dtype, like.device)
+            return [t.to(_out(like)) for t in got]
+        named = {n: _host(t) for n, t in zip(s.inputs, inputs)}
+        return _adopt(s.program._run(named, backend, kernel_dtype, out=_OUT[_out(like)]), like.device)
+
+    return _on_backend(backend, like, on)
 
 
 @_run.register_fake
@@ -308,19 +330,23 @@ def _(spec, inputs, backend):
 @torch.library.custom_op("attnc::forward", mutates_args=())
 def _forward(spec: str, wrt: str, inputs: List[torch.Tensor], backend: str) -> List[torch.Tensor]:
     s, like = _spec(spec), _like(inputs)
-    backend = _backend(backend, like)
-    kernel_dtype, training = _kernel_dtype(like, backend), s.training(wrt)
-    if _on_device(like, backend, s):
-        index = _device_index(like)
-        (ins, outs), _, fixed = training.shape_rules()
-        outputs = list(zip([n for n, _ in outs], _shapes((ins, outs, fixed), [t.shape for t in inputs])))
-        load = lambda shapes: training.cuda_kernels_at("forward", shapes, kernel_dtype, index)  # noqa: E731
-        got = _launch(load, ("forward", spec, wrt), dict(zip(s.inputs, inputs)), outputs, kernel_dtype, like.device)
-        n = len(s.outputs)
-        return [t.to(_out(like)) for t in got[:n]] + [t.to(_exact(like)) for t in got[n:]]
-    named = _inputs({n: _host(t) for n, t in zip(s.inputs, inputs)})
-    out = training.forward(named, backend, kernel_dtype, _OUT[_out(like)])
-    return _adopt(out, like.device)
+    training = s.training(wrt)
+
+    def on(backend):
+        kernel_dtype = _kernel_dtype(like, backend)
+        if _on_device(like, backend, s):
+            index = _device_index(like)
+            (ins, outs), _, fixed = training.shape_rules()
+            outputs = list(zip([n for n, _ in outs], _shapes((ins, outs, fixed), [t.shape for t in inputs])))
+            load = lambda shapes: training.cuda_kernels_at("forward", shapes, kernel_dtype, index)  # noqa: E731
+            named = dict(zip(s.inputs, inputs))
+            got = _launch(load, ("forward", spec, wrt), named, outputs, kernel_dtype, like.device)
+            n = len(s.outputs)
+            return [t.to(_out(like)) for t in got[:n]] + [t.to(_exact(like)) for t in got[n:]]
+        named = _inputs({n: _host(t) for n, t in zip(s.inputs, inputs)})
+        return _adopt(training.forward(named, backend, kernel_dtype, _OUT[_out(like)]), like.device)
+
+    return _on_backend(backend, like, on)
 
 
 @_forward.register_fake
@@ -342,23 +368,27 @@ def _backward(
     backend: str,
 ) -> List[torch.Tensor]:
     s, like = _spec(spec), _like(inputs)
-    backend = _backend(backend, like)
-    kernel_dtype, training = _kernel_dtype(like, backend), s.training(wrt)
-    if _on_device(like, backend, s):
-        index = _device_index(like)
-        given = dict(zip(s.inputs, inputs))
-        given.update(zip(training.saved(), saved))
-        given.update(("cot_" + n, t) for n, t in zip(s.outputs, cotangents))
-        shapes = {n: list(t.shape) for n, t in zip(s.inputs, inputs)}
-        outputs = [("grad_" + n, shapes[n]) for n in s.gradients(wrt)]
-        load = lambda shapes: training.cuda_kernels_at("backward", shapes, kernel_dtype, index)  # noqa: E731
-        got = _launch(load, ("backward", spec, wrt), given, outputs, kernel_dtype, like.device)
-        return [t.to(_out(like)) for t in got]
-    named = {n: _host(t) for n, t in zip(s.inputs, inputs)}
-    named.update((n, _host(t)) for n, t in zip(training.saved(), saved))
-    named.update(("cot_" + n, _host(t)) for n, t in zip(s.outputs, cotangents))
-    out = training.backward(_inputs(named), backend, kernel_dtype, _OUT[_out(like)])
-    return _adopt(out, like.device)
+    training = s.training(wrt)
+
+    def on(backend):
+        kernel_dtype = _kernel_dtype(like, backend)
+        if _on_device(like, backend, s):
+            index = _device_index(like)
+            given = dict(zip(s.inputs, inputs))
+            given.update(zip(training.saved(), saved))
+            given.update(("cot_" + n, t) for n, t in zip(s.outputs, cotangents))
+            shapes = {n: list(t.shape) for n, t in zip(s.inputs, inputs)}
+            outputs = [("grad_" + n, shapes[n]) for n in s.gradients(wrt)]
+            load = lambda shapes: training.cuda_kernels_at("backward", shapes, kernel_dtype, index)  # noqa: E731
+            got = _launch(load, ("backward", spec, wrt), given, outputs, kernel_dtype, like.device)
+            return [t.to(_out(like)) for t in got]
+        named = {n: _host(t) for n, t in zip(s.inputs, inputs)}
+        named.update((n, _host(t)) for n, t in zip(training.saved(), saved))
+        named.update(("cot_" + n, _host(t)) for n, t in zip(s.outputs, cotangents))
+        out = training.backward(_inputs(named), backend, kernel_dtype, _OUT[_out(like)])
+        return _adopt(out, like.device)
+
+    return _on_backend(backend, like, on)
 
 
 @_backward.register_fake

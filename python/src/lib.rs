@@ -116,7 +116,14 @@ fn py_error(py: Python<'_>, e: Error, name: &str, source: &str) -> PyErr {
             let _ = err.value(py).setattr("tensor", named_tensor(&re.to_string()));
             err
         }
-        Error::Device(d) => exceptions::DeviceError::new_err(d.to_string()),
+        Error::Device(d) => {
+            let err = exceptions::DeviceError::new_err(d.to_string());
+            // What the kernels do not compute (the interpreter does): `.gap`.
+            if let attnc_runtime::gpu::exec::GpuError::Unsupported { what, .. } = d {
+                let _ = err.value(py).setattr("gap", *what);
+            }
+            err
+        }
         Error::Cuda(c) => exceptions::DeviceError::new_err(c.to_string()),
         Error::Setting(s) => exceptions::SettingError::new_err(s.clone()),
         Error::Gradient(g) => exceptions::SettingError::new_err(g.message.clone()),

@@ -219,3 +219,29 @@ def test_the_device_checks_paper_implementation_is_iha():
         assert abs(ours.item() - paper.item()) <= 1e-12 * abs(paper.item()), p
         for n, want in grads(layer).items():
             assert_same(g[n], want, n, tol=1e-6)
+
+
+def test_what_the_kernels_do_not_compute_runs_on_the_interpreter_by_default(caplog):
+    """A learned sink (attention weights beyond the plain softmax, which the
+    kernels do not compute yet): float32 CPU tensors, which `auto` sends to
+    wgpu, run on the interpreter instead, forward and backward, said once
+    at DEBUG, with the gradients of float64's; asked for by name, wgpu
+    refuses with a DeviceError whose `.gap` names what is missing."""
+    caplog.set_level(logging.DEBUG, logger="attnc.torch")
+    attnc.torch._TOLD.clear()
+    text = (
+        "spec s\ninput q: [1, 2, 9, 4]\ninput k: [1, 2, 9, 4]\ninput v: [1, 2, 9, 4]\nweight sinks: [2]\n"
+        "output o = attention(q, k, v, mask = causal, sink = sinks)\n"
+    )
+    layer = attnc.torch.Module(text)
+    exact = attnc.torch.Module(text, dtype=torch.float64)
+    qkv = [torch.randn(1, 2, 9, 4, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+    for m, ts in [(layer, qkv), (exact, [t.double() for t in qkv])]:
+        m(*ts).square().sum().backward()
+    assert_same(layer.sinks.grad, exact.sinks.grad, "grad sinks", tol=1e-5)
+    assert layer.sinks.grad.abs().sum() > 0
+    told = [r.getMessage() for r in caplog.records if r.name == "attnc.torch"]
+    assert sum("do not compute" in m and "`sink`" in m for m in told) == 1, told
+    with pytest.raises(attnc.DeviceError) as info:
+        attnc.torch.Module(text, backend="wgpu")(*qkv)
+    assert "sink" in info.value.gap, info.value
