@@ -66,6 +66,45 @@ _OUT = {torch.float64: "f64", torch.float32: "f32", torch.float16: "f16", torch.
 CACHE_SIZE = 64
 
 
+def _cached(cache: "OrderedDict", key, make):
+    """``cache[key]``, made by ``make()`` on a miss; the least recently
+    used entries past ``CACHE_SIZE`` dropped."""
+    if key in cache:
+        cache.move_to_end(key)
+        return cache[key]
+    cache[key] = value = make()
+    while len(cache) > CACHE_SIZE:
+        cache.popitem(last=False)
+    return value
+
+
+class _Training:
+    """A training step's programs for one ``wrt``, and what the operators
+    read of them on every call, asked of the native layer once: the
+    forward's shape rules and output names, the residuals, the inputs the
+    backward differentiates."""
+
+    def __init__(self, native, fixed):
+        self.native = native
+        (ins, outs), (_, grads), _ = native.shape_rules()
+        self.rules = (ins, outs, fixed)
+        self.forward_outputs = [n for n, _ in outs]
+        self.saved = native.saved()
+        self.gradients = [name[len("grad_") :] for name, _ in grads]
+
+    def residuals(self, produced) -> List[torch.Tensor]:
+        """The residuals among the forward's results ``produced`` (in its
+        output order), in the backward's order."""
+        by_name = dict(zip(self.forward_outputs, produced))
+        return [by_name[n] for n in self.saved]
+
+    def input_grads(self, tensors, names, grads):
+        """The backward's ``grads`` per input (``None`` where not
+        differentiated), each in its input's dtype."""
+        by_name = dict(zip(self.gradients, grads))
+        return [by_name[n].to(t.dtype) if n in by_name else None for n, t in zip(names, tensors)]
+
+
 class _Spec:
     """A compiled spec as the operators use it: its program, input and
     output names, shape rules and training programs by ``wrt``."""
@@ -78,19 +117,15 @@ class _Spec:
         # Integer inputs (lengths, page tables) are checked on the host
         # before a launch: such specs' CUDA tensors cross through it.
         self.on_device = not any(t.domain.startswith("Integers") for t in program.inputs)
-        self._training: Dict[str, object] = {}
+        self._training: Dict[str, _Training] = {}
 
-    def training(self, wrt: str):
+    def training(self, wrt: str) -> _Training:
         """The training programs for the gradients by ``wrt`` (input names,
         comma-separated; empty: every input a gradient is taken by default)."""
         if wrt not in self._training:
-            self._training[wrt] = self.program._native.training(wrt.split(",") if wrt else [])
+            native = self.program._native.training(wrt.split(",") if wrt else [])
+            self._training[wrt] = _Training(native, self.rules[2])
         return self._training[wrt]
-
-    def gradients(self, wrt: str) -> List[str]:
-        """The inputs the backward for ``wrt`` differentiates, in its output order."""
-        _, (_, outputs), _ = self.training(wrt).shape_rules()
-        return [name[len("grad_") :] for name, _ in outputs]
 
 
 _SPECS: "OrderedDict[str, _Spec]" = OrderedDict()
@@ -98,16 +133,14 @@ _SPECS: "OrderedDict[str, _Spec]" = OrderedDict()
 
 def _spec(key: str, program: Optional[Program] = None) -> _Spec:
     """The cached spec for ``key``, compiled from it on a miss."""
-    if key in _SPECS:
-        _SPECS.move_to_end(key)
-        return _SPECS[key]
-    if program is None:
+
+    def make():
+        if program is not None:
+            return _Spec(program)
         k = json.loads(key)
-        program = _compile(k["text"], **dict(k["settings"]))
-    _SPECS[key] = spec = _Spec(program)
-    while len(_SPECS) > CACHE_SIZE:
-        _SPECS.popitem(last=False)
-    return spec
+        return _Spec(_compile(k["text"], **dict(k["settings"])))
+
+    return _cached(_SPECS, key, make)
 
 
 def _like(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -282,13 +315,7 @@ def _launch(load, key, named: Dict[str, torch.Tensor], outputs, kernel_dtype: st
     storage = _STORAGE[kernel_dtype]
     shapes = {n: list(t.shape) for n, t in named.items()}
     key = (*key, tuple((n, tuple(v)) for n, v in sorted(shapes.items())), kernel_dtype, device.index)
-    if key in _KERNELS:
-        _KERNELS.move_to_end(key)
-    else:
-        _KERNELS[key] = load(shapes)
-        while len(_KERNELS) > CACHE_SIZE:
-            _KERNELS.popitem(last=False)
-    kernels = _KERNELS[key]
+    kernels = _cached(_KERNELS, key, lambda: load(shapes))
     given = {n: t.detach().to(dtype=storage).contiguous() for n, t in named.items()}
     given.update((n, torch.empty([int(d) for d in shape], dtype=storage, device=device)) for n, shape in outputs)
     bytes_ = kernels.workspace_bytes()
@@ -336,15 +363,14 @@ def _forward(spec: str, wrt: str, inputs: List[torch.Tensor], backend: str) -> L
         kernel_dtype = _kernel_dtype(like, backend)
         if _on_device(like, backend, s):
             index = _device_index(like)
-            (ins, outs), _, fixed = training.shape_rules()
-            outputs = list(zip([n for n, _ in outs], _shapes((ins, outs, fixed), [t.shape for t in inputs])))
-            load = lambda shapes: training.cuda_kernels_at("forward", shapes, kernel_dtype, index)  # noqa: E731
+            outputs = list(zip(training.forward_outputs, _shapes(training.rules, [t.shape for t in inputs])))
+            load = lambda shapes: training.native.cuda_kernels_at("forward", shapes, kernel_dtype, index)  # noqa: E731
             named = dict(zip(s.inputs, inputs))
             got = _launch(load, ("forward", spec, wrt), named, outputs, kernel_dtype, like.device)
             n = len(s.outputs)
             return [t.to(_out(like)) for t in got[:n]] + [t.to(_exact(like)) for t in got[n:]]
         named = _inputs({n: _host(t) for n, t in zip(s.inputs, inputs)})
-        return _adopt(training.forward(named, backend, kernel_dtype, _OUT[_out(like)]), like.device)
+        return _adopt(training.native.forward(named, backend, kernel_dtype, _OUT[_out(like)]), like.device)
 
     return _on_backend(backend, like, on)
 
@@ -352,8 +378,7 @@ def _forward(spec: str, wrt: str, inputs: List[torch.Tensor], backend: str) -> L
 @_forward.register_fake
 def _(spec, wrt, inputs, backend):
     s, like = _spec(spec), _like(inputs)
-    (ins, outs), _, fixed = s.training(wrt).shape_rules()
-    shapes = _shapes((ins, outs, fixed), [t.shape for t in inputs])
+    shapes = _shapes(s.training(wrt).rules, [t.shape for t in inputs])
     n = len(s.outputs)
     return _empty(shapes[:n], _out(like), like) + _empty(shapes[n:], _exact(like), like)
 
@@ -369,24 +394,20 @@ def _backward(
 ) -> List[torch.Tensor]:
     s, like = _spec(spec), _like(inputs)
     training = s.training(wrt)
+    given = dict(zip(s.inputs, inputs))
+    given.update(zip(training.saved, saved))
+    given.update(("cot_" + n, t) for n, t in zip(s.outputs, cotangents))
 
     def on(backend):
         kernel_dtype = _kernel_dtype(like, backend)
         if _on_device(like, backend, s):
             index = _device_index(like)
-            given = dict(zip(s.inputs, inputs))
-            given.update(zip(training.saved(), saved))
-            given.update(("cot_" + n, t) for n, t in zip(s.outputs, cotangents))
-            shapes = {n: list(t.shape) for n, t in zip(s.inputs, inputs)}
-            outputs = [("grad_" + n, shapes[n]) for n in s.gradients(wrt)]
-            load = lambda shapes: training.cuda_kernels_at("backward", shapes, kernel_dtype, index)  # noqa: E731
+            outputs = [("grad_" + n, list(given[n].shape)) for n in training.gradients]
+            load = lambda shapes: training.native.cuda_kernels_at("backward", shapes, kernel_dtype, index)  # noqa: E731
             got = _launch(load, ("backward", spec, wrt), given, outputs, kernel_dtype, like.device)
             return [t.to(_out(like)) for t in got]
-        named = {n: _host(t) for n, t in zip(s.inputs, inputs)}
-        named.update((n, _host(t)) for n, t in zip(training.saved(), saved))
-        named.update(("cot_" + n, _host(t)) for n, t in zip(s.outputs, cotangents))
-        out = training.backward(_inputs(named), backend, kernel_dtype, _OUT[_out(like)])
-        return _adopt(out, like.device)
+        named = _inputs({n: _host(t) for n, t in given.items()})
+        return _adopt(training.native.backward(named, backend, kernel_dtype, _OUT[_out(like)]), like.device)
 
     return _on_backend(backend, like, on)
 
@@ -395,15 +416,13 @@ def _backward(
 def _(spec, wrt, inputs, saved, cotangents, backend):
     s, like = _spec(spec), _like(inputs)
     shapes = {n: list(t.shape) for n, t in zip(s.inputs, inputs)}
-    return _empty([shapes[n] for n in s.gradients(wrt)], _out(like), like)
+    return _empty([shapes[n] for n in s.training(wrt).gradients], _out(like), like)
 
 
 def _setup_context(ctx, inputs, output):
     spec, wrt, tensors, backend = inputs
     s = _spec(spec)
-    saved = s.training(wrt).saved()
-    produced = dict(zip([*s.outputs, *[n for n in saved if n not in s.outputs]], output))
-    ctx.save_for_backward(*tensors, *(produced[n] for n in saved))
+    ctx.save_for_backward(*tensors, *s.training(wrt).residuals(output))
     ctx.attnc = (spec, wrt, backend, len(tensors), [o.shape for o in output[: len(s.outputs)]])
 
 
@@ -418,9 +437,8 @@ def _gradients(ctx, cotangents):
         c if c is not None else torch.zeros(shape, dtype=_out(like), device=like.device)
         for c, shape in zip(cotangents[: len(s.outputs)], shapes)
     ]
-    grads = dict(zip(s.gradients(wrt), torch.ops.attnc.backward(spec, wrt, tensors, saved, cot, backend)))
-    per_input = [grads[n].to(t.dtype) if n in grads else None for n, t in zip(s.inputs, tensors)]
-    return None, None, per_input, None
+    grads = torch.ops.attnc.backward(spec, wrt, tensors, saved, cot, backend)
+    return None, None, s.training(wrt).input_grads(tensors, s.inputs, grads), None
 
 
 _forward.register_autograd(_gradients, setup_context=_setup_context)
@@ -438,12 +456,10 @@ def _run_gradients(ctx, cotangents):
     forward again, for its residuals, then the backward."""
     spec, backend = ctx.attnc
     s, tensors = _spec(spec), list(ctx.saved_tensors)
-    out = torch.ops.attnc.forward(spec, "", tensors, backend)
-    saved = s.training("").saved()
-    produced = dict(zip([*s.outputs, *[n for n in saved if n not in s.outputs]], out))
-    grads = torch.ops.attnc.backward(spec, "", tensors, [produced[n] for n in saved], list(cotangents), backend)
-    grads = dict(zip(s.gradients(""), grads))
-    return None, [grads[n].to(t.dtype) if n in grads else None for n, t in zip(s.inputs, tensors)], None
+    training = s.training("")
+    saved = training.residuals(torch.ops.attnc.forward(spec, "", tensors, backend))
+    grads = torch.ops.attnc.backward(spec, "", tensors, saved, list(cotangents), backend)
+    return None, training.input_grads(tensors, s.inputs, grads), None
 
 
 _run.register_autograd(_run_gradients, setup_context=_run_setup_context)

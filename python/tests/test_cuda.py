@@ -120,12 +120,11 @@ def wanted(named):
 outs = at._shapes(spec.rules, [shapes[n] for n in spec.inputs])
 check("run", p._native.cuda_kernels_at(shapes, "f32", 0), wanted({**shapes, "y": outs[0]}))
 training = spec.training("")
-(ins, fouts), _, fixed = training.shape_rules()
-forward = dict(zip([n for n, _ in fouts], at._shapes((ins, fouts, fixed), [shapes[n] for n in spec.inputs])))
-check("forward", training.cuda_kernels_at("forward", shapes, "f32", 0), wanted({**shapes, **forward}))
-given = {**shapes, **{n: forward[n] for n in training.saved()}, "cot_y": forward["y"]}
-grads = {"grad_" + n: shapes[n] for n in spec.gradients("")}
-check("backward", training.cuda_kernels_at("backward", given, "f32", 0), wanted({**given, **grads}))
+forward = dict(zip(training.forward_outputs, at._shapes(training.rules, [shapes[n] for n in spec.inputs])))
+check("forward", training.native.cuda_kernels_at("forward", shapes, "f32", 0), wanted({**shapes, **forward}))
+given = {**shapes, **{n: forward[n] for n in training.saved}, "cot_y": forward["y"]}
+grads = {"grad_" + n: shapes[n] for n in training.gradients}
+check("backward", training.native.cuda_kernels_at("backward", given, "f32", 0), wanted({**given, **grads}))
 print(json.dumps(report))
 """
 

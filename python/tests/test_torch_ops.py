@@ -88,9 +88,7 @@ def test_opcheck_passes_on_each_operator(name, params):
         result = torch.library.opcheck(op, args)
         assert set(result.values()) == {"SUCCESS"}, (op, result)
     outputs = torch.ops.attnc.forward(key, wrt, [t.detach() for t in tensors], "interp")
-    training = program._native.training(wrt.split(","))
-    produced = dict(zip([t.name for t in program.outputs] + [n for n in training.saved() if n.startswith("saved_")], outputs))
-    saved = [produced[n] for n in training.saved()]
+    saved = attnc.torch._spec(key).training(wrt).residuals(outputs)
     cot = [torch.randn(o.shape) for o in outputs[: len(program.outputs)]]
     result = torch.library.opcheck(
         torch.ops.attnc.backward.default, (key, wrt, [t.detach() for t in tensors], saved, cot, "interp")

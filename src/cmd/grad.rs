@@ -25,10 +25,11 @@ pub fn grad(a: GradArgs, ui: &Ui) -> Result<(), Failed> {
         }
         (None, Some(s)) => gradient.seeded(s, cotangents).map_err(fail)?,
         (None, None) => unreachable!("clap requires --inputs or --seed"),
-    };
+    }
+    .in_dtype(dtype);
     let results = {
         let _step = ui.step("running the gradient program");
-        bound.clone().in_dtype(dtype).run(a.backend.pipeline()).map_err(fail)?
+        bound.run(a.backend.pipeline()).map_err(fail)?
     };
     let ir = gradient.program().ir();
     let mut named: Vec<(String, &Tensor)> = ir.outputs.iter().map(|(n, _)| (n.clone(), &results[n])).collect();

@@ -425,12 +425,6 @@ impl Weights {
 }
 
 impl AttnFns {
-    /// Whether the weights are anything but a plain softmax (another
-    /// weighting, or a sink).
-    pub fn reweights(&self) -> bool {
-        !self.weights.is_softmax() || self.sink.is_some()
-    }
-
     /// Whether attention mixes heads inside its softmax.
     pub fn mixes(&self) -> bool {
         !self.mix.is_identity()

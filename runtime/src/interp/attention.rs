@@ -112,15 +112,20 @@ impl<'a> Scores<'a> {
     }
 }
 
+/// The largest of a row's scores (−∞ for none); NaN propagates (IEEE
+/// 754), unlike `f64::max`.
+pub(super) fn row_max(scores: impl Iterator<Item = f64>) -> f64 {
+    scores.fold(f64::NEG_INFINITY, |m, x| if x.is_nan() || m.is_nan() { f64::NAN } else { m.max(x) })
+}
+
 /// The weights of a row's visible scores (`None`: hidden), in place, as
 /// `weights` turns them (docs/semantics.md §9); `sink` is the row's sink
-/// logit, for a softmax. NaN propagates (IEEE 754), unlike `f64::max`.
+/// logit, for a softmax.
 fn weigh(row: &mut [Option<f64>], weights: Weights, sink: Option<f64>) {
-    let nan_max = |a: f64, b: f64| if a.is_nan() || b.is_nan() { f64::NAN } else { a.max(b) };
-    let max = row.iter().flatten().fold(f64::NEG_INFINITY, |m, &x| nan_max(m, x));
+    let max = row_max(row.iter().flatten().copied());
     match weights {
         Weights::Softmax => {
-            let max = sink.map_or(max, |z| nan_max(max, z));
+            let max = sink.map_or(max, |z| row_max([max, z].into_iter()));
             let total: f64 =
                 row.iter().flatten().map(|sc| (sc - max).exp()).sum::<f64>() + sink.map_or(0.0, |z| (z - max).exp());
             row.iter_mut().flatten().for_each(|sc| *sc = (*sc - max).exp() / total);

@@ -1,7 +1,7 @@
 //! The interpreter's gradient operations (`compiler::grad`): each the plain
 //! float64 loop of its definition in `ir::Op`.
 
-use super::attention::Scores;
+use super::attention::{row_max, Scores};
 use super::func::ReadError;
 use crate::tensor::Tensor;
 use attnc_compiler::ir::{AttnArg, Func, Weights};
@@ -216,26 +216,13 @@ pub(super) fn attention_grad(
                 if let Some(t) = sink {
                     out.data[hi] -= delta * (t.data[hi] - l).exp();
                 }
-                // Hard attention: the row's maximal scores and how many tie.
-                let (top, ties) = match weights {
-                    Weights::Hard => {
-                        let mut row_scores = vec![];
-                        for j in 0..sk {
-                            row_scores.extend(scores.at(bi, hi, i, j)?);
-                        }
-                        let top = row_scores.iter().fold(f64::NEG_INFINITY, |m, &x| {
-                            if x.is_nan() || m.is_nan() {
-                                f64::NAN
-                            } else {
-                                m.max(x)
-                            }
-                        });
-                        (top, row_scores.iter().filter(|&&x| x == top).count() as f64)
-                    }
-                    _ => (0.0, 0.0),
-                };
-                for j in 0..sk {
-                    let Some([logit, sc, slope]) = scores.with_slope(bi, hi, i, j)? else { continue };
+                // Each visible pair's logit, score and slope, once.
+                let pairs = (0..sk).map(|j| scores.with_slope(bi, hi, i, j)).collect::<Result<Vec<_>, _>>()?;
+                // Hard attention: the row's maximal score and how many tie.
+                let top = row_max(pairs.iter().flatten().map(|[_, sc, _]| *sc));
+                let ties = pairs.iter().flatten().filter(|[_, sc, _]| *sc == top).count() as f64;
+                for (j, pair) in pairs.into_iter().enumerate() {
+                    let Some([logit, sc, slope]) = pair else { continue };
                     let kv = (bi * hk + g) * sk + j;
                     let v_j = &v.data[kv * e..][..e];
                     let dp: f64 = do_i.iter().zip(v_j).map(|(a, b)| a * b).sum();
