@@ -141,6 +141,8 @@ fn function_cases() -> Vec<(&'static str, Vec<(&'static str, String)>)> {
         ("prefix_lm", sets(&[("H", "2"), ("d", "3"), ("N", "9"), ("prefix", "4")])),
         ("sinks", sets(&[("H", "2"), ("d", "3"), ("N", "12"), ("window", "3"), ("sinks", "2")])),
         ("relative_bias", sets(&[("H", "2"), ("d", "3"), ("M", "5"), ("N", "8"), ("R", "2")])),
+        // The learned sinks (a weight).
+        ("gpt_oss", sets(&[("H", "2"), ("H_kv", "1"), ("d", "3"), ("N", "9"), ("window", "4")])),
     ]
 }
 

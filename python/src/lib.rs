@@ -47,6 +47,7 @@ const STDLIB: &[(&str, &str)] = &[
     ("document", include_str!("../../stdlib/document.attn")),
     ("dr_grpo", include_str!("../../stdlib/dr_grpo.attn")),
     ("gdpo", include_str!("../../stdlib/gdpo.attn")),
+    ("gpt_oss", include_str!("../../stdlib/gpt_oss.attn")),
     ("gqa", include_str!("../../stdlib/gqa.attn")),
     ("grpo", include_str!("../../stdlib/grpo.attn")),
     ("iha", include_str!("../../stdlib/iha.attn")),

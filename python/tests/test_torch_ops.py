@@ -220,26 +220,33 @@ def test_the_device_checks_paper_implementation_is_iha():
 
 
 def test_what_the_kernels_do_not_compute_runs_on_the_interpreter_by_default(caplog):
-    """A learned sink (attention weights beyond the plain softmax, which the
-    kernels do not compute yet): float32 CPU tensors, which `auto` sends to
-    wgpu, run on the interpreter instead, forward and backward, said once
-    at DEBUG, with the gradients of float64's; asked for by name, wgpu
-    refuses with a DeviceError whose `.gap` names what is missing."""
+    """Learned ALiBi slopes under a learned sink: the kernels compute the
+    forward and the sink's gradient but not the gradient of a tensor a
+    score function reads under a weighting other than a plain softmax.
+    For float32 CPU tensors, which `auto` sends to wgpu, that backward
+    runs on the interpreter instead, said once at DEBUG, with the
+    gradients of float64's; asked for by name, wgpu refuses it with a
+    DeviceError whose `.gap` names what is missing."""
     caplog.set_level(logging.DEBUG, logger="attnc.torch")
     attnc.torch._TOLD.clear()
     text = (
         "spec s\ninput q: [1, 2, 9, 4]\ninput k: [1, 2, 9, 4]\ninput v: [1, 2, 9, 4]\nweight sinks: [2]\n"
-        "output o = attention(q, k, v, mask = causal, sink = sinks)\n"
+        "weight slopes: [2]\noutput o = attention(q, k, v, mask = causal, sink = sinks, "
+        "score = |s, b, h, i, j| s - slopes[h] * abs(i - j))\n"
     )
     layer = attnc.torch.Module(text)
     exact = attnc.torch.Module(text, dtype=torch.float64)
     qkv = [torch.randn(1, 2, 9, 4, generator=torch.Generator().manual_seed(i)) for i in range(3)]
     for m, ts in [(layer, qkv), (exact, [t.double() for t in qkv])]:
         m(*ts).square().sum().backward()
-    assert_same(layer.sinks.grad, exact.sinks.grad, "grad sinks", tol=1e-5)
-    assert layer.sinks.grad.abs().sum() > 0
+    for name in ["sinks", "slopes"]:
+        got, want = getattr(layer, name).grad, getattr(exact, name).grad
+        assert want.abs().sum() > 0, name
+        assert_same(got, want, "grad " + name, tol=1e-5)
     told = [r.getMessage() for r in caplog.records if r.name == "attnc.torch"]
-    assert sum("do not compute" in m and "`sink`" in m for m in told) == 1, told
+    assert sum("do not compute" in m and "score function reads" in m for m in told) == 1, told
+    wgpu = attnc.torch.Module(text, backend="wgpu")
+    y = wgpu(*qkv)
     with pytest.raises(attnc.DeviceError) as info:
-        attnc.torch.Module(text, backend="wgpu")(*qkv)
-    assert "sink" in info.value.gap, info.value
+        y.square().sum().backward()
+    assert "score function reads" in info.value.gap, info.value

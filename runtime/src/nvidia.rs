@@ -306,7 +306,8 @@ pub struct Compiled {
     pub resources: Resources,
     /// Matrix instructions in the PTX (`mma`/`wmma`).
     pub ptx_mma: bool,
-    /// `HMMA` instructions in the SASS, where cuobjdump was found.
+    /// `HMMA` instructions in the SASS, where cuobjdump was found (none
+    /// where the PTX has no matrix instruction).
     pub sass_hmma: Option<bool>,
 }
 
@@ -380,6 +381,11 @@ impl Tools {
         });
         let sass_hmma = match &self.cuobjdump {
             None => None,
+            // ptxas emits tensor-core instructions only for the PTX's
+            // matrix instructions: without them the SASS has no HMMA, and
+            // cuobjdump (about 1.5 s a kernel, most of the gate's time) is
+            // not run.
+            Some(_) if !ptx_mma => Some(false),
             Some(tool) => {
                 // cuobjdump runs nvdisasm, which the wheels put beside it.
                 let mut path = tool.parent().map(Path::to_path_buf).into_iter().collect::<Vec<_>>();

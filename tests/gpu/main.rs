@@ -8,7 +8,8 @@
 //! A missing device or type fails the test with a clear message; nothing is
 //! skipped. By kernel family: `forward.rs`, `gemm.rs`, `gradients.rs`,
 //! `precision.rs` (TF32, half precision, fragments), `programs.rs`
-//! (precompiled WGSL, level decompositions); this file holds the shared
+//! (precompiled WGSL, level decompositions), `weights.rs` (attention
+//! weights beyond the softmax); this file holds the shared
 //! checks and `backend_tests!`.
 
 #[path = "../common/mod.rs"]
@@ -18,6 +19,7 @@ mod gemm;
 mod gradients;
 mod precision;
 mod programs;
+mod weights;
 
 use attnc_compiler::ir::{DimValues, Program};
 use attnc_compiler::opt::{self, Config};

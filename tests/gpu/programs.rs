@@ -115,6 +115,6 @@ pub(crate) fn decomposition(gpu: &Dev, d: &Decomp) {
 
 #[test]
 pub(crate) fn precompiled_wgsl_runs_like_the_in_process_kernels() {
-    precompiled_wgsl_matches(Gpu::wgpu, Dtype::F32);
-    precompiled_wgsl_matches(Gpu::wgpu, Dtype::F16);
+    precompiled_wgsl_matches(wgpu, Dtype::F32);
+    precompiled_wgsl_matches(wgpu, Dtype::F16);
 }

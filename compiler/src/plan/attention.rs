@@ -70,6 +70,13 @@ pub(super) fn plan(pl: &mut Planner, site: &mut Site) -> (KernelSpec, Vec<usize>
             let pass = MixPass::of(*wrt, fns.as_deref()).expect("a pass");
             pl.mixed_backward(shape, pass, fns, shapes, [*q, *k, *v, *dout], &[*lse, *o])
         }
+        Op::AttentionGrad { o, dout, lse, wrt: AttnArg::Read(c), fns: Some(f), .. } if f.sink == Some(*c) => {
+            let (sq, sv) = (sh(0), sh(2));
+            let (bo, vo) = pl.read(*o, Layout::row_view);
+            let (bd, vd) = pl.read(*dout, Layout::row_view);
+            let spec = KernelSpec::SinkGrad { batch: sq[0], h: sq[1], s: sq[2], e: sv[3], o: vo, dout: vd };
+            (spec, vec![bo, bd, pl.contiguous(*lse), pl.contiguous(f.captures[*c])])
+        }
         Op::AttentionGrad { q, k, v, o, dout, lse, mask, scale, wrt, fns } => {
             let (sq, sk, sv) = (sh(0), sh(1), sh(2));
             // dQ, dK or dV in the layout of a head merge that reads it.

@@ -8,7 +8,7 @@ use super::split::KvSplit;
 use super::tiles::*;
 use super::view::{RowView, View};
 pub use super::visited::{AttnShape, KernelFns};
-use crate::ir::{AttnArg, BinaryOp, ReduceKind, UnaryOp};
+use crate::ir::{AttnArg, BinaryOp, ReduceKind, UnaryOp, Weights};
 use serde::Serialize;
 
 /// Attention's keys and values in a paged cache (`Op::Paged` read in
@@ -125,8 +125,26 @@ pub enum KernelSpec {
         lse: bool,
     },
     /// Merges split-KV partial rows (`Plan::split_kv`) by their
-    /// log-sum-exp into attention's `[batch, h, s, e]` output at `out`.
-    Combine { batch: usize, h: usize, s: usize, e: usize, kv: KvSplit, out: RowView },
+    /// log-sum-exp into attention's `[batch, h, s, e]` output at `out`
+    /// (`weights`: as the attention's; with `sink`, the sink logits are
+    /// bound after the partial rows).
+    Combine {
+        batch: usize,
+        h: usize,
+        s: usize,
+        e: usize,
+        kv: KvSplit,
+        out: RowView,
+        #[serde(default, skip_serializing_if = "Weights::is_softmax")]
+        weights: Weights,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        sink: bool,
+    },
+    /// The gradient of a softmax's sink logits (`sink =`, `[h]`):
+    /// `dt_h = −Σ_{b,i} D_{b,h,i} exp(t_h − lse_{b,h,i})`, `D = dO · O` over
+    /// rows of `e` floats in layouts `o` and `dout`; a unit a head sums its
+    /// rows in order. Binds `o`, `dout`, the log-sum-exp and `t`.
+    SinkGrad { batch: usize, h: usize, s: usize, e: usize, o: RowView, dout: RowView },
     /// The log-sum-exp of each query row's scaled visible scores (what
     /// attention's backward saves), `NO_KEYS` for a row that sees none:
     /// a unit per query row, key tiles of `tile` rows staged in shared
@@ -351,6 +369,7 @@ impl KernelSpec {
             KernelSpec::Concat { rows, f1, f2 } => rows * (f1 + f2),
             KernelSpec::Paged { batch, slots, page, heads, width, .. } => batch * slots * page * heads * width,
             KernelSpec::Combine { batch, h, s, e, .. } => batch * h * s * e,
+            KernelSpec::SinkGrad { h, .. } => h,
             KernelSpec::Rope { rows, d, .. } => rows * d / 2,
             KernelSpec::Attention { shape: AttnShape { batch, h, s, e, .. }, .. } => batch * h * s * e,
             KernelSpec::AttentionLse { shape: AttnShape { batch, h, s, .. }, .. } => batch * h * s,
@@ -579,11 +598,20 @@ impl KernelSpec {
     }
 
     pub fn kernel_gap(&self) -> Option<&'static str> {
-        if self.attn_fns().is_some_and(|f| !f.weights.is_softmax() || f.sink.is_some()) {
-            return Some(
-                "attention weights other than a plain softmax (`weights = sigmoid | linear | hard`, `sink`): \
-                 the kernels compute softmax only so far (the interpreter computes them: `--backend interp`)",
-            );
+        if let Some(f) = self.attn_fns() {
+            let plain = f.weights.is_softmax() && f.sink.is_none();
+            match self {
+                KernelSpec::AttentionGrad { .. } if f.weights == Weights::Hard => {
+                    return Some("the gradient of hard attention (the interpreter computes it)")
+                }
+                KernelSpec::AttentionReadLines { .. } | KernelSpec::AttentionReadSum { .. } if !plain => {
+                    return Some(
+                        "the gradient of a tensor a score function reads, with weights other than a plain \
+                         softmax (the interpreter computes it)",
+                    )
+                }
+                _ => {}
+            }
         }
         match self {
             KernelSpec::MixedAttention { shape, mix, .. } if mix.shared_floats(shape.h) > MIX_SHARED => {
@@ -617,6 +645,7 @@ impl KernelSpec {
             KernelSpec::Concat { .. } => "concat",
             KernelSpec::Paged { .. } => "paged",
             KernelSpec::Combine { .. } => "combine",
+            KernelSpec::SinkGrad { .. } => "sink_grad",
             KernelSpec::Rope { .. } => "rope",
             KernelSpec::Attention { .. } => "attention",
             KernelSpec::Reduce { .. } => "reduce",

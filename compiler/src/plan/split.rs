@@ -9,6 +9,7 @@
 //! type, `lo` the rest), so 16-bit storage keeps f32's precision.
 
 use super::{push_buffer, BufferRole, KernelSpec, Launch, Plan, RowView};
+use crate::ir::Weights;
 use serde::Serialize;
 
 /// How an attention launch's keys are split (`KernelSpec::Attention::kv`).
@@ -54,7 +55,9 @@ impl Plan {
             let (batch, h, s, e) = (shape.batch, shape.h, shape.s, shape.e);
             let rows = batch * h * s;
             let partial = push_buffer(&mut self.buffers, &[kv.splits, rows, kv.row], BufferRole::Temp);
-            let combine = KernelSpec::Combine { batch, h, s, e, kv, out: *out };
+            let fns = shape.fns.as_ref();
+            let (weights, sink) = (fns.map_or(Weights::Softmax, |f| f.weights), fns.and_then(|f| f.sink));
+            let combine = KernelSpec::Combine { batch, h, s, e, kv, out: *out, weights, sink: sink.is_some() };
             let mut spec = l.spec.clone();
             if let KernelSpec::Attention { out, kv: split, .. } = &mut spec {
                 *out = RowView {
@@ -80,7 +83,8 @@ impl Plan {
             launches.push(Launch {
                 name: String::new(),
                 spec,
-                bindings: vec![partial, out_buf],
+                // The sink: a capture, bound after q, k and v.
+                bindings: [partial].into_iter().chain(sink.map(|c| l.bindings[3 + c])).chain([out_buf]).collect(),
                 frees,
                 flops: merge,
                 bytes,

@@ -33,6 +33,7 @@ impl KernelSpec {
                 }
             }
             KernelSpec::LooMean { n, .. } => n,
+            KernelSpec::SinkGrad { batch, s, .. } => batch * s,
             KernelSpec::Contract { rows, inner, .. } => {
                 (rows * inner).div_ceil(GROUP_UNITS) + GROUP_UNITS.ilog2() as usize
             }

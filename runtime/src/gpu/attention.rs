@@ -5,7 +5,7 @@
 
 use super::kernels::{self as k, Stored};
 use super::kit::launch::{Dims, ROW_I, ROW_OUT, ROW_Q};
-use super::kit::norm::inverse_sum;
+use super::kit::norm::{inverse_sum, Norm};
 use super::kit::source::view_row;
 use super::kit::walk::query_tile;
 use attnc_compiler::plan::{RowView, ATTN_ROWS};
@@ -52,7 +52,8 @@ pub(super) fn load_query<N: Size>(
     a
 }
 
-/// `out = acc / l`; a row that saw no key (`l = 0`) is 0, and NaN stays NaN.
+/// `out = acc / l` (`kit::norm::inverse_sum`); a row that saw no key
+/// (`l = 0`) is 0, and NaN stays NaN.
 #[cube]
 pub(super) fn store_row<N: Size>(
     out: &mut [Vector<Stored, N>],
@@ -61,9 +62,10 @@ pub(super) fn store_row<N: Size>(
     rows: &Array<usize>,
     #[comptime] s: usize,
     #[comptime] el: usize,
+    #[comptime] norm: Norm,
 ) {
     if rows[ROW_I] < s {
-        let inv = inverse_sum(state);
+        let inv = inverse_sum(state, norm);
         let base = rows[ROW_OUT];
         #[unroll]
         for c in 0..el {

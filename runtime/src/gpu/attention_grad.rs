@@ -29,7 +29,7 @@
 //! side counts against Mesa's loop bound (`KernelSpec::loop_trips`).
 
 use super::attention_split::xor_add;
-use super::func::{prep_hook, score_hook, slope_hook, tile_hook, Hook};
+use super::func::{prep_hook, score_hook, sink_hook, slope_hook, tile_hook, Hook};
 use super::kernels::{self as k, Stored};
 pub use super::kit::launch::Dims;
 use super::kit::mask::sees;
@@ -310,6 +310,7 @@ pub fn lse(q: &[Stored], kb: &[Stored], out: &mut [Stored], #[comptime] g: Dims,
     let mut kt = Shared::<[f32]>::new_slice(comptime![g.tile * g.d]);
     let mut m = f32::new(norm::M_INIT);
     let mut l = f32::new(0.0);
+    let sink = sink_hook(hi, hook.clone());
     let rows = cube_rows(comptime![g.s], g);
     let band = key_tiles(rows[0], rows[1], g);
     prep_hook(b, hi, rows[0], rows[1], true, hook.clone());
@@ -326,7 +327,7 @@ pub fn lse(q: &[Stored], kb: &[Stored], out: &mut [Stored], #[comptime] g: Dims,
                 );
                 if j < comptime![g.sk] && sees(i, j, comptime![g.mask()]) {
                     let sc = score_hook(dot * f32::new(scale), b, hi, i, j, hook.clone());
-                    let st = push(m, l, sc);
+                    let st = push(m, l, sc, comptime![g.norm]);
                     m = st.m;
                     l = st.l;
                 }
@@ -335,7 +336,7 @@ pub fn lse(q: &[Stored], kb: &[Stored], out: &mut [Stored], #[comptime] g: Dims,
         sync_cube();
     }
     if real && plus_lane(0usize, comptime![g.lanes]) == 0 {
-        out[bh * comptime![g.s] + i] = Stored::cast_from(norm::finish_lse(m, l));
+        out[bh * comptime![g.s] + i] = Stored::cast_from(norm::stat(m, l, sink, comptime![g.norm]));
     }
 }
 
@@ -368,8 +369,10 @@ pub fn grad_q(x: &Saved, out: &mut [Stored], #[comptime] g: Dims, #[comptime] ar
                     lane_sum(dot_tile(&qr, &kt, jj * comptime![g.d], comptime![g.d], lanes), lanes) * f32::new(scale);
                 let dp = lane_sum(dot_tile(&dor, &vt, jj * comptime![g.e], comptime![g.e], lanes), lanes);
                 if alive && j < comptime![g.sk] && sees(i, j, comptime![g.mask()]) {
-                    let p = norm::prob(score_hook(sc, b, hi, i, j, hook.clone()), l);
-                    let ds = slope_hook(p * (dp - delta), sc, b, hi, i, j, hook.clone()) * f32::new(scale);
+                    let x = score_hook(sc, b, hi, i, j, hook.clone());
+                    let p = norm::prob(x, l, comptime![g.norm]);
+                    let ds = norm::grad_weight(x, l, p, dp, delta, comptime![g.norm]);
+                    let ds = slope_hook(ds, sc, b, hi, i, j, hook.clone()) * f32::new(scale);
                     axpy_tile(&mut dq, ds, &kt, jj * comptime![g.d], comptime![g.d], lanes);
                 }
             }
@@ -452,10 +455,11 @@ pub fn grad_kv(
                         f32::new(0.0)
                     };
                     if real && i < comptime![g.s] && live(l) && sees(i, j, comptime![g.mask()]) {
-                        let p = norm::prob(score_hook(sc, b, hi, i, j, hook.clone()), l);
+                        let x = score_hook(sc, b, hi, i, j, hook.clone());
+                        let p = norm::prob(x, l, comptime![g.norm]);
                         if comptime![wrt_k] {
-                            let ds = slope_hook(p * (dp - st[comptime![g.tile] + ii]), sc, b, hi, i, j, hook.clone())
-                                * f32::new(scale);
+                            let ds = norm::grad_weight(x, l, p, dp, st[comptime![g.tile] + ii], comptime![g.norm]);
+                            let ds = slope_hook(ds, sc, b, hi, i, j, hook.clone()) * f32::new(scale);
                             axpy_tile(&mut acc, ds, &qt, ii * comptime![g.d], comptime![g.d], lanes);
                             if comptime![with_v] {
                                 axpy_tile(&mut acc_v, p, &dt, ii * comptime![g.e], comptime![g.e], lanes);

@@ -18,7 +18,7 @@ use super::func::{index_hook, read_hook, score_hook, Hook};
 use super::kernels::{self as k, Stored};
 use super::kit::launch::Dims;
 use super::kit::mask::sees;
-use super::kit::norm::{self, live};
+use super::kit::norm::{self, live, Norm};
 use super::kit::source::view_row;
 use super::kit::walk::{key_tiles, query_tiles};
 use attnc_compiler::plan::{read_chunk, Lines, SUM_UNROLL};
@@ -156,7 +156,7 @@ pub fn read_lines(
             let sc = dot(x.q, qa, x.k, ka, x.k, ka, comptime![(g.d, false)]) * f32::new(scale);
             // dO_i · v_j − D_i in one pass.
             let dp = dot(x.dout, da, x.v, va, x.o, oa, comptime![(g.e, true)]);
-            let p = norm::prob(score_hook(sc, b, hi, i, j, hook.clone()), lv);
+            let p = norm::prob(score_hook(sc, b, hi, i, j, hook.clone()), lv, Norm::Softmax);
             read_hook(&mut acc, p * dp, sc, b, hi, i, j, comptime![walk.capture], hook.clone());
         }
     }

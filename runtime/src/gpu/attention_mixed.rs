@@ -23,7 +23,7 @@ use super::func::{score_hook, slope_hook, Hook};
 use super::kernels::{self as k, Stored};
 use super::kit::launch::Dims;
 use super::kit::mask::{sees, unmasked};
-use super::kit::norm::{self, live, push};
+use super::kit::norm::{self, live, push, Norm};
 use super::kit::source::view_row;
 use super::kit::walk::key_tiles;
 use attnc_compiler::plan::{grad_chunk, RowView};
@@ -239,7 +239,7 @@ pub(super) fn probabilities(
                 let l = ls[idx];
                 let mut p = f32::new(0.0);
                 if i < comptime![m.g.s] && live(l) && seen(b, h, i, j0 + jj, m.g, mask.clone()) {
-                    p = norm::prob(mixed_logit(sc, wls, r, h, jj, m, nt), l);
+                    p = norm::prob(mixed_logit(sc, wls, r, h, jj, m, nt), l, Norm::Softmax);
                 }
                 pr[idx * nt + jj] = p;
             }
@@ -324,7 +324,7 @@ pub fn mixed(
                     let h = idx % hs;
                     if seen(b, h, min(r0 + r, comptime![g.s - 1]), j, g, mask.clone()) {
                         let x = mixed_logit(&sc, &wls, r, h, jj, m, tile);
-                        let st = push(st_m[idx], st_l[idx], x);
+                        let st = push(st_m[idx], st_l[idx], x, Norm::Softmax);
                         st_m[idx] = st.m;
                         st_l[idx] = st.l;
                     }

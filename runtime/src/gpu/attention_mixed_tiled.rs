@@ -30,7 +30,7 @@
 use super::attention_mixed::{seen, MixArgs, MixDims};
 use super::func::{score_hook, Hook};
 use super::kernels::{self as k, Stored};
-use super::kit::norm::{self, push};
+use super::kit::norm::{self, push, Norm};
 use super::kit::source::view_row;
 use super::kit::walk::key_tiles;
 use attnc_compiler::plan::RowView;
@@ -251,7 +251,7 @@ pub fn mixed_rows<N: Size>(
             for h in 0..hs {
                 let at = comptime![t * hs + h];
                 if seen(b, h, i, j, g, mask.clone()) {
-                    let st = push(mx[at], l[at], sm[at]);
+                    let st = push(mx[at], l[at], sm[at], Norm::Softmax);
                     mx[at] = st.m;
                     l[at] = st.l;
                 }
@@ -294,7 +294,7 @@ pub fn mixed_rows<N: Size>(
                 for h in 0..hs {
                     let mut x = f32::new(0.0);
                     if seen(b, h, i, j, g, mask.clone()) {
-                        x = norm::prob(sm[comptime![t * hs + h]], mx[comptime![t * hs + h]]);
+                        x = norm::prob(sm[comptime![t * hs + h]], mx[comptime![t * hs + h]], Norm::Softmax);
                     }
                     p[comptime![t * hs + h]] = x;
                 }

@@ -126,18 +126,18 @@ pub fn build<N: Size>(
     let part = k::uget::expand(scope, &rows, PART);
     let qr = load_query::expand::<N>(scope, q, k::uget::expand(scope, &rows, ROW_Q), scale, dg);
     let acc = k::vzeros::expand::<N>(scope, eg);
-    let state = norm::state::expand(scope);
+    let state = norm::start(scope, a);
     let body = Body { a, set: &set, rows: &rows, part, qr: &qr, acc: &acc, state: &state, kb, v, g, dg, eg, bk };
     KeyWalk::new(scope, &set, a, bk).walk(scope, |scope, (kt, masked, hidden)| {
         body.tile(scope, k::mul_const::expand(scope, kt, bk), masked, hidden)
     });
     match a.kv {
-        Some(kv) => store_partial::expand::<N>(scope, out, &acc, &state, &rows, OUT_ROW, (a.g.s, eg), kv),
-        None => store_row::expand::<N>(scope, out, &acc, &state, &rows, a.g.s, eg),
+        Some(kv) => store_partial::expand::<N>(scope, out, &acc, &state, &rows, OUT_ROW, (a.g.s, eg), (kv, a.g.norm)),
+        None => store_row::expand::<N>(scope, out, &acc, &state, &rows, a.g.s, eg, a.g.norm),
     }
     if let Some(lse) = &a.lse {
         // Every lane of a row holds its whole state: they write the same value.
-        store_lse::expand(scope, &mut lse.clone_unchecked(), &state, &rows, a.g.s, a.g.fold);
+        store_lse::expand(scope, &mut lse.clone_unchecked(), &state, &rows, a.g.s, a.g.fold, a.g.norm);
     }
 }
 
@@ -183,7 +183,7 @@ impl<N: Size> Body<'_, N> {
             scores.push((0..self.g.trailing_zeros()).fold(dot, |v, b| xor_add::expand(scope, v, 1 << b)));
         }
         let scores = mask_scores(scope, scores, &masked, hidden, i, k0, a);
-        let mut step = Step::open(scope, self.state, &scores);
+        let mut step = Step::open(scope, a.g.norm, self.state, &scores);
         let mut acc = *self.acc;
         rescale::expand::<N>(scope, &mut acc, step.corr, self.eg);
         for (jj, score) in scores.into_iter().enumerate() {

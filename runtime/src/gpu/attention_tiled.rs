@@ -54,7 +54,7 @@ pub fn build<N: Size>(scope: &Scope, x: &Inputs<N>, out: Out<N>, scale: NativeEx
         let slots = row_slots::expand(scope, a.g, bq, r, a.views, split_stride);
         let qr = load_query::expand::<N>(scope, q, k::uget::expand(scope, &slots, ROW_Q), scale, dl);
         let acc = k::vzeros::expand::<N>(scope, el);
-        let state = norm::state::expand(scope);
+        let state = norm::start(scope, a);
         units.push(UnitRow { slots, qr, acc, state });
     }
     let lane = k::plane_lane::expand(scope, plane.max(1));
@@ -74,19 +74,26 @@ pub fn build<N: Size>(scope: &Scope, x: &Inputs<N>, out: Out<N>, scale: NativeEx
         Out::Rows(out) => {
             for u in &units {
                 match a.kv {
-                    Some(kv) => {
-                        store_partial::expand::<N>(scope, out, &u.acc, &u.state, &u.slots, ROW_OUT, (a.g.s, el), kv)
-                    }
-                    None => store_row::expand::<N>(scope, out, &u.acc, &u.state, &u.slots, a.g.s, el),
+                    Some(kv) => store_partial::expand::<N>(
+                        scope,
+                        out,
+                        &u.acc,
+                        &u.state,
+                        &u.slots,
+                        ROW_OUT,
+                        (a.g.s, el),
+                        (kv, a.g.norm),
+                    ),
+                    None => store_row::expand::<N>(scope, out, &u.acc, &u.state, &u.slots, a.g.s, el, a.g.norm),
                 }
                 if let Some(lse) = &a.lse {
-                    store_lse::expand(scope, &mut lse.clone_unchecked(), &u.state, &u.slots, a.g.s, a.g.fold);
+                    store_lse::expand(scope, &mut lse.clone_unchecked(), &u.state, &u.slots, a.g.s, a.g.fold, a.g.norm);
                 }
             }
         }
         Out::Lse(out) => {
             for u in &units {
-                store_lse::expand(scope, out, &u.state, &u.slots, a.g.s, a.g.fold);
+                store_lse::expand(scope, out, &u.state, &u.slots, a.g.s, a.g.fold, a.g.norm);
             }
         }
     }
@@ -158,7 +165,7 @@ impl<N: Size> KeyTile<'_, N> {
         let mut outs = vec![];
         let mut steps = vec![];
         for (u, sc) in self.rows.iter().zip(&scores) {
-            let step = Step::open(scope, &u.state, sc);
+            let step = Step::open(scope, a.g.norm, &u.state, sc);
             outs.push(
                 (0..self.at.el)
                     .map(|c| k::vscale::expand::<N>(scope, k::vget::expand::<N>(scope, &u.acc, c), step.corr))

@@ -21,7 +21,8 @@ use super::func::Indices;
 use super::kernels::{self as k, Stored};
 use super::kit::launch::{Shape, ROW_I, ROW_OUT, ROW_Q};
 use super::kit::norm;
-use super::kit::pair::{grad_weight, mask_scores, pair_score, times_slope};
+use super::kit::norm::grad_weight;
+use super::kit::pair::{mask_scores, pair_score, times_slope};
 use super::kit::source::{key_address, view_row};
 use super::kit::walk::{in_parts, setup, walk_query_tiles, KeyWalk, TileAt, SET_K, SET_V};
 use attnc_compiler::plan::{RowView, ATTN_ROWS};
@@ -147,8 +148,8 @@ impl<N: Size> GradTile<'_, N> {
                 for (c, vc) in values.iter().enumerate() {
                     dp = k::dot_add::expand::<N>(scope, dp, k::vget::expand::<N>(scope, &u.dor, c), *vc);
                 }
-                let p = norm::prob::expand(scope, scores[r][jj], u.lse);
-                let mut ds = grad_weight::expand(scope, p, dp, u.delta);
+                let p = norm::prob::expand(scope, scores[r][jj], u.lse, a.g.norm);
+                let mut ds = grad_weight::expand(scope, scores[r][jj], u.lse, p, dp, u.delta, a.g.norm);
                 if let (Some(fns), Some((b, h))) = (slope_fns, head) {
                     let i = k::uget::expand(scope, &u.slots, ROW_I);
                     let j = k::add_index::expand(scope, self.at.k0, k::const_index::expand(scope, jj));
@@ -334,7 +335,7 @@ impl<N: Size> KeyTileGrad<'_, N> {
                 }
                 let at = Indices { b: self.bb, h: self.hi, i: ic, j: u.jc };
                 let score = pair_score(scope, a, logit, i, u.j, &at);
-                let p = norm::prob::expand(scope, score, lse);
+                let p = norm::prob::expand(scope, score, lse, a.g.norm);
                 if let Some(acc_v) = acc_v {
                     for (o, dc) in acc_v.iter_mut().zip(&dout) {
                         *o = k::axpy::expand::<N>(scope, *o, p, *dc);
@@ -346,7 +347,7 @@ impl<N: Size> KeyTileGrad<'_, N> {
                         for (c, dc) in dout.iter().enumerate() {
                             dp = k::dot_add::expand::<N>(scope, dp, *dc, k::vget::expand::<N>(scope, vr, c));
                         }
-                        let ds = grad_weight::expand(scope, p, dp, delta);
+                        let ds = grad_weight::expand(scope, score, lse, p, dp, delta, a.g.norm);
                         let ds = times_slope(scope, a, ds, logit, &at);
                         for (o, qc) in acc.iter_mut().zip(&q) {
                             *o = k::axpy::expand::<N>(scope, *o, ds, *qc);

@@ -7,7 +7,8 @@ use super::device::{elem_type, fragment_type, matrix_units, plane_width, stages_
 use super::func::{self, Fns, Hook};
 use super::kernels::{self as k, Stored};
 use super::kit::launch::{Dims, Inputs, Paged, Shape, Split};
-use super::kit::{norm, source};
+use super::kit::norm::{self, Norm};
+use super::kit::source;
 use super::{
     attention_grad, attention_grad_read, attention_split, attention_tiled, attention_tiled_grad, gemm, mixed_launch,
     mma,
@@ -150,7 +151,8 @@ impl IrKernel {
             | KernelSpec::Concat { .. }
             | KernelSpec::Paged { .. }
             | KernelSpec::Rope { .. } => 2,
-            KernelSpec::Combine { .. } => 1,
+            KernelSpec::Combine { sink, .. } => 1 + usize::from(sink),
+            KernelSpec::SinkGrad { .. } => 4,
         }
     }
 }
@@ -516,11 +518,17 @@ impl IrKernel {
                 KernelSpec::Concat { f1, f2, .. } => {
                     k::concat::expand(scope, &bufs[0], &bufs[1], &mut out, i, *f1, *f2)
                 }
-                KernelSpec::Combine { batch, h, s, e, kv, out: o } => {
+                KernelSpec::Combine { batch, h, s, e, kv, out: o, weights, sink } => {
                     let at = source::combined_at::expand(scope, i, *h, *s, *e, *o);
                     let rows = batch * h * s;
-                    let c = norm::Chunks { splits: kv.splits, rows, e: *e, row: kv.row, lanes: kv.lanes };
-                    norm::combine::expand(scope, &bufs[0], &mut out, i, at, c)
+                    let rule = Norm::of_weights(*weights, *sink);
+                    let (heads, row, lanes) = ((*h, *s), kv.row, kv.lanes);
+                    let c = norm::Chunks { splits: kv.splits, rows, e: *e, row, lanes, norm: rule, heads };
+                    norm::combine::expand(scope, &bufs[0], &bufs[bufs.len() - 1], &mut out, i, at, c)
+                }
+                KernelSpec::SinkGrad { batch, h, s, e, o, dout } => {
+                    let c = norm::SinkRows { batch: *batch, heads: *h, s: *s, e: *e, o: *o, dout: *dout };
+                    norm::sink_grad::expand(scope, &bufs[0], &bufs[1], &bufs[2], &bufs[3], &mut out, i, c)
                 }
                 KernelSpec::Paged { slots, blocks, page, heads, width, integers, .. } => {
                     let p = k::Pages {

@@ -29,6 +29,8 @@ pub struct Fns {
     pub mask: Option<Func>,
     pub tiles: Option<TileFns>,
     pub captures: Vec<Capture>,
+    /// The capture holding a softmax's sink logits (`[H]`).
+    pub sink: Option<usize>,
     /// The reads `prep_hook` made before a `#[cube]` kernel's tile loop.
     pub prepared: std::cell::RefCell<Vec<NativeExpand<f32>>>,
 }
@@ -42,6 +44,7 @@ pub fn fns_of(f: &KernelFns, caps: &[NativeExpand<[Stored]>], dtype: Dtype) -> F
         score: f.score.clone(),
         mask: f.mask.clone(),
         tiles: f.tiles.clone(),
+        sink: f.sink,
         prepared: Default::default(),
         captures: (caps.iter().zip(&f.captures).enumerate())
             .map(|(i, (buf, shape))| Capture { buf: (*buf).clone_unchecked(), shape: shape.clone(), digits: digits(i) })
@@ -78,6 +81,9 @@ pub fn tile_hook(
     cubecl::unexpanded!()
 }
 pub fn prep_hook(_b: usize, _h: usize, _r0: usize, _r1: usize, _keys: bool, _hook: Hook) {
+    cubecl::unexpanded!()
+}
+pub fn sink_hook(_h: usize, _hook: Hook) -> f32 {
     cubecl::unexpanded!()
 }
 #[allow(clippy::too_many_arguments)]
@@ -222,6 +228,15 @@ fn tile_last(t0: usize, #[comptime] tile: usize, #[comptime] n: usize) -> usize 
 /// The score of scaled logit `s` at (b, h, i, j): the score function's
 /// value where the mask function lets query `i` see key `j`, [`MASKED`]
 /// where not; `s` itself (no instruction) without functions.
+/// Query head `h`'s sink logit (`sink =`); 0 without one.
+pub mod sink_hook {
+    use super::*;
+    pub fn expand(scope: &Scope, h: NativeExpand<usize>, hook: Hook) -> NativeExpand<f32> {
+        let sink = hook.0.as_ref().and_then(|f| f.sink_logit(scope, h));
+        sink.unwrap_or_else(|| k::fconst::expand(scope, 0.0))
+    }
+}
+
 pub mod score_hook {
     use super::*;
     pub fn expand(
@@ -338,6 +353,11 @@ pub struct Indices {
 }
 
 impl Fns {
+    /// Query head `h`'s sink logit (`sink =`), where there is a sink.
+    pub fn sink_logit(&self, scope: &Scope, h: NativeExpand<usize>) -> Option<NativeExpand<f32>> {
+        self.sink.map(|c| k::read::expand::<Stored>(scope, &self.captures[c].buf, h))
+    }
+
     /// The score function of scaled logit `s` (unchanged without one).
     pub fn score(&self, scope: &Scope, s: NativeExpand<f32>, at: &Indices) -> NativeExpand<f32> {
         let Some(f) = &self.score else { return s };

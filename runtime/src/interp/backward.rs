@@ -116,7 +116,9 @@ pub(super) fn collapse_grad(x: &Tensor, dy: &Tensor, shape: Vec<usize>) -> Tenso
     out
 }
 
-/// Per query row, `log Σ_j exp(score)` over visible keys (−∞ when none).
+/// Per query row, the statistic attention's backward reads: a softmax's
+/// `log Σ_j exp(score)` over visible keys (and the sink), hard attention's
+/// max, 0 for sigmoid and linear weights; −∞ for a row that sees no key.
 pub(super) fn attention_lse(scores: &Scores, shape: Vec<usize>) -> Result<Tensor, ReadError> {
     let (b, h, s) = (scores.q.shape[0], scores.q.shape[1], scores.q.shape[2]);
     let sink = scores.sink();
@@ -134,8 +136,15 @@ pub(super) fn attention_lse(scores: &Scores, shape: Vec<usize>) -> Result<Tensor
                     row.push(t.data[hi]);
                 }
                 let max = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                // What the backward needs of a row (docs/semantics.md §9): a
+                // softmax's log-sum-exp; hard attention's max; nothing (0) for
+                // sigmoid and linear weights.
                 out.data[(bi * h + hi) * s + i] = if row.is_empty() {
                     f64::NEG_INFINITY
+                } else if scores.weights() == Weights::Hard {
+                    max
+                } else if !scores.weights().is_softmax() {
+                    0.0
                 } else if max.is_finite() {
                     max + row.iter().map(|x| (x - max).exp()).sum::<f64>().ln()
                 } else {

@@ -94,7 +94,7 @@ pub(super) fn lower(l: &mut Lowerer, call: &Expr, args: &Args) -> Option<NodeId>
     }
     // The weighting, and a softmax's sink (a capture, as the mixing matrices).
     let weights = args.choice::<WeightsName>(l, WEIGHTS)?.map_or(Weights::Softmax, WeightsName::weights);
-    if !weights.is_softmax() && (mix.logits.is_some() || mix.probs.is_some()) {
+    if !weights.is_softmax() && !mix.is_identity() {
         let at = if mix.logits.is_some() { MIX_LOGITS } else { MIX_PROBS };
         return refuse(
             l,
@@ -109,6 +109,17 @@ pub(super) fn lower(l: &mut Lowerer, call: &Expr, args: &Args) -> Option<NodeId>
         );
     }
     let sink = match args.given(SINK) {
+        true if !mix.is_identity() => {
+            return refuse(
+                l,
+                args,
+                SINK,
+                "`sink` joins one head's softmax denominator, and head mixing inside attention mixes the \
+                 heads' logits and probabilities around their softmaxes",
+                "a sink here",
+                "drop `sink`, or mix the heads outside attention",
+            );
+        }
         true if !weights.is_softmax() => {
             return refuse(
                 l,

@@ -3,6 +3,7 @@
 //! built from the plan's `AttnShape` by [`Dims::of`].
 
 use super::mask::{mask_code, Mask};
+use super::weights::Norm;
 use crate::gpu::func::Fns;
 use crate::gpu::kernels::{self as k, Stored};
 use attnc_compiler::plan::{AttnShape, AttnTiles, RowView};
@@ -33,6 +34,8 @@ pub struct Dims {
     pub lanes: usize,
     /// Rows per cube.
     pub rows: usize,
+    /// How scores become weights.
+    pub norm: Norm,
 }
 
 impl Dims {
@@ -40,8 +43,8 @@ impl Dims {
     /// rows a cube shared by `lanes` lanes each, grid folded by `fold`.
     pub fn of(shape: &AttnShape, tile: usize, rows: usize, lanes: usize, fold: usize) -> Dims {
         let AttnShape { h, hk, s, sk, d, e, mask, window, block, .. } = *shape;
-        let kind = mask_code(mask);
-        Dims { h, hk, s, sk, d, e, kind, window: window.unwrap_or(0), block, tile, fold, lanes, rows }
+        let (kind, norm) = (mask_code(mask), Norm::of(shape.fns.as_ref()));
+        Dims { h, hk, s, sk, d, e, kind, window: window.unwrap_or(0), block, tile, fold, lanes, rows, norm }
     }
 
     /// The built-in mask.

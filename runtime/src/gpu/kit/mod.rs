@@ -4,8 +4,11 @@
 //! - `launch.rs` — [`launch::Dims`], a launch's compile-time description;
 //! - `mask.rs` — built-in mask semantics: visibility, the key band of a
 //!   block of queries and the query band of a block of keys, tiles;
-//! - `norm.rs` — the normaliser: online state, update, finish, the
-//!   log-sum-exp stored and read, the sentinels, the split-KV combine;
+//! - `weights.rs` — which normaliser a launch uses (`Norm`: softmax, with
+//!   a sink, sigmoid, linear, hard);
+//! - `norm.rs` — the normaliser: online state, update, finish, the row
+//!   statistic stored and read, each weighting's `dS`, the sentinels, the
+//!   split-KV combine, the sink's gradient;
 //! - `walk.rs` — the tile walks, over keys and over queries;
 //! - `source.rs` — where rows are: views, contiguous or paged keys and values;
 //! - `bands.rs` (a test) — the mask's bands on the device against the IR's
@@ -20,6 +23,7 @@ pub mod norm;
 pub mod pair;
 pub mod source;
 pub mod walk;
+pub mod weights;
 
 #[cfg(test)]
 mod bands;

@@ -1,7 +1,8 @@
 //! The pair step of a tile: a query row's scores against key rows, through
 //! the score function, the mask function and the built-in mask, as one
-//! host-assembled step the forward and the backward kernels share; and the
-//! backward's weight of a pair, `dS = P (dP − D)`.
+//! host-assembled step the forward and the backward kernels share (a
+//! pair's weight and `dS` are the normaliser's: `norm::prob`,
+//! `norm::grad_weight`).
 
 use super::launch::Shape;
 use super::mask::{mask_score, mask_tile, seen_or_masked};
@@ -62,12 +63,6 @@ pub fn mask_scores(
         mask_tile::expand(scope, &mut arr, *masked, i, k0, bk, a.mask());
     }
     (0..bk).map(|jj| k::fget::expand(scope, &arr, jj)).collect()
-}
-
-/// `dS = p · (dp − D)`.
-#[cube]
-pub fn grad_weight(p: f32, dp: f32, delta: f32) -> f32 {
-    p * (dp - delta)
 }
 
 /// One pair's score where the backward walks pairs one at a time: the score

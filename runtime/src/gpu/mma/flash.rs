@@ -2,6 +2,7 @@
 //! key and value tile in shared memory, `S = Q·Kᵀ` and `P·V` on fragments.
 
 use super::*;
+use crate::gpu::kit::norm::Norm;
 
 /// A copy of `rows` rows of `width` vectors (`used` of them read, the rest
 /// zero) into a shared array at `dst`, row `j` being row `min(k0 + j, sk −
@@ -154,9 +155,9 @@ fn softmax_tile<N: Size>(
     sh: &mut [Vector<Stored, N>],
     state: &mut Array<f32>,
     acc: &mut RowAcc<'_>,
-    #[comptime] probs: (usize, usize),
+    #[comptime] probs: (usize, usize, Norm),
 ) {
-    let (dst, bk) = comptime![probs];
+    let (dst, bk, rule) = comptime![probs];
     let mut m = state[0];
     #[unroll]
     for jj in 0..bk {
@@ -168,13 +169,13 @@ fn softmax_tile<N: Size>(
         let mut p = Vector::<f32, N>::empty();
         #[unroll]
         for x in 0..N::value() {
-            let e = norm::weight(scores[row + comptime![v * N::value() + x]], m);
+            let e = norm::weight(scores[row + comptime![v * N::value() + x]], m, rule);
             sum += e;
             p.insert(x, e);
         }
         sh[comptime![dst] + row / N::value() + v] = Vector::<Stored, N>::cast_from(p);
     }
-    let alpha = norm::advance(state, m, sum);
+    let alpha = norm::advance(state, m, sum, rule);
     #[unroll]
     for x in 0..comptime![acc.held] {
         acc.o[x] = acc.o[x] * alpha;
@@ -330,8 +331,9 @@ fn store_row<N: Size>(
     slots: &Array<usize>,
     #[comptime] s: usize,
     #[comptime] el: usize,
+    #[comptime] rule: Norm,
 ) {
-    let inv = norm::inverse_sum(state);
+    let inv = norm::inverse_sum(state, rule);
     store_columns::<N>(out, acc, inv, slots[ROW_OUT], slots[ROW_I] < s, (0usize, el));
 }
 
@@ -490,7 +492,7 @@ pub fn build_attention<N: Size>(
     let base = len * lanes * dtype.storage().size() + (bq * bk).max(bq * F) * 4;
     let held = held_columns(ep, base, shared_limit, HELD, ATTN_ROWS);
     let acc = accumulators(scope, ep, held, ATTN_ROWS, &sf);
-    let state = norm::state::expand(scope);
+    let state = norm::start(scope, a);
     let (k_base, v_base) = (k::uget::expand(scope, &set, SET_K), k::uget::expand(scope, &set, SET_V));
     // Score and mask functions: each unit applies them to its own row of the
     // shared scores (scaled first), before the online softmax.
@@ -526,16 +528,16 @@ pub fn build_attention<N: Size>(
         let t = ScoreTile { bk, maskable: masked.is_some() && !with_fns, mask: a.mask() };
         let masked = masked.unwrap_or_else(|| NativeExpand::from_lit(scope, false));
         scale_and_mask::expand(scope, &mut sf.clone_unchecked(), row.clone(), i.clone(), k0, scale, masked, t);
-        acc.with(|r| softmax_tile::expand::<N>(scope, &sf, row, &mut xs, &mut st, r, (p_off, bk)));
+        acc.with(|r| softmax_tile::expand::<N>(scope, &sf, row, &mut xs, &mut st, r, (p_off, bk, a.g.norm)));
         k::barrier::expand(scope);
         // P·V, 16 output columns at a time through the scratch.
         let b_v = (k::const_index::expand(scope, v_off), ep, 0);
         accumulate::<N>(scope, &frags, &x, &sf, &acc, (p_off, bk), b_v);
     };
     walk.visit(scope, tile);
-    acc.with(|r| store_row::expand::<N>(scope, out, r, &state, &slots, a.g.s, el));
+    acc.with(|r| store_row::expand::<N>(scope, out, r, &state, &slots, a.g.s, el, a.g.norm));
     if let Some(lse) = &a.lse {
-        norm::store_lse::expand(scope, &mut lse.clone_unchecked(), &state, &slots, a.g.s, a.g.fold);
+        norm::store_lse::expand(scope, &mut lse.clone_unchecked(), &state, &slots, a.g.s, a.g.fold, a.g.norm);
     }
 }
 

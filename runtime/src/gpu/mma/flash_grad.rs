@@ -215,9 +215,9 @@ pub fn build_grad_q<N: Size>(
             let mut ds_row = k::zeros::expand(scope, DS_CHUNK);
             for (jc, score) in scores.into_iter().enumerate() {
                 let jj = c0 + jc;
-                let p = norm::prob::expand(scope, score, lse);
+                let p = norm::prob::expand(scope, score, lse, a.g.norm);
                 let dp = k::read::expand::<f32>(scope, &dpf, at(jj));
-                let mut ds = pair::grad_weight::expand(scope, p, dp, delta);
+                let mut ds = norm::grad_weight::expand(scope, score, lse, p, dp, delta, a.g.norm);
                 if let (Some(fns), Some((b, h))) = (slope_fns, head) {
                     let j = k::add_index::expand(scope, k0, k::const_index::expand(scope, jj));
                     let slope = fns.slope(scope, logit(jj), &Indices { b, h, i, j }).expect("a score function");
@@ -414,12 +414,12 @@ pub fn build_grad_kv<N: Size>(
                 let pair = Indices { b: bb.clone(), h: hi.clone(), i: ic, j: jc.clone() };
                 let score = pair::pair_score(scope, a, logit.clone(), i, j.clone(), &pair);
                 let lse = k::read::expand::<f32>(scope, &stats, k::const_index::expand(scope, ii));
-                let p = norm::prob::expand(scope, score, lse);
+                let p = norm::prob::expand(scope, score.clone(), lse.clone(), a.g.norm);
                 k::fset::expand(scope, &mut p_row, ii, p.clone());
                 if dk {
                     let delta = k::read::expand::<f32>(scope, &stats, k::const_index::expand(scope, bq + ii));
                     let dp = k::read::expand::<f32>(scope, &dpf, at(ii));
-                    let ds = pair::grad_weight::expand(scope, p.clone(), dp, delta);
+                    let ds = norm::grad_weight::expand(scope, score, lse, p.clone(), dp, delta, a.g.norm);
                     let mut ds = pair::times_slope(scope, a, ds, logit, &pair);
                     if let Walk::Either(v_pass) = walk {
                         ds = select::expand(scope, v_pass.clone(), p, ds);
