@@ -7,7 +7,6 @@
 mod common;
 
 use attnc_compiler::plan;
-use attnc_runtime::gpu::exec::Gpu;
 use attnc_runtime::rng::Rng;
 use attnc_runtime::{bind, interp, Tensor};
 use common::*;
@@ -130,7 +129,7 @@ fn stdlib_variants_match_their_papers_formulas() {
 /// and no NaN.
 #[test]
 fn stdlib_variants_on_the_kernels_match_the_interpreter() {
-    let gpu = Gpu::wgpu().unwrap_or_else(|e| panic!("this test needs a device: {e}"));
+    let gpu = needs_wgpu();
     let cases: Vec<(&str, Vec<(&'static str, String)>)> = vec![
         ("alibi", sets(&[("H", "2"), ("H_kv", "1"), ("d", "64"), ("M", "333"), ("N", "1100")])),
         ("softcap", sets(&[("H", "2"), ("d", "128"), ("M", "200"), ("N", "201"), ("cap", "2.0")])),
@@ -149,7 +148,7 @@ fn stdlib_variants_on_the_kernels_match_the_interpreter() {
         assert_close(&got, &want, 1e-4, &format!("{name} forward {s:?}"));
         // The kernel CUDA runs: rows shared by the lanes of a plane (`attention_split`).
         if seed % 2 == 0 {
-            let tiled = Gpu::wgpu().unwrap().with_register_tiles();
+            let tiled = needs_wgpu().with_register_tiles();
             let got = tiled.run(&plan::plan(&c.program, &dims), &inputs).unwrap().0.remove(0);
             assert_close(&got, &want, 1e-4, &format!("{name} forward, register tiles"));
         }
@@ -194,7 +193,7 @@ fn gradient_inputs(
 #[test]
 fn half_precision_function_gradients_run_on_fragments() {
     use attnc_compiler::plan::{Dtype, KernelSpec};
-    let gpu = Gpu::wgpu().unwrap_or_else(|e| panic!("this test needs a device: {e}")).with_software_fragments();
+    let gpu = needs_wgpu().with_software_fragments();
     let dtype = Dtype::F16;
     gpu.supports(dtype).unwrap_or_else(|e| panic!("this test needs {dtype} kernels: {e}"));
     let cases: Vec<(&str, Vec<(&'static str, String)>)> = vec![
@@ -237,7 +236,7 @@ fn half_precision_function_gradients_run_on_fragments() {
 #[test]
 fn half_precision_functions_run_on_fragments() {
     use attnc_compiler::plan::{Dtype, KernelSpec};
-    let gpu = Gpu::wgpu().unwrap_or_else(|e| panic!("this test needs a device: {e}")).with_software_fragments();
+    let gpu = needs_wgpu().with_software_fragments();
     let cases: Vec<(&str, Vec<(&'static str, String)>)> = vec![
         ("alibi", sets(&[("H", "2"), ("H_kv", "1"), ("d", "64"), ("M", "70"), ("N", "300")])),
         ("softcap", sets(&[("H", "2"), ("d", "32"), ("M", "130"), ("N", "130"), ("cap", "2.0")])),
@@ -400,7 +399,7 @@ proptest! {
         let want = interp::try_evaluate(&c.program, &tensors, &dims);
         prop_assume!(want.is_ok());
         let want = want.unwrap().remove(0);
-        let gpu = Gpu::wgpu().unwrap_or_else(|e| panic!("this test needs a device: {e}"));
+        let gpu = needs_wgpu();
         let got = gpu.run(&plan::plan(&c.program, &dims), &inputs).unwrap().0.remove(0);
         prop_assert!(got.data.iter().all(|v| !v.is_nan()), "NaN for\n{}", text);
         let e = attnc_runtime::relative_error(&got.data, &want.data);
@@ -463,7 +462,7 @@ proptest! {
         prop_assume!(want.is_ok());
         let want = want.unwrap();
         let p = plan::plan(&grad, &dims);
-        let gpu = Gpu::wgpu().unwrap_or_else(|e| panic!("this test needs a device: {e}"));
+        let gpu = needs_wgpu();
         match p.launches.iter().find_map(|l| l.spec.kernel_gap()) {
             Some(gap) => {
                 let err = gpu.run(&p, &inputs).unwrap_err().to_string();
@@ -592,7 +591,7 @@ proptest! {
 /// for bit. An index of `i` and `j` otherwise is refused by name.
 #[test]
 fn kernels_compute_the_gradients_of_read_tensors() {
-    let gpu = Gpu::wgpu().unwrap_or_else(|e| panic!("this test needs a device: {e}"));
+    let gpu = needs_wgpu();
     let inline = |score: &str, table: &str, m: usize, n: usize| {
         format!(
             "spec reads\ndim M = {m}\ndim N = {n}\ninput q: [2, 4, M, 32]\ninput k: [2, 2, N, 32]\n\

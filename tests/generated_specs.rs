@@ -7,7 +7,6 @@ mod common;
 
 use attnc_compiler::opt::{self, Config};
 use attnc_compiler::plan;
-use attnc_runtime::gpu::exec::Gpu;
 use attnc_runtime::rng::Rng;
 use attnc_runtime::{bind, interp, Tensor};
 use proptest::prelude::*;
@@ -118,7 +117,7 @@ proptest! {
         let again = interp::evaluate(&chosen, &tensors, &dims).remove(0);
         prop_assert!(attnc_runtime::relative_error(&again.data, &want.data) <= 1e-12);
 
-        let gpu = Gpu::wgpu().unwrap_or_else(|e| panic!("this test needs a device: {e}"));
+        let gpu = common::needs_wgpu();
         let got = gpu.run(&plan::plan(&compiled.program, &dims), &inputs).unwrap().0.remove(0);
         let e = attnc_runtime::relative_error(&got.data, &want.data);
         prop_assert!(e <= 1e-4, "kernels differ by {:e} for\n{}", e, text);
@@ -253,7 +252,7 @@ fn every_elementwise_function_has_a_checked_gradient_and_kernel() {
     let mut rng = Rng::for_input(9, "every");
     let mut draw = || Tensor::new(vec![3, 1000], (0..3000).map(|_| 4.0 * rng.unit() - 2.0).collect());
     let inputs = common::named(vec![("a", draw()), ("b", draw()), ("cot_out", draw())]);
-    let gpu = Gpu::wgpu().unwrap_or_else(|e| panic!("this test needs a device: {e}"));
+    let gpu = common::needs_wgpu();
     for p in [&compiled.program, &grad] {
         let inputs: std::collections::BTreeMap<_, _> = inputs
             .iter()

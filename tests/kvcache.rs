@@ -208,10 +208,6 @@ fn positions_agree_with_the_built_in_masks() {
     assert!(windowed.data.iter().any(|x| *x != 0.0) && windowed.data != causal.data);
 }
 
-fn wgpu() -> Gpu {
-    Gpu::wgpu().unwrap_or_else(|e| panic!("this test needs a device: {e}"))
-}
-
 fn on_kernels(gpu: &Gpu, c: &Case, seed: u64) {
     let compiled = compile_stdlib("kvcache", &c.sets());
     let t = inputs(c, seed);
@@ -228,7 +224,7 @@ fn on_kernels(gpu: &Gpu, c: &Case, seed: u64) {
 /// a plane's lanes) on a second device handle.
 #[test]
 fn the_kernels_match_the_interpreter() {
-    let gpu = wgpu();
+    let gpu = needs_wgpu();
     let mut cases = grid();
     cases.truncate(7);
     cases.push(grid()[7].clone());
@@ -236,7 +232,7 @@ fn the_kernels_match_the_interpreter() {
     for (seed, c) in cases.iter().enumerate() {
         on_kernels(&gpu, c, 100 + seed as u64);
     }
-    let tiled = Gpu::wgpu().unwrap().with_register_tiles();
+    let tiled = needs_wgpu().with_register_tiles();
     for (seed, c) in grid().iter().enumerate().filter(|(i, _)| [1, 3, 5, 8].contains(i)) {
         on_kernels(&tiled, c, 200 + seed as u64);
     }
@@ -246,7 +242,7 @@ fn the_kernels_match_the_interpreter() {
 /// interpreter; padding rows of dk and dv are exactly 0.
 #[test]
 fn the_backward_with_lengths_matches_the_interpreter() {
-    let gpu = wgpu();
+    let gpu = needs_wgpu();
     for (seed, c) in [case((4, 2), 32, (40, 300), true, &[300, 120, 17]), case((2, 1), 59, (5, 517), false, &[3, 517])]
         .iter()
         .enumerate()
@@ -372,7 +368,7 @@ fn dims_come_from_the_tensors() {
 #[test]
 fn half_precision_kernels_read_lengths_exactly() {
     use attnc_compiler::plan::Dtype;
-    let gpu = wgpu();
+    let gpu = needs_wgpu();
     gpu.supports(Dtype::F16).unwrap_or_else(|e| panic!("this test needs f16 kernels: {e}"));
     let c = case((2, 1), 32, (3, 3001), true, &[2999, 2051, 3001]);
     let compiled = compile_stdlib("kvcache", &c.sets());
@@ -483,8 +479,8 @@ fn paged_sets(c: &Case, page: usize) -> Vec<(&'static str, String)> {
 /// f16 for one case) against the interpreter.
 #[test]
 fn paged_caches_match_the_reference() {
-    let gpu = wgpu();
-    let tiled = Gpu::wgpu().unwrap().with_register_tiles();
+    let gpu = needs_wgpu();
+    let tiled = needs_wgpu().with_register_tiles();
     let grid = grid();
     for (n, c) in grid.iter().enumerate() {
         let t = inputs(c, 500 + n as u64);
@@ -529,7 +525,7 @@ fn paged_caches_match_the_reference() {
     // In half precision paged attention runs on matrix fragments (the
     // tensor-core kernel, fragments in software here), reading the pages in
     // place: one-row pages as above, and pages of 16 at d = 64.
-    let fragments = Gpu::wgpu().unwrap().with_software_fragments();
+    let fragments = needs_wgpu().with_software_fragments();
     for (c, page) in [(c, 1), (case((2, 1), 64, (3, 700), false, &[700, 333, 17]), 16)] {
         let t = inputs(&c, 10);
         let compiled = compile_stdlib("paged", &paged_sets(&c, page));
@@ -604,7 +600,7 @@ proptest::proptest! {
 /// against the interpreter).
 #[test]
 fn lengths_compose_with_functions_and_head_mixing() {
-    let gpu = wgpu();
+    let gpu = needs_wgpu();
     let head = "spec c\ndim B = 3\ndim M = 5\ndim N = 300\ninput q: [B, 4, M, 16]\ninput k: [B, 2, N, 16]\n\
         input v: [B, 2, N, 16]\ninput lengths: [B] in integers(0, N)\ninput doc: [B, N] in integers(0, 1000)\n\
         input wl: [4, 4]\ninput wp: [4, 4]\n";
@@ -654,8 +650,8 @@ fn lengths_compose_with_functions_and_head_mixing() {
 #[test]
 fn split_kv_decoding_matches_the_interpreter() {
     use attnc_compiler::plan::{Dtype, KernelSpec};
-    let gpu = wgpu();
-    let tiled = Gpu::wgpu().unwrap().with_register_tiles();
+    let gpu = needs_wgpu();
+    let tiled = needs_wgpu().with_register_tiles();
     let grid = grid();
     for (n, c) in [&grid[0], &grid[1], &grid[2], &grid[6], &grid[7], &grid[9]].into_iter().enumerate() {
         let compiled = compile_stdlib("kvcache", &c.sets());
@@ -762,7 +758,7 @@ fn paged_caches_under_head_mixing_are_gathered() {
     let plan = plan::plan(&c.program, &dims);
     let kinds: Vec<&str> = plan.launches.iter().map(|l| l.spec.kind()).collect();
     assert_eq!(kinds.iter().filter(|k| **k == "paged").count(), 2, "{kinds:?}");
-    let got = wgpu().run(&plan, &t).unwrap().0.remove(0);
+    let got = needs_wgpu().run(&plan, &t).unwrap().0.remove(0);
     assert!(want.data.iter().any(|x| *x != 0.0));
     assert_close(&got, &want, 1e-4, "paged under head mixing");
     assert_each(&got, &want, 1e-4, "paged under head mixing");

@@ -32,6 +32,47 @@ pub fn compile_stdlib(name: &str, sets: &[(&str, String)]) -> Compiled {
         .unwrap_or_else(|d| panic!("{name}.attn does not compile:\n{}", render(name, &source, &d)))
 }
 
+/// The wgpu executor of this test: on a device of the test's own
+/// (`Gpu::wgpu_own_device`), so that tests running side by side compile and
+/// launch their kernels side by side, where on one shared device they
+/// would take turns on its one thread (lavapipe compiling a kernel is most
+/// of a GPU test's time). A finished test's device, its kernels compiled,
+/// serves the next test to start.
+pub fn wgpu() -> Result<attnc_runtime::gpu::exec::Gpu, attnc_runtime::gpu::exec::GpuError> {
+    use attnc_runtime::gpu::exec::Gpu;
+    use std::cell::RefCell;
+    use std::sync::Mutex;
+    static IDLE: Mutex<Vec<Gpu>> = Mutex::new(Vec::new());
+    /// This thread's device, back to `IDLE` when the thread (the test) ends.
+    struct Held(Option<Gpu>);
+    impl Drop for Held {
+        fn drop(&mut self) {
+            IDLE.lock().unwrap_or_else(|e| e.into_inner()).extend(self.0.take());
+        }
+    }
+    thread_local! {
+        static HELD: RefCell<Option<Held>> = const { RefCell::new(None) };
+    }
+    HELD.with(|held| {
+        let mut held = held.borrow_mut();
+        if held.is_none() {
+            let idle = IDLE.lock().unwrap_or_else(|e| e.into_inner()).pop();
+            let gpu = match idle {
+                Some(g) => g,
+                None => Gpu::wgpu_own_device()?,
+            };
+            *held = Some(Held(Some(gpu)));
+        }
+        let gpu = held.as_ref().and_then(|h| h.0.as_ref()).expect("held above");
+        Ok(Gpu::with_client(gpu.client().clone(), "wgpu", false))
+    })
+}
+
+/// [`wgpu`], failing the test with a clear message where there is no device.
+pub fn needs_wgpu() -> attnc_runtime::gpu::exec::Gpu {
+    wgpu().unwrap_or_else(|e| panic!("this test needs a device and found none: {e}"))
+}
+
 /// A tensor of uniform values in [-1, 1) drawn from `rng`.
 pub fn random(rng: &mut Rng, shape: &[usize]) -> Tensor {
     let n = shape.iter().product();

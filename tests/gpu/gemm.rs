@@ -3,6 +3,15 @@
 
 use super::*;
 
+/// How a GEMM reads its tiles: directly (Mesa's CPU drivers), staged in
+/// shared memory (the GPU path), or as matrix fragments (`mma.rs`).
+#[derive(Clone, Copy)]
+pub(crate) enum Gemms {
+    Direct,
+    Staged,
+    Fragments,
+}
+
 /// GEMMs at sizes past several tiles in every dimension and at awkward ones
 /// (odd widths read as single floats, `k` not a multiple of a stage), with
 /// their tiles staged in shared memory (the GPU path; forced here), read
@@ -10,7 +19,7 @@ use super::*;
 /// tensor-core kernels of `mma.rs`, fragments computed in software here):
 /// plain products, batched `a`, and whole specs whose GEMMs read merged heads
 /// and slices of a merged projection and mix heads in their epilogue.
-pub(crate) fn gemms(make: Make, dtype: Dtype) {
+pub(crate) fn gemms(make: Make, dtype: Dtype, mode: Gemms) {
     let shapes: &[(&str, &str, &str)] = &[
         ("[700, 37]", "[37, 45]", "odd widths"),
         ("[513, 260]", "[260, 96]", "k = 32 stages and a half"),
@@ -18,7 +27,12 @@ pub(crate) fn gemms(make: Make, dtype: Dtype) {
         ("[1030, 64]", "[64, 264]", "several tiles of rows and columns"),
         ("[2, 300, 36]", "[36, 20]", "a batched operand"),
     ];
-    for (staged, fragments) in [(false, false), (true, false), (false, true)] {
+    let (staged, fragments) = match mode {
+        Gemms::Direct => (false, false),
+        Gemms::Staged => (true, false),
+        Gemms::Fragments => (false, true),
+    };
+    {
         let gpu = device(make, dtype).map(|g| {
             let g = g.with_gemm_staging(staged);
             if fragments {
@@ -153,7 +167,7 @@ pub(crate) fn iha_keeping_products(dev: &Dev, s: &[(&'static str, String)], seed
 /// gradients, against the interpreter on the device's default path.
 #[test]
 pub(crate) fn gemms_keeping_their_product_at_a_thousand_tokens() {
-    let dev = device(Gpu::wgpu, Dtype::F32);
+    let dev = device(wgpu, Dtype::F32);
     iha_keeping_products(&dev, &sets(&[("H", "2"), ("P", "2"), ("d", "32"), ("N", "1030")]), 17, "default path");
 }
 

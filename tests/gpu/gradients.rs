@@ -120,12 +120,12 @@ pub(crate) fn gradient_memory_is_linear(gpu: &Dev) {
 
 #[test]
 pub(crate) fn head_mixing_gradients_match_the_interpreter() {
-    head_mixing_gradients(&device(Gpu::wgpu, Dtype::F32));
+    head_mixing_gradients(&device(wgpu, Dtype::F32));
 }
 
 #[test]
 pub(crate) fn attention_gradients_match_the_interpreter_at_real_sizes() {
-    attention_gradients(&device(Gpu::wgpu, Dtype::F32));
+    attention_gradients(&device(wgpu, Dtype::F32));
 }
 
 /// The backward with 16-bit storage (loads convert, sums stay f32)
@@ -141,7 +141,7 @@ pub(crate) fn half_attention_gradients_match_the_interpreter() {
         s(1, 1, 150, 270, 128, "none", Some(60), 1),
         s(1, 1, 1030, 1500, 128, "causal", None, 1),
     ];
-    attention_gradient_cases(&device(Gpu::wgpu, Dtype::F16), &cases);
+    attention_gradient_cases(&device(wgpu, Dtype::F16), &cases);
 }
 
 /// The backward tiled within a GPU's register file, as CUDA runs it
@@ -150,7 +150,7 @@ pub(crate) fn half_attention_gradients_match_the_interpreter() {
 /// channels, partial dot products summed by shuffles.
 #[test]
 pub(crate) fn register_tiled_attention_gradients_match_the_interpreter() {
-    let dev = device(Gpu::wgpu, Dtype::F32).map(|g| g.with_register_tiles());
+    let dev = device(wgpu, Dtype::F32).map(|g| g.with_register_tiles());
     let s = |h, hk, m, n, d, mask, window, block| Sized { h, hk, m, n, d, mask, window, block };
     let more = [s(1, 1, 260, 700, 128, "causal", None, 1), s(2, 1, 333, 333, 96, "none", Some(40), 1)];
     // Every lane count of register tiling (`plan::choose_path`) that the plane allows is exercised.
@@ -191,7 +191,7 @@ pub(crate) fn estimator_gradients_run_on_kernels() {
         let program = Compiler::new(*spec, common::stdlib_source(spec)).settings(sets).unwrap().compile().unwrap();
         let bound = program.gradient(&[]).unwrap().program().seeded(11).unwrap();
         let want = bound.run(Backend::Interp).unwrap();
-        let got = bound.run(Backend::Wgpu).unwrap_or_else(|e| panic!("{spec} {sets:?}: {e}"));
+        let got = bound.run_on(&needs_wgpu()).unwrap_or_else(|e| panic!("{spec} {sets:?}: {e}"));
         for (name, w) in &want {
             let g = &got[name];
             assert!(g.data.iter().all(|v| !v.is_nan()), "{spec} {name}: NaN");
@@ -224,7 +224,7 @@ pub(crate) fn attention_gradients_run_on_kernels() {
         let program = Compiler::new(*spec, common::stdlib_source(spec)).settings(sets).unwrap().compile().unwrap();
         let bound = program.gradient(&[]).unwrap().program().seeded(5).unwrap();
         let want = bound.run(Backend::Interp).unwrap();
-        let got = bound.run(Backend::Wgpu).unwrap_or_else(|e| panic!("{spec} {sets:?}: {e}"));
+        let got = bound.run_on(&needs_wgpu()).unwrap_or_else(|e| panic!("{spec} {sets:?}: {e}"));
         assert!(want.keys().any(|n| n.starts_with("grad_")), "{spec}: no gradients");
         for (name, w) in &want {
             let g = &got[name];
@@ -258,11 +258,11 @@ pub(crate) fn training_halves_run_on_kernels() {
         let training = gradient.training();
         let forward_inputs = program.ir().inputs.iter().map(|i| (i.name.clone(), whole.inputs()[&i.name].clone()));
         let forward = training.forward.bind(forward_inputs.collect()).unwrap();
-        let outputs = forward.run(Backend::Wgpu).unwrap_or_else(|e| panic!("{spec} {sets:?}: forward: {e}"));
+        let outputs = forward.run_on(&needs_wgpu()).unwrap_or_else(|e| panic!("{spec} {sets:?}: forward: {e}"));
         let mut given = whole.inputs().clone();
         given.extend(training.saved.iter().map(|n| (n.clone(), outputs[n].clone())));
         let backward = training.backward.bind(given).unwrap();
-        let got = backward.run(Backend::Wgpu).unwrap_or_else(|e| panic!("{spec} {sets:?}: backward: {e}"));
+        let got = backward.run_on(&needs_wgpu()).unwrap_or_else(|e| panic!("{spec} {sets:?}: backward: {e}"));
         let results = program.ir().outputs.iter().map(|(n, _)| (n, &outputs[n])).chain(got.iter());
         let mut checked = 0;
         for (name, g) in results {

@@ -162,8 +162,13 @@ macro_rules! backend_tests {
             }
 
             #[test]
-            fn gemms_match_the_interpreter_staged_or_not() {
-                gemms($make, $dtype);
+            fn gemms_read_directly_match_the_interpreter() {
+                gemms($make, $dtype, Gemms::Direct);
+            }
+
+            #[test]
+            fn gemms_staged_match_the_interpreter() {
+                gemms($make, $dtype, Gemms::Staged);
             }
 
             #[test]
@@ -216,5 +221,5 @@ macro_rules! backend_tests {
     };
 }
 
-backend_tests!(wgpu, Gpu::wgpu, Dtype::F32);
-backend_tests!(wgpu_f16, Gpu::wgpu, Dtype::F16);
+backend_tests!(wgpu, common::wgpu, Dtype::F32);
+backend_tests!(wgpu_f16, common::wgpu, Dtype::F16);

@@ -118,3 +118,25 @@ pub(crate) fn precompiled_wgsl_runs_like_the_in_process_kernels() {
     precompiled_wgsl_matches(wgpu, Dtype::F32);
     precompiled_wgsl_matches(wgpu, Dtype::F16);
 }
+
+/// A device of its own (`Gpu::wgpu_own_device`, what every test here runs
+/// on through `common::wgpu`) is the shared device's adapter, with its
+/// plane width and types, and runs a plan to the same bits.
+#[test]
+pub(crate) fn own_devices_are_the_shared_devices_adapter() {
+    let shared = Gpu::wgpu().unwrap_or_else(|e| panic!("this test needs a device and found none: {e}"));
+    let own = Gpu::wgpu_own_device().unwrap_or_else(|e| panic!("this test needs a device and found none: {e}"));
+    assert_eq!(own.adapter, shared.adapter);
+    let plane = |g: &Gpu| attnc_runtime::gpu::device::plane_width(g.client().properties());
+    assert_eq!(plane(&own), plane(&shared), "plane width");
+    for dtype in [Dtype::F32, Dtype::F16, Dtype::Bf16, Dtype::Tf32] {
+        assert_eq!(own.supports(dtype).is_ok(), shared.supports(dtype).is_ok(), "{dtype}");
+    }
+    let c = compile_stdlib("iha", &sets(&[("H", "2"), ("P", "3"), ("d", "8"), ("N", "70"), ("rope", "100.0")]));
+    let inputs = seeded(&c, 4);
+    let p = plan_in(Dtype::F32, &c.program, &bind::default_dims(&c.program).unwrap());
+    let (a, _) = own.run(&p, &inputs).unwrap();
+    let (b, _) = shared.run(&p, &inputs).unwrap();
+    assert!(a[0].data.iter().any(|v| *v != 0.0), "all zeros");
+    assert_eq!(a, b, "the same plan on the two devices");
+}

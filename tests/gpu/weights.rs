@@ -109,7 +109,7 @@ fn s(h: usize, hk: usize, m: usize, n: usize, d: usize, mask: &'static str, wind
 /// and M ≠ N, a window, d = 256, and an awkward small size.
 #[test]
 pub(crate) fn attention_weights_match_the_interpreter() {
-    let dev = &device(Gpu::wgpu, Dtype::F32);
+    let dev = &device(wgpu, Dtype::F32);
     let cases = [
         s(4, 2, 300, 1100, 64, "causal", Some(700)),
         s(2, 1, 40, 70, 256, "none", Some(30)),
@@ -125,7 +125,7 @@ pub(crate) fn attention_weights_match_the_interpreter() {
 /// Register tiles (what CUDA runs in f32).
 #[test]
 pub(crate) fn attention_weights_on_register_tiles_match_the_interpreter() {
-    let dev = device(Gpu::wgpu, Dtype::F32).map(|g| g.with_register_tiles());
+    let dev = device(wgpu, Dtype::F32).map(|g| g.with_register_tiles());
     let cases = [s(4, 2, 300, 1100, 64, "causal", Some(500))];
     forward(&dev, &cases, &|p| p);
     gradients(&dev, &cases, &WEIGHTINGS[..2], &["attention", "attention_grad_q", "attention_grad_kv"]);
@@ -134,7 +134,7 @@ pub(crate) fn attention_weights_on_register_tiles_match_the_interpreter() {
 /// Matrix fragments in f16 (computed in software here): forward and backward.
 #[test]
 pub(crate) fn attention_weights_on_fragments_match_the_interpreter() {
-    let dev = device(Gpu::wgpu, Dtype::F16).map(|g| g.with_software_fragments());
+    let dev = device(wgpu, Dtype::F16).map(|g| g.with_software_fragments());
     let cases = [s(2, 1, 300, 1000, 64, "causal", Some(400))];
     for c in &cases {
         let spec = weighted_spec(c, "sigmoid");
@@ -159,9 +159,9 @@ pub(crate) fn attention_weights_split_over_keys_match_the_interpreter() {
         p
     };
     let cases = [s(2, 1, 1, 3000, 64, "causal", None), s(4, 2, 3, 2100, 32, "causal", Some(700))];
-    forward(&device(Gpu::wgpu, Dtype::F32), &cases, &split);
-    forward(&device(Gpu::wgpu, Dtype::F32).map(|g| g.with_register_tiles()), &cases, &split);
-    forward(&device(Gpu::wgpu, Dtype::F16), &cases[..1], &split);
+    forward(&device(wgpu, Dtype::F32), &cases, &split);
+    forward(&device(wgpu, Dtype::F32).map(|g| g.with_register_tiles()), &cases, &split);
+    forward(&device(wgpu, Dtype::F16), &cases[..1], &split);
 }
 
 /// Hard attention on scores that tie (integer queries and keys, scale 1,
@@ -199,8 +199,8 @@ pub(crate) fn hard_attention_on_the_kernels_is_exact_on_ties() {
     assert!(tied > 20, "only {tied} rows tie");
     let want = &eval(&spec, &inputs)["o"];
     let dims = bind::default_dims(&spec.program).unwrap();
-    let plain = device(Gpu::wgpu, Dtype::F32);
-    let tiled = device(Gpu::wgpu, Dtype::F32).map(|g| g.with_register_tiles());
+    let plain = device(wgpu, Dtype::F32);
+    let tiled = device(wgpu, Dtype::F32).map(|g| g.with_register_tiles());
     for (dev, what) in [(&plain, "cpu tiles"), (&tiled, "register tiles")] {
         for split in [false, true] {
             let p = dev.plan(&spec.program, &dims);

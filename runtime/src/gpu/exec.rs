@@ -138,6 +138,10 @@ pub struct Prepared {
     live: u64,
 }
 
+/// What to install where wgpu finds no adapter.
+const NO_GPU: &str =
+    "on Linux without a GPU, install Mesa's lavapipe: `apt-get install mesa-vulkan-drivers libvulkan1`";
+
 impl Gpu {
     /// The wgpu device: a GPU through Vulkan/Metal/DX12, or Mesa's lavapipe CPU driver.
     pub fn wgpu() -> Result<Gpu, GpuError> {
@@ -145,11 +149,48 @@ impl Gpu {
             .into_iter()
             .find_map(|kind| cubecl::Device::wgpu(kind).ok())
             .ok_or_else(|| {
-                GpuError::Unavailable(
-                    "wgpu",
-                    "no Vulkan, Metal or DX12 adapter was found (on Linux without a GPU, install Mesa's lavapipe: `apt-get install mesa-vulkan-drivers libvulkan1`)".into(),
-                )
+                GpuError::Unavailable("wgpu", format!("no Vulkan, Metal or DX12 adapter was found ({NO_GPU})"))
             })?;
+        let client = std::panic::catch_unwind(|| device.client())
+            .map_err(|_| GpuError::Unavailable("wgpu", "creating the device client failed".into()))?;
+        Ok(Gpu::with_client(client, "wgpu", false))
+    }
+
+    /// The wgpu executor on a device of its own: the adapter [`Gpu::wgpu`]
+    /// picks, opened again with the same features and limits. Every
+    /// executor on one device shares the thread that compiles and launches
+    /// its kernels, so plans run from several threads at once take turns
+    /// there; on devices of their own they run side by side (each device
+    /// keeps its own kernel cache and memory pool). A caller that runs
+    /// plans from several threads at once opens one per thread.
+    pub fn wgpu_own_device() -> Result<Gpu, GpuError> {
+        use cubecl::wgpu::{wgpu, RuntimeOptions, WgpuSetup};
+        let none = |why: String| GpuError::Unavailable("wgpu", why);
+        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor {
+            backends: wgpu::Backends::PRIMARY,
+            ..wgpu::InstanceDescriptor::new_without_display_handle()
+        });
+        let adapter = cubecl::future::block_on(instance.request_adapter(&wgpu::RequestAdapterOptions {
+            power_preference: wgpu::PowerPreference::HighPerformance,
+            ..Default::default()
+        }))
+        .map_err(|e| none(format!("{e} ({NO_GPU})")))?;
+        // As cubecl opens a device for its WGSL compiler (cubecl-wgpu's `backend/wgsl.rs`).
+        let (device, queue) = cubecl::future::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: None,
+            required_features: adapter.features().difference(wgpu::Features::MAPPABLE_PRIMARY_BUFFERS),
+            required_limits: adapter.limits(),
+            memory_hints: wgpu::MemoryHints::MemoryUsage,
+            trace: wgpu::Trace::Off,
+            // SAFETY: as cubecl does; attnc's kernels use no passthrough shader.
+            experimental_features: unsafe { wgpu::ExperimentalFeatures::enabled() },
+        }))
+        .map_err(|e| none(e.to_string()))?;
+        let backend = adapter.get_info().backend;
+        let setup = WgpuSetup { instance, adapter, device, queue, backend };
+        let device =
+            cubecl::wgpu::try_init_device(setup, RuntimeOptions::default()).map_err(|e| none(e.to_string()))?;
+        let device = cubecl::Device::wgpu(device.kind).map_err(|e| none(e.to_string()))?;
         let client = std::panic::catch_unwind(|| device.client())
             .map_err(|_| GpuError::Unavailable("wgpu", "creating the device client failed".into()))?;
         Ok(Gpu::with_client(client, "wgpu", false))
