@@ -604,6 +604,26 @@ fn bench_times_the_gradient_program() {
     assert!(!o.status.success() && stderr(&o).contains("--grad"), "{}", stderr(&o));
 }
 
+/// The comparison `attnc bench` prints for a launch that computes
+/// `beyond` plain attention: its header names the sizes, and the line
+/// `<launch>: <t> <unit> against plain attention's <t> <unit>: <beyond>/plain attention time ratio <r>`
+/// has a ratio that agrees with its two times, the launch's time its row's median.
+fn check_plain_comparison(text: &str, header: &str, launch: &str, beyond: &str) {
+    assert!(text.contains(header), "{text}");
+    let line = text.lines().find(|l| l.contains("against plain attention's"));
+    let line = line.unwrap_or_else(|| panic!("no comparison in\n{text}"));
+    assert!(line.contains(&format!(": {beyond}/plain attention time ratio ")), "{line}");
+    let cols: Vec<&str> = line.split_whitespace().collect();
+    assert!(cols[0].ends_with(&format!("{launch}:")), "{text}");
+    let (ours, plain) = (seconds(cols[1], cols[2]), seconds(cols[6], cols[7].trim_end_matches(':')));
+    let r: f64 = cols.last().unwrap().parse().unwrap();
+    assert!(ours > 0.0 && plain > 0.0 && ours.is_finite() && plain.is_finite(), "{line:?}");
+    assert!((r - ours / plain).abs() <= 1e-3 * r + 2e-3, "{line:?}: want {:.3}", ours / plain);
+    let row = text.lines().find(|l| l.split_whitespace().next() == Some(cols[0].trim_end_matches(':')));
+    let row: Vec<&str> = row.unwrap_or_else(|| panic!("no row for {}", cols[0])).split_whitespace().collect();
+    assert_eq!(seconds(row[1], row[2]), ours, "{text}");
+}
+
 /// Head mixing's bench times plain attention of the same sizes in the same
 /// run (its own spec, compiled from the launch's shape) and prints the
 /// ratio, which agrees with the two printed times; a spec without head
@@ -615,21 +635,50 @@ fn bench_compares_head_mixing_with_plain_attention() {
     assert!(o.status.success(), "{}", stderr(&o));
     let text = String::from_utf8_lossy(&o.stdout).into_owned();
     let what = "plain attention of the same sizes (B=1 H=2 H_kv=2 S=70 S_k=70 d=8 e=8, mask = causal; no mixing)";
-    assert!(text.contains(what), "{text}");
-    // `<launch>: <t> <unit> against plain attention's <t> <unit>: head mixing/plain attention time ratio <r>`
-    let line = text.lines().find(|l| l.contains("against plain attention's"));
-    let cols: Vec<&str> = line.unwrap_or_else(|| panic!("no comparison in\n{text}")).split_whitespace().collect();
-    assert!(cols[0].ends_with("_attention_mixed:"), "{text}");
-    let (ours, plain) = (seconds(cols[1], cols[2]), seconds(cols[6], cols[7].trim_end_matches(':')));
-    let r: f64 = cols.last().unwrap().parse().unwrap();
-    assert!(ours > 0.0 && plain > 0.0 && ours.is_finite() && plain.is_finite(), "{line:?}");
-    assert!((r - ours / plain).abs() <= 1e-3 * r + 2e-3, "{line:?}: want {:.3}", ours / plain);
-    // The mixed launch's time is its row's median above.
-    let row = text.lines().find(|l| l.split_whitespace().next() == Some(cols[0].trim_end_matches(':')));
-    let row: Vec<&str> = row.unwrap_or_else(|| panic!("no row for {}", cols[0])).split_whitespace().collect();
-    assert_eq!(seconds(row[1], row[2]), ours, "{text}");
+    check_plain_comparison(&text, what, "_attention_mixed", "head mixing");
     let o = attnc(&["bench", "stdlib/mha.attn", "--set", "N=40", "--set", "H=2", "--set", "d=8", "--iters", "1"]);
     assert!(o.status.success() && !String::from_utf8_lossy(&o.stdout).contains("plain attention of"), "{o:?}");
+}
+
+/// Attention weighted otherwise than by a softmax, or with a sink, is
+/// timed against the plain softmax of the same sizes in the same run
+/// (docs/semantics.md §9): gpt-oss's sink, sigmoid, linear and hard.
+#[test]
+fn bench_compares_weightings_with_the_softmax() {
+    let o = attnc(&[
+        "bench",
+        "stdlib/gpt_oss.attn",
+        "--set",
+        "N=70",
+        "--set",
+        "H=4",
+        "--set",
+        "H_kv=2",
+        "--set",
+        "d=8",
+        "--iters",
+        "1",
+        "--warmup",
+        "1",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let what = "plain attention of the same sizes (B=1 H=4 H_kv=2 S=70 S_k=70 d=8 e=8, mask = causal, window = 128; \
+                a softmax, no sink)";
+    check_plain_comparison(&String::from_utf8_lossy(&o.stdout), what, "_attention", "sink");
+    let dir = scratch("weightings");
+    for weights in ["sigmoid", "linear", "hard"] {
+        let spec = dir.join(format!("{weights}.attn"));
+        let source = format!(
+            "spec w\ninput q: [1, 2, 50, 8]\ninput k: [1, 2, 60, 8]\ninput v: [1, 2, 60, 8]\n\
+             output o = attention(q, k, v, mask = none, weights = {weights})\n"
+        );
+        std::fs::write(&spec, source).unwrap();
+        let o = attnc(&["bench", s(&spec), "--iters", "1", "--warmup", "1"]);
+        assert!(o.status.success(), "{weights}: {}", stderr(&o));
+        let what =
+            "plain attention of the same sizes (B=1 H=2 H_kv=2 S=50 S_k=60 d=8 e=8, mask = none; a softmax, no sink)";
+        check_plain_comparison(&String::from_utf8_lossy(&o.stdout), what, "_attention", weights);
+    }
 }
 
 /// Refusals carry codes of their own, whose `explain-error` texts say what

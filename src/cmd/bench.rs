@@ -66,10 +66,11 @@ fn once(a: &BenchArgs, set: &[String], ui: &Ui) -> Result<(String, gpu::bench::B
     ));
     let mut result =
         gpu::bench::bench(&gpu, &plan, bound.inputs(), a.warmup, a.iters).map_err(|e| report(Code::Backend, e))?;
-    if let Some((launch, source, what)) = gpu::bench::plain_attention_source(&plan) {
-        let ours = result.kernels.iter().find(|k| k.name == launch).map(|k| k.median);
-        let plain = plain_attention(&source, &bound, &gpu, a);
-        result.mixing = ours.map(|ours| gpu::bench::MixBaseline { launch, ours, plain, what });
+    if let Some(p) = gpu::bench::plain_attention_source(&plan) {
+        let ours = result.kernels.iter().find(|k| k.name == p.launch).map(|k| k.median);
+        let plain = plain_attention(&p.source, &bound, &gpu, a);
+        let gpu::bench::PlainSource { launch, what, beyond, .. } = p;
+        result.plain = ours.map(|ours| gpu::bench::PlainBaseline { launch, ours, plain, what, beyond });
     }
     Ok((result.render(&target, a.iters), result))
 }

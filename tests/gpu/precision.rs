@@ -115,7 +115,6 @@ pub(crate) fn fragment_attention(make: Make, dtype: Dtype) {
         s(1, 1, 60, 33, 15, "none", None, 1),
         s(1, 1, 1100, 1100, 64, "causal", None, 1),
         s(2, 1, 700, 700, 128, "none", None, 1),
-        s(1, 1, 612, 612, 40, "token_causal", Some(40), 3),
         s(1, 1, 400, 400, 30, "token_causal", None, 4),
         s(2, 2, 1, 1000, 64, "causal", None, 1),
         s(4, 1, 70, 900, 64, "causal", Some(300), 1),
@@ -130,10 +129,12 @@ pub(crate) fn fragment_attention(make: Make, dtype: Dtype) {
         run_sized(&dev, c, 300 + i as u64);
         eprintln!("  ({:.1} s)", start.elapsed().as_secs_f64());
     }
+    // A whole spec: IHA's interleaved pseudo-heads and RoPE, optimized (its
+    // mixing in the GEMMs' epilogues; one fragment kernel is seconds of
+    // lavapipe's compile). MHA and IHA without RoPE on fragments:
+    // `gemms_on_fragments_match_the_interpreter_on_wgpu_f16`.
     let c = compile_stdlib("iha", &sets(&[("H", "2"), ("P", "3"), ("d", "24"), ("N", "90"), ("rope", "100.0")]));
-    check_spec(&dev, &c, &seeded(&c, 12), false, "iha on fragments");
-    let c = compile_stdlib("mha", &sets(&[("H", "2"), ("d", "64"), ("N", "200"), ("window", "50")]));
-    check_spec(&dev, &c, &seeded(&c, 13), true, "mha on fragments");
+    check_spec(&dev, &c, &seeded(&c, 12), true, "iha on fragments, optimized");
 }
 
 /// FlashAttention's rule needs the same-dtype reference's rounding: f16
@@ -183,14 +184,12 @@ pub(crate) fn fragment_attention_matches_the_interpreter_on_wgpu_f16() {
 /// against the same-dtype reference past several tiles each way (query and
 /// key rows past 64-row cubes and 16-row tiles, unequal lengths), with
 /// masks, windows, blocks, GQA, and head widths that are not multiples of
-/// 16 (zero-padded fragments) read in vectors of 4, 2 and 1.
+/// 16 (zero-padded fragments) read in vectors of 4 and 2.
 pub(crate) fn fragment_attention_gradients(make: Make, dtype: Dtype) {
     let dev = device(make, dtype).map(|g| g.with_software_fragments());
     let s = |h, hk, m, n, d, mask, window, block| Sized { h, hk, m, n, d, mask, window, block };
     let cases = [
         s(2, 1, 300, 1000, 64, "causal", None, 1),
-        s(1, 1, 1100, 1100, 32, "none", Some(100), 1),
-        s(2, 2, 130, 70, 40, "none", None, 1),
         s(1, 1, 92, 260, 6, "token_causal", Some(3), 4),
         // Past 64 wide: cubes of one plane of 32 rows (at d = 128 and
         // these lengths, within Mesa's loop bound with software's products).

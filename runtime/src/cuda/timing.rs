@@ -119,6 +119,6 @@ pub fn bench(
         prepare,
         baseline: None,
         gemms: vec![],
-        mixing: None,
+        plain: None,
     })
 }

@@ -2,7 +2,8 @@
 //! warm-up, next to each kernel's roofline (FLOPs, bytes, and the fraction of
 //! the target's ceiling reached), and the same numbers for CubeCL's library
 //! kernels on the same device: cubek-attention for plain attention,
-//! cubek-matmul for every GEMM; head mixing's forward against our plain
+//! cubek-matmul for every GEMM; head mixing's forward, and attention
+//! weighted otherwise than by a softmax or with a sink, against our plain
 //! attention of the same sizes, timed in the same run.
 
 use super::baseline::{time_cubek_attention, time_cubek_matmul};
@@ -43,15 +44,30 @@ pub struct GemmBaseline {
     pub work: OpCost,
 }
 
-/// Head mixing's forward against plain attention of the same sizes (no
-/// mixing, no functions), timed in the same run (`attnc bench` fills it:
-/// [`plain_attention_source`]).
-pub struct MixBaseline {
+/// An attention forward that computes more than plain attention (head
+/// mixing, a weighting other than the softmax, a sink) against plain
+/// attention of the same sizes, timed in the same run (`attnc bench`
+/// fills it: [`plain_attention_source`]).
+pub struct PlainBaseline {
     pub launch: String,
     pub ours: f64,
     /// The plain attention's kernel median, or why it was not timed.
     pub plain: Result<f64, String>,
     pub what: String,
+    /// What the launch computes beyond plain attention ([`PlainSource::beyond`]).
+    pub beyond: &'static str,
+}
+
+/// Plain attention of a launch's sizes: [`plain_attention_source`].
+pub struct PlainSource {
+    pub launch: String,
+    /// A spec of plain attention alone.
+    pub source: String,
+    /// Its sizes, mask and window in words.
+    pub what: String,
+    /// What the launch computes beyond it: `head mixing`, `sink`, `sigmoid`,
+    /// `linear` or `hard`.
+    pub beyond: &'static str,
 }
 
 pub struct BenchReport {
@@ -64,7 +80,7 @@ pub struct BenchReport {
     pub prepare: f64,
     pub baseline: Option<Result<Baseline, String>>,
     pub gemms: Vec<GemmBaseline>,
-    pub mixing: Option<MixBaseline>,
+    pub plain: Option<PlainBaseline>,
 }
 
 /// The backward's attention kernels: a log-sum-exp launch where the forward
@@ -106,32 +122,43 @@ fn median(mut xs: Vec<f64>) -> f64 {
     xs[xs.len() / 2]
 }
 
-/// The first forward of head mixing (`KernelSpec::MixedAttention`) in
-/// `plan`: its launch name, and a spec of plain attention of the same sizes
-/// (batch, query and key heads, lengths, widths, built-in mask and window;
-/// values on the key heads; no mixing, no functions) with what it is in
-/// words, where plain attention can take those sizes.
-pub fn plain_attention_source(plan: &Plan) -> Option<(String, String, String)> {
-    plan.launches.iter().find_map(|l| match &l.spec {
-        KernelSpec::MixedAttention { shape, pass: MixPass::Forward, .. } => {
-            let AttnShape { batch, h, hk, s, sk, d, e, mask, window, block, .. } = *shape;
-            if h % hk != 0 || block != 1 {
-                return None;
+/// The first attention forward in `plan` that computes more than plain
+/// attention: head mixing (`KernelSpec::MixedAttention`), or attention
+/// whose only function is its weighting or sink (docs/semantics.md §9);
+/// with a spec of plain attention of the same sizes (batch, query and key
+/// heads, lengths, widths, built-in mask and window; values on the key
+/// heads; a softmax, no functions), where plain attention can take them.
+pub fn plain_attention_source(plan: &Plan) -> Option<PlainSource> {
+    plan.launches.iter().find_map(|l| {
+        let (shape, beyond) = match &l.spec {
+            KernelSpec::MixedAttention { shape, pass: MixPass::Forward, .. } => (shape, "head mixing"),
+            KernelSpec::Attention { shape, kv: None, paged: None, .. } => {
+                let f = shape.fns.as_ref()?;
+                let only_weights = f.score.is_none() && f.mask.is_none() && f.mix.is_identity();
+                let beyond = if f.sink.is_some() { "sink" } else { f.weights.name() };
+                if !only_weights || beyond == "softmax" {
+                    return None;
+                }
+                (shape, beyond)
             }
-            let mask = match mask {
-                MaskKind::Causal => "causal",
-                MaskKind::None => "none",
-                MaskKind::TokenCausal => return None,
-            };
-            let window = window.map_or(String::new(), |w| format!(", window = {w}"));
-            let source = format!(
-                "spec plain\ninput q: [{batch}, {h}, {s}, {d}]\ninput k: [{batch}, {hk}, {sk}, {d}]\n\
-                 input v: [{batch}, {hk}, {sk}, {e}]\noutput o = attention(q, k, v, mask = {mask}{window})\n"
-            );
-            let what = format!("B={batch} H={h} H_kv={hk} S={s} S_k={sk} d={d} e={e}, mask = {mask}{window}");
-            Some((l.name.clone(), source, what))
+            _ => return None,
+        };
+        let AttnShape { batch, h, hk, s, sk, d, e, mask, window, block, .. } = *shape;
+        if h % hk != 0 || block != 1 {
+            return None;
         }
-        _ => None,
+        let mask = match mask {
+            MaskKind::Causal => "causal",
+            MaskKind::None => "none",
+            MaskKind::TokenCausal => return None,
+        };
+        let window = window.map_or(String::new(), |w| format!(", window = {w}"));
+        let source = format!(
+            "spec plain\ninput q: [{batch}, {h}, {s}, {d}]\ninput k: [{batch}, {hk}, {sk}, {d}]\n\
+             input v: [{batch}, {hk}, {sk}, {e}]\noutput o = attention(q, k, v, mask = {mask}{window})\n"
+        );
+        let what = format!("B={batch} H={h} H_kv={hk} S={s} S_k={sk} d={d} e={e}, mask = {mask}{window}");
+        Some(PlainSource { launch: l.name.clone(), source, what, beyond })
     })
 }
 
@@ -262,7 +289,7 @@ pub fn bench(
         prepare,
         baseline,
         gemms,
-        mixing: None,
+        plain: None,
     })
 }
 
@@ -354,19 +381,20 @@ impl BenchReport {
                 let _ = writeln!(out, "\nbaseline: cubek-attention failed: {e}");
             }
         }
-        match &self.mixing {
+        match &self.plain {
             None => {}
-            Some(MixBaseline { launch, ours, plain: Ok(t), what }) => {
-                let _ = writeln!(out, "\nplain attention of the same sizes ({what}; no mixing), timed in this run:");
+            Some(PlainBaseline { launch, ours, plain: Ok(t), what, beyond }) => {
+                let without = if *beyond == "head mixing" { "no mixing" } else { "a softmax, no sink" };
+                let _ = writeln!(out, "\nplain attention of the same sizes ({what}; {without}), timed in this run:");
                 let _ = writeln!(
                     out,
-                    "{launch}: {} against plain attention's {}: head mixing/plain attention time ratio {:.3}",
+                    "{launch}: {} against plain attention's {}: {beyond}/plain attention time ratio {:.3}",
                     format_seconds(*ours),
                     format_seconds(*t),
                     ours / t
                 );
             }
-            Some(MixBaseline { plain: Err(e), .. }) => {
+            Some(PlainBaseline { plain: Err(e), .. }) => {
                 let _ = writeln!(out, "\nplain attention of the same sizes failed: {e}");
             }
         }
