@@ -27,10 +27,10 @@ pub(crate) fn tf32_gemms_on_fragments_match_the_interpreter() {
             .collect();
     cases.push(compile_stdlib("iha", &sets(&[("H", "4"), ("P", "3"), ("d", "16"), ("N", "70"), ("B", "2")])));
     cases.push(compile_stdlib("mha", &sets(&[("H", "3"), ("d", "40"), ("N", "150")])));
-    // Products kept for an epilogue's contraction: on fragments in f16
-    // (`gemms_on_fragments_match_the_interpreter_on_wgpu_f16`), the same
-    // kernel whose operands TF32 rounds on staging, as every case here does.
-    gemms_reading_b_in_place(&dev, "tf32 fragments");
+    // `b` read in place and products kept for an epilogue's contraction:
+    // on fragments in f16 (`gemms_on_fragments_match_the_interpreter_on_wgpu_f16`),
+    // the same kernel whose operands TF32 rounds on staging, as every case
+    // here does.
     for c in &cases {
         let name = &c.program.name;
         let inputs = seeded(c, 8);
