@@ -90,14 +90,14 @@ fn every_code_is_covered_and_explained() {
         }
     }
     let elsewhere = [
-        ("E0502", "cli.rs: budget_and_io_refusals_have_their_own_codes, interpreter_runs_over_the_work_budget_are_refused_at_once"),
-        ("E0601", "cli.rs: run_errors_name_the_tensor_and_write_nothing"),
-        ("E0603", "cli.rs: budget_and_io_refusals_have_their_own_codes"),
+        ("E0502", "cli/main.rs: budget_and_io_refusals_have_their_own_codes, interpreter_runs_over_the_work_budget_are_refused_at_once"),
+        ("E0601", "cli/main.rs: run_errors_name_the_tensor_and_write_nothing"),
+        ("E0603", "cli/main.rs: budget_and_io_refusals_have_their_own_codes"),
         ("E0602", "reward_props.rs: bad_ratings_and_rewards_are_named_errors"),
         ("E0604", "functions.rs: an_out_of_range_read_names_the_tensor_and_the_index"),
-        ("E0605", "cli.rs: non_finite_outputs_are_named_and_finite_refuses_them"),
+        ("E0605", "cli/main.rs: non_finite_outputs_are_named_and_finite_refuses_them"),
         ("E0701", "head_mixing.rs: head_mixing_compiles_forward_and_backward"),
-        ("E0702", "cli.rs: cuda_backend_without_cuda_is_a_clear_error; cuda_launch.rs: driver_failures_have_their_codes_and_write_nothing"),
+        ("E0702", "cli/main.rs: cuda_backend_without_cuda_is_a_clear_error; cuda_launch.rs: driver_failures_have_their_codes_and_write_nothing"),
         ("E0703", "cuda_launch.rs: driver_failures_have_their_codes_and_write_nothing"),
         ("E0704", "cuda_launch.rs: driver_failures_have_their_codes_and_write_nothing"),
         ("E0705", "cuda_launch.rs: a_kernel_nvrtc_refuses_names_itself_and_the_log"),
@@ -105,7 +105,7 @@ fn every_code_is_covered_and_explained() {
         ("E0707", "cuda_launch.rs: driver_failures_have_their_codes_and_write_nothing"),
         ("E0708", "cuda_launch.rs: driver_failures_have_their_codes_and_write_nothing"),
         ("E0709", "cuda_launch.rs: the_caller_memory_launcher_uses_the_callers_pointers_and_stream"),
-        ("E0801", "gradients.rs: discrete_inputs_have_no_gradient_and_say_so; cli.rs: grad_writes_gradients_or_refuses_clearly"),
+        ("E0801", "gradients.rs: discrete_inputs_have_no_gradient_and_say_so; cli/main.rs: grad_writes_gradients_or_refuses_clearly"),
         ("E0901", "internal: the validator rejecting lowered IR is a compiler bug, unreachable from specs"),
     ];
     // Each test named above exists, and its file asserts the code (`"E0601"`,
