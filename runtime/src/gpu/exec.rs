@@ -151,13 +151,13 @@ impl Gpu {
             .ok_or_else(|| {
                 GpuError::Unavailable("wgpu", format!("no Vulkan, Metal or DX12 adapter was found ({NO_GPU})"))
             })?;
-        let client = std::panic::catch_unwind(|| device.client())
-            .map_err(|_| GpuError::Unavailable("wgpu", "creating the device client failed".into()))?;
-        Ok(Gpu::with_client(client, "wgpu", false))
+        Gpu::on_wgpu(device)
     }
 
-    /// The wgpu executor on a device of its own: the adapter [`Gpu::wgpu`]
-    /// picks, opened again with the same features and limits. Every
+    /// The wgpu executor on a device of its own: the high-performance
+    /// adapter on Vulkan, Metal or DX12 (where [`Gpu::wgpu`] looks too; the
+    /// GPU tests hold the two to one adapter), opened with the features and
+    /// limits cubecl asks for. Every
     /// executor on one device shares the thread that compiles and launches
     /// its kernels, so plans run from several threads at once take turns
     /// there; on devices of their own they run side by side (each device
@@ -191,6 +191,11 @@ impl Gpu {
         let device =
             cubecl::wgpu::try_init_device(setup, RuntimeOptions::default()).map_err(|e| none(e.to_string()))?;
         let device = cubecl::Device::wgpu(device.kind).map_err(|e| none(e.to_string()))?;
+        Gpu::on_wgpu(device)
+    }
+
+    /// The executor on wgpu device `device`, its client created here.
+    fn on_wgpu(device: cubecl::Device) -> Result<Gpu, GpuError> {
         let client = std::panic::catch_unwind(|| device.client())
             .map_err(|_| GpuError::Unavailable("wgpu", "creating the device client failed".into()))?;
         Ok(Gpu::with_client(client, "wgpu", false))
