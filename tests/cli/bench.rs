@@ -92,12 +92,16 @@ fn bench_compares_head_mixing_with_plain_attention() {
     let what = "plain attention of the same sizes (B=1 H=2 H_kv=2 S=70 S_k=70 d=8 e=8, mask = causal; no mixing)";
     check_plain_comparison(&text, what, "_attention_mixed", "head mixing");
     let o = attnc(&["bench", "stdlib/mha.attn", "--set", "N=40", "--set", "H=2", "--set", "d=8", "--iters", "1"]);
-    assert!(o.status.success() && !String::from_utf8_lossy(&o.stdout).contains("plain attention of"), "{o:?}");
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success() && !text.contains("plain attention of"), "{o:?}");
+    // Plain attention is timed against cubek-attention's too.
+    assert!(text.contains("cubek-attention"), "{text}");
 }
 
 /// Attention weighted otherwise than by a softmax, or with a sink, is
 /// timed against the plain softmax of the same sizes in the same run
-/// (docs/semantics.md §9): gpt-oss's sink, sigmoid, linear and hard.
+/// (docs/semantics.md §9): gpt-oss's sink, sigmoid, linear and hard; not
+/// against cubek-attention, whose weights are a softmax.
 #[test]
 fn bench_compares_weightings_with_the_softmax() {
     let o = attnc(&[
@@ -124,15 +128,18 @@ fn bench_compares_weightings_with_the_softmax() {
     for weights in ["sigmoid", "linear", "hard"] {
         let spec = dir.join(format!("{weights}.attn"));
         let source = format!(
-            "spec w\ninput q: [1, 2, 50, 8]\ninput k: [1, 2, 60, 8]\ninput v: [1, 2, 60, 8]\n\
+            "spec w\ninput q: [1, 2, 60, 8]\ninput k: [1, 2, 60, 8]\ninput v: [1, 2, 60, 8]\n\
              output o = attention(q, k, v, mask = none, weights = {weights})\n"
         );
         std::fs::write(&spec, source).unwrap();
         let o = attnc(&["bench", s(&spec), "--iters", "1", "--warmup", "1"]);
         assert!(o.status.success(), "{weights}: {}", stderr(&o));
         let what =
-            "plain attention of the same sizes (B=1 H=2 H_kv=2 S=50 S_k=60 d=8 e=8, mask = none; a softmax, no sink)";
-        check_plain_comparison(&String::from_utf8_lossy(&o.stdout), what, "_attention", weights);
+            "plain attention of the same sizes (B=1 H=2 H_kv=2 S=60 S_k=60 d=8 e=8, mask = none; a softmax, no sink)";
+        let text = String::from_utf8_lossy(&o.stdout);
+        check_plain_comparison(&text, what, "_attention", weights);
+        // cubek-attention computes a softmax: no baseline for other weights.
+        assert!(!text.contains("cubek-attention"), "{weights}: {text}");
     }
 }
 

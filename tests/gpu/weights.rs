@@ -2,7 +2,8 @@
 //! linear | hard`, `sink =`; the normaliser `kit::norm::Norm`): forward and
 //! gradients against the float64 interpreter on every kernel path that runs
 //! them (CPU tiles, register tiles, fragments, split-KV decoding), past
-//! several tiles each way, with GQA, unequal lengths, windows and d = 256.
+//! several tiles each way, with GQA, unequal lengths, windows and d = 256,
+//! and with per-sequence `lengths` over contiguous and paged caches.
 
 use super::*;
 
@@ -214,5 +215,144 @@ pub(crate) fn hard_attention_on_the_kernels_is_exact_on_ties() {
                 assert!((g - w).abs() <= 4e-7 * w.abs().max(1.0), "{what}, split {split}: entry {x}: {g} against {w}");
             }
         }
+    }
+}
+
+/// A serving layout of [`Served`]: keys contiguous, or in a paged cache of
+/// `page`-row pages.
+#[derive(Clone, Copy, Debug)]
+struct Served {
+    h: usize,
+    hk: usize,
+    m: usize,
+    n: usize,
+    d: usize,
+    lengths: [usize; 3],
+    page: Option<usize>,
+}
+
+impl Served {
+    /// Page slots a sequence has, and pages in the cache (two spare).
+    fn pages(&self) -> Option<(usize, usize, usize)> {
+        self.page.map(|p| (p, self.n.div_ceil(p), 3 * self.n.div_ceil(p) + 2))
+    }
+}
+
+/// Three sequences of `lengths` keys (the queries the last rows of each),
+/// causal, with `weights`: `stdlib/kvcache.attn`'s, or `stdlib/paged.attn`'s
+/// reading the pages in place.
+fn served_spec(c: &Served, weights: &str) -> attnc_compiler::Compiled {
+    let Served { h, hk, m, n, d, .. } = *c;
+    let (keys, extra, arg) = match c.pages() {
+        None => (format!("[3, {hk}, {n}, {d}]"), String::new(), ""),
+        Some((ps, mp, nb)) => (
+            format!("[{nb}, {ps}, {hk}, {d}]"),
+            format!("input pages: [3, {mp}] in integers(0, {})\n", nb - 1),
+            ", pages = pages",
+        ),
+    };
+    let source = format!(
+        "spec served\ninput q: [3, {h}, {m}, {d}]\ninput k: {keys}\ninput v: {keys}\n{extra}\
+         input lengths: [3] in integers(0, {n})\ninput t: [{h}]\n\
+         output o = attention(q, k, v, mask = causal, lengths = lengths{arg}, weights = {weights})\n"
+    );
+    attnc_compiler::compile(&source, &[]).unwrap_or_else(|e| panic!("{}", attnc_compiler::render("s", &source, &e)))
+}
+
+/// Inputs of `c`: as [`weighted_inputs`], and a block table that shuffles
+/// the cache's pages (two spare ones never read).
+fn served_inputs(c: &Served, seed: u64) -> BTreeMap<String, Tensor> {
+    let mut rng = Rng::for_input(seed, "served");
+    let keys = match c.pages() {
+        None => vec![3, c.hk, c.n, c.d],
+        Some((ps, _, nb)) => vec![nb, ps, c.hk, c.d],
+    };
+    let mut q = random(&mut rng, &[3, c.h, c.m, c.d]);
+    q.data.iter_mut().for_each(|v| *v *= 3.0);
+    let mut t = random(&mut rng, &[c.h]);
+    t.data.iter_mut().for_each(|v| *v = 4.0 * *v + (c.n as f64).ln());
+    let mut out = named(vec![
+        ("q", q),
+        ("k", random(&mut rng, &keys)),
+        ("v", random(&mut rng, &keys)),
+        ("lengths", Tensor::new(vec![3], c.lengths.iter().map(|&l| l as f64).collect())),
+        ("t", t),
+    ]);
+    if let Some((_, mp, nb)) = c.pages() {
+        let mut order: Vec<usize> = (0..nb).collect();
+        for i in (1..nb).rev() {
+            order.swap(i, (rng.unit() * (i + 1) as f64) as usize % (i + 1));
+        }
+        out.insert("pages".into(), Tensor::new(vec![3, mp], order[..3 * mp].iter().map(|&p| p as f64).collect()));
+    }
+    out
+}
+
+/// The forward of `c` with each of `weightings` on `dev` (plan `adjust`ed)
+/// against the interpreter, row by row: rows that see no key are 0.
+fn served_forward(dev: &Dev, c: &Served, weightings: &[&str], seed: u64, adjust: &dyn Fn(Plan) -> Plan) {
+    for &weights in weightings {
+        let spec = served_spec(c, weights);
+        let inputs = served_inputs(c, seed);
+        let (tensors, dims) = bind::bind_inputs(&spec.program, inputs.clone(), &Default::default()).unwrap();
+        let want = interp::evaluate(&spec.program, &tensors, &dims).remove(0);
+        let empty = want.data.chunks(c.d).filter(|r| r.iter().all(|x| *x == 0.0)).count();
+        assert!(empty > 0 && empty < want.data.len() / c.d, "{c:?}: {empty} rows see no key");
+        let plan = adjust(dev.plan(&spec.program, &dims));
+        let what = format!(
+            "weights = {weights}, {c:?}, {:?}",
+            plan.launches.iter().map(|l| l.spec.kind()).collect::<Vec<_>>()
+        );
+        if c.page.is_some() {
+            assert!(plan.launches.iter().all(|l| l.spec.kind() != "gather"), "{what}: pages not read in place");
+        }
+        let same = dev.same(&spec.program, &tensors, &dims).map(|mut o| o.remove(0));
+        let (got, _) = dev.run(&plan, &inputs).unwrap_or_else(|e| panic!("{what}: {e}"));
+        check_rows(dev.dtype, &got[0], &want, same.as_ref(), &what);
+    }
+}
+
+/// Every weighting with per-sequence `lengths` (one sequence shorter than
+/// its queries, so rows that see no key: 0 with a sink too), with keys
+/// contiguous and paged (pages read in place, shuffled), a decode row
+/// split over its keys, gradients (q, k, v and the sink) with lengths, and
+/// f16 on fragments over pages.
+#[test]
+pub(crate) fn attention_weights_with_lengths_and_pages_match_the_interpreter() {
+    let f32s = device(wgpu, Dtype::F32);
+    let tiled = device(wgpu, Dtype::F32).map(|g| g.with_register_tiles());
+    let contiguous = Served { h: 4, hk: 2, m: 40, n: 1100, d: 64, lengths: [1100, 333, 17], page: None };
+    served_forward(&f32s, &contiguous, &WEIGHTINGS, 800, &|p| p);
+    let paged = Served { lengths: [1100, 500, 0], page: Some(16), ..contiguous };
+    served_forward(&f32s, &paged, &WEIGHTINGS, 801, &|p| p);
+    served_forward(&tiled, &paged, &WEIGHTINGS, 802, &|p| p);
+    // A decode row over up to 3000 keys, in chunks of 64 merged per weighting.
+    let decode = Served { h: 2, hk: 1, m: 1, n: 3000, d: 32, lengths: [3000, 1234, 0], page: None };
+    let split = |p: Plan| {
+        let p = p.split_kv(64);
+        assert!(p.launches.iter().any(|l| matches!(l.spec, plan::KernelSpec::Combine { .. })), "not split");
+        p
+    };
+    served_forward(&f32s, &decode, &WEIGHTINGS, 803, &split);
+    let fragments = device(wgpu, Dtype::F16).map(|g| g.with_software_fragments());
+    served_forward(&fragments, &paged, &WEIGHTINGS[..2], 804, &|p| {
+        assert!(p.launches.iter().all(|l| l.spec.fragments()), "paged f16 attention is on fragments");
+        p
+    });
+    // Gradients with lengths (a paged cache has none; hard's q and k
+    // gradients are 0 and its v gradient is the interpreter's).
+    let c = Served { m: 30, n: 700, lengths: [700, 250, 17], ..contiguous };
+    for (i, weights) in WEIGHTINGS[..3].iter().enumerate() {
+        let spec = served_spec(&c, weights);
+        let sink = weights.contains("sink");
+        let wrt: Vec<String> = ["q", "k", "v", "t"][..3 + usize::from(sink)].iter().map(|x| x.to_string()).collect();
+        let grad = attnc_compiler::grad::differentiate(&spec.program, &wrt).unwrap();
+        let mut inputs = served_inputs(&c, 810 + i as u64);
+        let mut rng = Rng::for_input(i as u64, "cotangent");
+        inputs.insert("cot_o".into(), random(&mut rng, &[3, c.h, c.m, c.d]));
+        let (tensors, dims) = bind::bind_inputs(&grad, inputs, &Default::default()).unwrap();
+        let mut kinds = vec!["attention", "attention_grad_q", "attention_grad_kv"];
+        kinds.extend(sink.then_some("sink_grad"));
+        check_gradients(&f32s, &grad, &tensors, &dims, &kinds, &format!("gradients of weights = {weights}, {c:?}"));
     }
 }

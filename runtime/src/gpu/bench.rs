@@ -244,12 +244,18 @@ pub fn bench(
         })
         .collect();
     // Plain attention (one query head per key/value head, no window, token-sized
-    // rows, as many queries as keys).
+    // rows, as many queries as keys, a softmax without a sink: other weightings
+    // are timed against attnc's own softmax, `plain`).
     let baseline = plan.launches.iter().zip(&kernels).find_map(|(l, k)| match &l.spec {
         KernelSpec::Attention {
-            shape: AttnShape { batch, h, hk, s, sk, d, e, mask, window: None, block: 1, .. },
+            shape: AttnShape { batch, h, hk, s, sk, d, e, mask, window: None, block: 1, fns, .. },
             ..
-        } if h == hk && d == e && s == sk && *mask != MaskKind::TokenCausal => {
+        } if h == hk
+            && d == e
+            && s == sk
+            && *mask != MaskKind::TokenCausal
+            && fns.as_ref().is_none_or(|f| f.weights.is_softmax() && f.sink.is_none()) =>
+        {
             let shape = [*batch, *h, *s, *d];
             let causal = *mask == MaskKind::Causal;
             Some(
