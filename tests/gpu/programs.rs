@@ -140,3 +140,64 @@ pub(crate) fn own_devices_are_the_shared_devices_adapter() {
     assert!(a[0].data.iter().any(|v| *v != 0.0), "all zeros");
     assert_eq!(a, b, "the same plan on the two devices");
 }
+
+/// A gradient program's plan run in its two phases on device-resident
+/// buffers (`Plan::phases`, `Gpu::run_resident`: what `attnc-burn`'s
+/// autodiff does): the forward phase reads no cotangent and saves the
+/// log-sum-exp for the backward, which recomputes no forward launch; the
+/// outputs equal the interpreter's, for IHA and a score function.
+#[test]
+pub(crate) fn gradient_programs_run_in_two_phases_on_resident_buffers() {
+    let gpu = needs_wgpu();
+    for (spec, sets) in [
+        ("iha", sets(&[("H", "4"), ("P", "2"), ("N", "300"), ("d", "32")])),
+        ("alibi", sets(&[("H", "4"), ("N", "200"), ("d", "32")])),
+    ] {
+        let compiled = compile_stdlib(spec, &sets);
+        let grad = attnc_compiler::grad::differentiate(&compiled.program, &[]).unwrap();
+        let (tensors, dims) = bind::generate_inputs(&grad, 5).unwrap();
+        let want = interp::evaluate(&grad, &tensors, &dims);
+        let plan = plan::plan(&grad, &dims);
+        let phases = plan.phases(&|name| name.starts_with("cot_"));
+        let kinds = |ls: &[usize]| ls.iter().map(|&i| plan.launches[i].spec.kind()).collect::<Vec<_>>();
+        assert!(kinds(&phases.first).contains(&"attention"), "{spec}: {:?}", kinds(&phases.first));
+        assert!(!kinds(&phases.second).contains(&"attention"), "{spec}: the backward recomputes the forward");
+        assert!(!phases.second.is_empty() && !phases.saved.is_empty(), "{spec}: {phases:?}");
+        let mut handles: Vec<Option<attnc_runtime::gpu::exec::Handle>> = vec![None; plan.buffers.len()];
+        let outputs: Vec<usize> = plan.outputs.iter().map(|(_, id)| *id).collect();
+        let upload = |handles: &mut Vec<Option<attnc_runtime::gpu::exec::Handle>>, cot: bool| {
+            for b in &plan.buffers {
+                if let plan::BufferRole::Input { name, .. } = &b.role {
+                    if name.starts_with("cot_") == cot {
+                        let i = grad.inputs.iter().position(|x| &x.name == name).unwrap();
+                        let bytes = attnc_runtime::dtype::encode(plan.dtype, &tensors[i].data);
+                        handles[b.id] = Some(gpu.client().create_from_slice(&bytes));
+                    }
+                }
+            }
+        };
+        upload(&mut handles, false);
+        let keep: Vec<usize> = outputs.iter().chain(&phases.saved).copied().collect();
+        gpu.run_resident(&plan, &phases.first, &mut handles, &keep).unwrap();
+        // The forward's outputs are there before any cotangent.
+        let (name, first_out) = &plan.outputs[0];
+        assert!(handles[*first_out].is_some(), "{spec}: {name} after the forward phase");
+        // Only what the forward saved (and the inputs, the caller's) is held.
+        for (b, h) in handles.iter().enumerate() {
+            let input = matches!(plan.buffers[b].role, plan::BufferRole::Input { .. });
+            assert!(h.is_none() || input || keep.contains(&b), "{spec}: buffer {b} held past its phase");
+        }
+        // The backward phase, with a missing cotangent, is a named error.
+        let err = gpu.run_resident(&plan, &phases.second, &mut handles.clone(), &outputs).unwrap_err();
+        assert!(err.to_string().contains("cot_"), "{err}");
+        upload(&mut handles, true);
+        gpu.run_resident(&plan, &phases.second, &mut handles, &outputs).unwrap();
+        let read = gpu.client().read(outputs.iter().map(|&id| handles[id].clone().unwrap()).collect()).unwrap();
+        for (((name, id), bytes), w) in plan.outputs.iter().zip(read).zip(&want) {
+            let got = attnc_runtime::dtype::decode(plan.dtype, &bytes);
+            assert_eq!(got.len(), plan.buffers[*id].len);
+            assert!(w.data.iter().any(|x| *x != 0.0), "{spec}: {name} is zero");
+            check_close(Dtype::F32, &got, &w.data, None, &format!("{spec} {name} in two phases"));
+        }
+    }
+}

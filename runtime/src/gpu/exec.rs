@@ -7,7 +7,8 @@ use super::kernels::Stored;
 use crate::tensor::Tensor;
 use attnc_compiler::plan::{BufferRole, Dtype, KernelSpec, Plan, LOOP_TRIPS_CPU};
 use cubecl::prelude::*;
-use cubecl::server::Handle;
+/// A device buffer (a view of one) on a client: what [`Gpu::run_resident`] runs on.
+pub use cubecl::server::Handle;
 use cubecl::wgpu::WgpuDeviceKind;
 use std::collections::BTreeMap;
 
@@ -377,6 +378,57 @@ impl Gpu {
             Tensor::new(plan.buffers[*id].shape.clone(), crate::dtype::decode(plan.dtype, &bytes))
         });
         Ok((outputs.collect(), state.stats))
+    }
+
+    /// Runs `launches` (indices into the plan's, in order; all of them, or
+    /// a [`Plan::phases`] phase) on device-resident buffers, reading nothing
+    /// back: what a framework that owns the tensors calls (`attnc-burn`).
+    /// `handles[id]` holds each input buffer the launches read (the
+    /// caller's tensors: the plan's dtype, row-major as the plan reads
+    /// them) and whatever an earlier phase saved; constants are uploaded
+    /// here and each output is allocated on this client. A temporary or
+    /// constant is dropped after its last reader among `launches` unless
+    /// `keep` names it (the outputs, and what a later phase reads); inputs
+    /// stay.
+    pub fn run_resident(
+        &self,
+        plan: &Plan,
+        launches: &[usize],
+        handles: &mut [Option<Handle>],
+        keep: &[usize],
+    ) -> Result<(), GpuError> {
+        self.check(plan)?;
+        let mut last = vec![None; plan.buffers.len()];
+        let mut written = vec![false; plan.buffers.len()];
+        for (n, &i) in launches.iter().enumerate() {
+            let l = &plan.launches[i];
+            for &b in &l.bindings[..l.bindings.len() - l.spec.outputs()] {
+                last[b] = Some(n);
+                let present = handles[b].is_some() || written[b];
+                match &plan.buffers[b].role {
+                    BufferRole::Constant { .. } | BufferRole::Temp if present => {}
+                    BufferRole::Constant { values } => handles[b] = Some(self.upload(values, plan.dtype)),
+                    BufferRole::Input { .. } if present => {}
+                    BufferRole::Input { name, .. } => return Err(GpuError::MissingInput(name.clone())),
+                    BufferRole::Temp => return Err(GpuError::MissingInput(format!("{} (buffer {b})", l.name))),
+                }
+            }
+            l.outputs().iter().for_each(|&b| written[b] = true);
+        }
+        for (n, &i) in launches.iter().enumerate() {
+            let l = &plan.launches[i];
+            for &out in l.outputs() {
+                handles[out] = Some(self.client.empty(plan.buffer_bytes(out) as usize));
+            }
+            self.launch(l.name.as_str(), &l.spec, &l.bindings, plan, handles);
+            for (b, h) in handles.iter_mut().enumerate() {
+                let input = matches!(plan.buffers[b].role, BufferRole::Input { .. });
+                if last[b] == Some(n) && !input && !keep.contains(&b) {
+                    *h = None;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Upload the input (by name) and constant buffers `pick` selects.
