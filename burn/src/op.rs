@@ -1,0 +1,279 @@
+//! A compiled spec as a Burn operation ([`AttncOp`]): named Burn tensors
+//! in ([`Inputs`]), checked against the spec (names, shapes, dtype,
+//! device) before anything runs; the plan for their sizes (cached); the
+//! launches on Burn's own client and buffers ([`crate::backend`]); named
+//! tensors out ([`Outputs`]).
+
+use crate::backend::{AttncBackend, Call, Tensors, MAX_INPUTS};
+use crate::error::Error;
+use attnc_compiler::ir::Program;
+use attnc_compiler::plan::{self, BufferRole, Dtype, Phases, Plan};
+use attnc_compiler::Code;
+use attnc_runtime::gpu::exec::Gpu;
+use burn::backend::{Dispatch, DispatchDevice, DispatchTensor};
+use burn::tensor::{DType, Device, Tensor};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+/// A spec compiled once, run on Burn tensors of any sizes it admits: each
+/// set of sizes is planned once and its kernels compiled on first use.
+/// Differentiable through Burn's autodiff: the forward of a tracked call
+/// runs the gradient program's forward phase and keeps what its backward
+/// reads (log-sum-exps, kept products) in the autodiff graph.
+#[derive(Clone)]
+pub struct AttncOp {
+    inner: Arc<Inner>,
+}
+
+/// The inputs' shapes and the inputs autodiff tracks: what a plan is for.
+type PlanKey = (Vec<Vec<usize>>, Vec<String>);
+
+struct Inner {
+    name: String,
+    program: Program,
+    plans: Mutex<HashMap<PlanKey, Arc<Planned>>>,
+}
+
+/// A plan for one set of sizes, and where each tensor binds in it.
+#[derive(Debug)]
+pub(crate) struct Planned {
+    pub forward: Bound,
+    /// The gradient program's plan, for calls that autodiff tracks.
+    pub grad: Option<GradBound>,
+    /// The program's inputs' and outputs' shapes.
+    pub inputs: Vec<Vec<usize>>,
+    pub outputs: Vec<Vec<usize>>,
+    /// Whether launches are tiled within a GPU's register file.
+    pub register_tiles: bool,
+}
+
+/// A plan and the buffer each program input and output is.
+#[derive(Debug)]
+pub(crate) struct Bound {
+    pub plan: Plan,
+    pub inputs: Vec<Option<usize>>,
+    pub outputs: Vec<usize>,
+}
+
+/// The gradient program's plan in its two phases ([`Plan::phases`]).
+#[derive(Debug)]
+pub(crate) struct GradBound {
+    pub bound: Bound,
+    pub phases: Phases,
+    /// Each output's cotangent buffer (none: the output reaches no gradient).
+    pub cotangents: Vec<Option<usize>>,
+    /// Each program input's gradient buffer (none: not differentiated).
+    pub grads: Vec<Option<usize>>,
+}
+
+fn bind(plan: Plan, program: &Program, outputs: &[String]) -> Bound {
+    let input = |name: &str| {
+        plan.buffers.iter().position(|b| matches!(&b.role, BufferRole::Input { name: n, .. } if n == name))
+    };
+    let inputs = program.inputs.iter().map(|i| input(&i.name)).collect();
+    let outputs =
+        outputs.iter().map(|o| plan.outputs.iter().find(|(n, _)| n == o).expect("planned output").1).collect();
+    Bound { plan, inputs, outputs }
+}
+
+impl AttncOp {
+    /// Compiles `source` (a `.attn` spec) with `sets` binding its
+    /// parameters (`("P", "4")`, as `attnc --set P=4`).
+    pub fn compile(name: &str, source: &str, sets: &[(&str, &str)]) -> Result<AttncOp, Error> {
+        let settings: Vec<attnc_compiler::Setting> =
+            sets.iter().map(|(n, v)| attnc_compiler::Setting { name: n.to_string(), value: v.to_string() }).collect();
+        let compiled = attnc_compiler::compile(source, &settings).map_err(|diags| {
+            let code = diags.first().map_or(Code::Internal, |d| d.code);
+            Error::new(code, attnc_compiler::render(name, source, &diags))
+        })?;
+        Ok(AttncOp {
+            inner: Arc::new(Inner { name: name.to_string(), program: compiled.program, plans: Mutex::default() }),
+        })
+    }
+
+    /// Compiles the spec in file `path`.
+    pub fn from_file(path: impl AsRef<Path>, sets: &[(&str, &str)]) -> Result<AttncOp, Error> {
+        let path = path.as_ref();
+        let source = std::fs::read_to_string(path)
+            .map_err(|e| Error::new(Code::Io, format!("cannot read {}: {e}", path.display())))?;
+        AttncOp::compile(&path.display().to_string(), &source, sets)
+    }
+
+    /// The spec's program (its inputs, dims and outputs).
+    pub fn program(&self) -> &Program {
+        &self.inner.program
+    }
+
+    /// Runs the spec on `inputs`, on their device (a cubecl one: wgpu,
+    /// CUDA, …) with no copy to the host. The tensors must be f32, each the
+    /// shape the spec declares for its name; the dims follow from them.
+    pub fn forward(&self, inputs: Inputs) -> Result<Outputs, Error> {
+        let program = &self.inner.program;
+        let mut given: BTreeMap<String, Given> = inputs.0;
+        let names: Vec<&str> = program.inputs.iter().map(|i| i.name.as_str()).collect();
+        if let Some(extra) = given.keys().find(|n| !names.contains(&n.as_str())) {
+            return Err(Error::new(
+                Code::TensorFile,
+                format!("unexpected tensor `{extra}`: the spec's inputs are {}", names.join(", ")),
+            ));
+        }
+        let mut tensors = Vec::with_capacity(names.len());
+        for (i, input) in program.inputs.iter().enumerate() {
+            let t = given.remove(&input.name).ok_or_else(|| {
+                Error::new(
+                    Code::TensorFile,
+                    format!("missing tensor `{}` of shape {}", input.name, program.input_shape(i)),
+                )
+            })?;
+            if t.dtype != DType::F32 {
+                return Err(Error::new(
+                    Code::DeviceTensor,
+                    format!("tensor `{}` is {:?}; attnc-burn's kernels take F32 tensors", input.name, t.dtype),
+                ));
+            }
+            tensors.push((input.name.clone(), t));
+        }
+        let device = tensors.first().map(|(_, t)| t.device.clone()).ok_or_else(|| {
+            Error::new(Code::TensorFile, "the spec has no input tensor to take a device from".to_string())
+        })?;
+        if let Some((name, t)) = tensors.iter().find(|(_, t)| t.device != device) {
+            return Err(Error::new(
+                Code::DeviceTensor,
+                format!("tensor `{name}` is on {:?}, the others on {device:?}", t.device),
+            ));
+        }
+        let cube = match device.as_dispatch().clone().inner() {
+            DispatchDevice::Cube(d) => d,
+            other => {
+                return Err(Error::new(
+                    Code::DeviceTensor,
+                    format!(
+                        "{other:?} is not a cubecl device (wgpu, CUDA, ROCm, Metal): attnc launches cubecl kernels"
+                    ),
+                ))
+            }
+        };
+        let register_tiles = crate::backend::register_tiles(&cube);
+        let shapes: Vec<Vec<usize>> = tensors.iter().map(|(_, t)| t.shape.clone()).collect();
+        let tracked: Vec<String> = tensors.iter().filter(|(_, t)| t.tracked).map(|(n, _)| n.clone()).collect();
+        if tensors.len() > MAX_INPUTS {
+            return Err(Error::new(
+                Code::TensorFile,
+                format!(
+                    "{}: attnc-burn runs specs of up to {MAX_INPUTS} inputs, not {}",
+                    self.inner.name,
+                    tensors.len()
+                ),
+            ));
+        }
+        let planned = self.planned(&shapes, &tracked, register_tiles)?;
+        let gpu = Gpu::with_client(cube.client(), "burn", register_tiles);
+        gpu.check(&planned.forward.plan)?;
+        if let Some(g) = &planned.grad {
+            gpu.check(&g.bound.plan)?;
+        }
+        let call = Call { planned: planned.clone() };
+        let inputs = Tensors::new(tensors.into_iter().map(|(_, t)| t.tensor).collect());
+        let out = <Dispatch as AttncBackend>::attnc_run(call, inputs);
+        let names = program.outputs.iter().map(|(n, _)| n.clone());
+        Ok(Outputs(names.zip(out.into_iter().zip(planned.outputs.iter().map(Vec::len))).collect()))
+    }
+
+    /// The plan for inputs of `shapes` with `tracked` (inputs autodiff
+    /// differentiates) asking for the gradient program's.
+    fn planned(&self, shapes: &[Vec<usize>], tracked: &[String], tiles: bool) -> Result<Arc<Planned>, Error> {
+        let key = (shapes.to_vec(), tracked.to_vec());
+        if let Some(p) = self.inner.plans.lock().expect("plans").get(&key) {
+            return Ok(p.clone());
+        }
+        let program = &self.inner.program;
+        let refs: Vec<&[usize]> = shapes.iter().map(Vec::as_slice).collect();
+        let dims = attnc_runtime::bind::solve_dims(program, &refs, &BTreeSet::new())?;
+        let outputs: Vec<String> = program.outputs.iter().map(|(n, _)| n.clone()).collect();
+        let forward = bind(plan::plan(program, &dims).in_dtype(Dtype::F32), program, &outputs);
+        let grad = if tracked.is_empty() {
+            None
+        } else {
+            // The inputs differentiated by default, and every other that autodiff tracks.
+            let mut wrt = attnc_compiler::grad::differentiable_inputs(program);
+            for name in tracked {
+                if !wrt.contains(name) {
+                    wrt.push(name.clone());
+                }
+            }
+            let grad = attnc_compiler::grad::differentiate(program, &wrt)
+                .map_err(|e| Error::new(Code::NoGradient, format!("{}: {e}", self.inner.name)))?;
+            let bound = bind(plan::plan(&grad, &dims).in_dtype(Dtype::F32), program, &outputs);
+            let phases = bound.plan.phases(&|name| name.starts_with("cot_"));
+            let buffer = |name: String| {
+                bound.plan.buffers.iter().position(|b| match &b.role {
+                    BufferRole::Input { name: n, .. } => *n == name,
+                    _ => false,
+                })
+            };
+            let cotangents = outputs.iter().map(|o| buffer(format!("cot_{o}"))).collect();
+            let grads = (program.inputs.iter())
+                .map(|i| bound.plan.outputs.iter().find(|(n, _)| *n == format!("grad_{}", i.name)).map(|o| o.1))
+                .collect();
+            Some(GradBound { bound, phases, cotangents, grads })
+        };
+        let outputs = (program.outputs.iter())
+            .map(|(_, node)| attnc_compiler::ir::concrete(&program.nodes[node.0 as usize].shape, &dims))
+            .collect();
+        let planned = Arc::new(Planned { forward, grad, inputs: shapes.to_vec(), outputs, register_tiles: tiles });
+        self.inner.plans.lock().expect("plans").insert(key, planned.clone());
+        Ok(planned)
+    }
+}
+
+/// A tensor given for a spec input: the dispatch tensor and what the
+/// checks read before it is consumed.
+struct Given {
+    tensor: DispatchTensor,
+    shape: Vec<usize>,
+    dtype: DType,
+    device: Device,
+    tracked: bool,
+}
+
+/// A call's input tensors by the spec's input names, of any ranks.
+#[derive(Default)]
+pub struct Inputs(BTreeMap<String, Given>);
+
+impl Inputs {
+    pub fn new() -> Inputs {
+        Inputs::default()
+    }
+
+    /// Binds `tensor` to the spec input `name`.
+    pub fn with<const D: usize>(mut self, name: &str, tensor: Tensor<D>) -> Inputs {
+        let given = Given {
+            shape: tensor.shape().as_slice().to_vec(),
+            dtype: tensor.dtype(),
+            device: tensor.device(),
+            tracked: tensor.is_require_grad(),
+            tensor: tensor.into_dispatch(),
+        };
+        self.0.insert(name.to_string(), given);
+        self
+    }
+}
+
+/// A call's outputs by the spec's output names.
+pub struct Outputs(BTreeMap<String, (DispatchTensor, usize)>);
+
+impl Outputs {
+    /// Output `name` as a tensor of rank `D`.
+    pub fn take<const D: usize>(&mut self, name: &str) -> Result<Tensor<D>, Error> {
+        let names: Vec<String> = self.0.keys().cloned().collect();
+        let (t, rank) = self.0.remove(name).ok_or_else(|| {
+            Error::new(Code::TensorFile, format!("no output `{name}`: the spec's outputs are {}", names.join(", ")))
+        })?;
+        if rank != D {
+            self.0.insert(name.to_string(), (t, rank));
+            return Err(Error::new(Code::RankMismatch, format!("output `{name}` has rank {rank}, not {D}")));
+        }
+        Ok(Tensor::from_dispatch(t))
+    }
+}
