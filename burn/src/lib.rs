@@ -12,8 +12,10 @@
 
 mod backend;
 mod error;
+mod layer;
 mod op;
 
 pub use backend::{AttncBackend, Call, Tensors, MAX_INPUTS};
 pub use error::Error;
+pub use layer::AttncLayer;
 pub use op::{AttncOp, Inputs, Outputs};

@@ -26,6 +26,12 @@ pub struct AttncOp {
     inner: Arc<Inner>,
 }
 
+impl std::fmt::Debug for AttncOp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "AttncOp({})", self.inner.name)
+    }
+}
+
 /// The inputs' shapes and the inputs autodiff tracks: what a plan is for.
 type PlanKey = (Vec<Vec<usize>>, Vec<String>);
 

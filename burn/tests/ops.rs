@@ -120,8 +120,8 @@ fn close(got: &[f64], want: &[f64], tol: f64, what: &str) {
 
 /// Forward outputs through Burn equal the interpreter's (f32 kernels,
 /// relative error ≤ 1e-4), for MHA past several tiles, IHA with its
-/// projections and a score function (ALiBi), on a plain (not autodiff)
-/// device.
+/// projections, a score function (ALiBi) and talking heads (head mixing
+/// inside attention), on a plain (not autodiff) device.
 #[test]
 fn forward_through_burn_matches_the_interpreter() {
     let device = device();
@@ -129,6 +129,7 @@ fn forward_through_burn_matches_the_interpreter() {
         ("mha", vec![("H", "4"), ("N", "300"), ("d", "64")]),
         ("iha", vec![("H", "4"), ("P", "2"), ("N", "130"), ("d", "32")]),
         ("alibi", vec![("H", "4"), ("N", "200"), ("d", "32")]),
+        ("talking_heads", vec![("H", "4"), ("N", "150"), ("d", "16")]),
     ] {
         let op = stdlib(spec, &sets);
         let program = op.program().clone();
@@ -149,7 +150,8 @@ fn forward_through_burn_matches_the_interpreter() {
 /// Gradients through Burn's autodiff (loss = Σ o · c for a drawn `c`)
 /// equal the interpreter's gradient program at cotangent `c`, for every
 /// input: MHA's q, k, v; IHA's projections and mixing weights; ALiBi's
-/// slopes (tracked, so differentiated although `attnc grad` skips them).
+/// slopes (tracked, so differentiated although `attnc grad` skips them);
+/// talking heads' mixing matrices.
 #[test]
 fn gradients_through_burn_autodiff_match_the_interpreter() {
     let device = device().autodiff();
@@ -157,6 +159,7 @@ fn gradients_through_burn_autodiff_match_the_interpreter() {
         ("mha", vec![("H", "2"), ("N", "200"), ("d", "32")]),
         ("iha", vec![("H", "2"), ("P", "2"), ("N", "100"), ("d", "16")]),
         ("alibi", vec![("H", "2"), ("N", "150"), ("d", "16")]),
+        ("talking_heads", vec![("H", "4"), ("N", "90"), ("d", "8")]),
     ] {
         let op = stdlib(spec, &sets);
         let program = op.program().clone();
