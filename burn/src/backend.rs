@@ -2,13 +2,13 @@
 //! on burn-cubecl's tensors, on their client, reading and writing their
 //! buffers in place (`Gpu::run_resident`; nothing is read back to the
 //! host). Without autodiff the forward plan runs. Under `Autodiff`, a call
-//! with a tracked input runs the gradient program's forward phase, keeps
-//! the buffers its backward phase reads (`Plan::phases`) in each output's
-//! autodiff step, and the backward runs that phase on the output's
-//! gradient, registering a gradient for every tracked input the program
-//! differentiates.
+//! with a tracked input runs the gradient program's forward half
+//! (`attnc_compiler::grad::split`), keeps the residuals it returns in each
+//! output's autodiff step, and the step's backward runs the backward half
+//! on them and the output's gradient, registering a gradient for every
+//! tracked input the program differentiates.
 
-use crate::op::Planned;
+use crate::op::{Planned, Source};
 use attnc_runtime::gpu::exec::{Gpu, Handle};
 use burn::backend::autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy};
 use burn::backend::autodiff::grads::Gradients;
@@ -169,207 +169,49 @@ pub enum Tensors<B: Backend> {
     ),
 }
 
-impl<B: Backend> Tensors<B> {
-    /// `inputs` (1 to [`MAX_INPUTS`] of them, which `AttncOp::forward` checks).
-    pub(crate) fn new(inputs: Vec<FloatTensor<B>>) -> Tensors<B> {
-        let n = inputs.len();
-        let mut it = inputs.into_iter();
-        match n {
-            1 => Tensors::I1(it.next().expect("counted")),
-            2 => Tensors::I2(it.next().expect("counted"), it.next().expect("counted")),
-            3 => Tensors::I3(it.next().expect("counted"), it.next().expect("counted"), it.next().expect("counted")),
-            4 => Tensors::I4(
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-            ),
-            5 => Tensors::I5(
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-            ),
-            6 => Tensors::I6(
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-            ),
-            7 => Tensors::I7(
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-            ),
-            8 => Tensors::I8(
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-            ),
-            9 => Tensors::I9(
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-            ),
-            10 => Tensors::I10(
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-            ),
-            11 => Tensors::I11(
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-            ),
-            12 => Tensors::I12(
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-            ),
-            13 => Tensors::I13(
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-            ),
-            14 => Tensors::I14(
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-            ),
-            15 => Tensors::I15(
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-            ),
-            16 => Tensors::I16(
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-                it.next().expect("counted"),
-            ),
-            n => unreachable!("{n} inputs"),
-        }
-    }
+/// `Tensors::new` (from 1 to [`MAX_INPUTS`] inputs, which
+/// `AttncOp::forward` checks) and `Tensors::into_vec`.
+macro_rules! conversions {
+    ($($n:literal => $v:ident($($t:ident),+);)+) => {
+        impl<B: Backend> Tensors<B> {
+            pub(crate) fn new(inputs: Vec<FloatTensor<B>>) -> Tensors<B> {
+                let n = inputs.len();
+                let mut it = inputs.into_iter();
+                match n {
+                    $($n => {
+                        $(let $t = it.next().expect("counted");)+
+                        Tensors::$v($($t),+)
+                    })+
+                    n => unreachable!("{n} inputs"),
+                }
+            }
 
-    fn into_vec(self) -> Vec<FloatTensor<B>> {
-        match self {
-            Tensors::I1(t0) => vec![t0],
-            Tensors::I2(t0, t1) => vec![t0, t1],
-            Tensors::I3(t0, t1, t2) => vec![t0, t1, t2],
-            Tensors::I4(t0, t1, t2, t3) => vec![t0, t1, t2, t3],
-            Tensors::I5(t0, t1, t2, t3, t4) => vec![t0, t1, t2, t3, t4],
-            Tensors::I6(t0, t1, t2, t3, t4, t5) => vec![t0, t1, t2, t3, t4, t5],
-            Tensors::I7(t0, t1, t2, t3, t4, t5, t6) => vec![t0, t1, t2, t3, t4, t5, t6],
-            Tensors::I8(t0, t1, t2, t3, t4, t5, t6, t7) => vec![t0, t1, t2, t3, t4, t5, t6, t7],
-            Tensors::I9(t0, t1, t2, t3, t4, t5, t6, t7, t8) => vec![t0, t1, t2, t3, t4, t5, t6, t7, t8],
-            Tensors::I10(t0, t1, t2, t3, t4, t5, t6, t7, t8, t9) => vec![t0, t1, t2, t3, t4, t5, t6, t7, t8, t9],
-            Tensors::I11(t0, t1, t2, t3, t4, t5, t6, t7, t8, t9, t10) => {
-                vec![t0, t1, t2, t3, t4, t5, t6, t7, t8, t9, t10]
-            }
-            Tensors::I12(t0, t1, t2, t3, t4, t5, t6, t7, t8, t9, t10, t11) => {
-                vec![t0, t1, t2, t3, t4, t5, t6, t7, t8, t9, t10, t11]
-            }
-            Tensors::I13(t0, t1, t2, t3, t4, t5, t6, t7, t8, t9, t10, t11, t12) => {
-                vec![t0, t1, t2, t3, t4, t5, t6, t7, t8, t9, t10, t11, t12]
-            }
-            Tensors::I14(t0, t1, t2, t3, t4, t5, t6, t7, t8, t9, t10, t11, t12, t13) => {
-                vec![t0, t1, t2, t3, t4, t5, t6, t7, t8, t9, t10, t11, t12, t13]
-            }
-            Tensors::I15(t0, t1, t2, t3, t4, t5, t6, t7, t8, t9, t10, t11, t12, t13, t14) => {
-                vec![t0, t1, t2, t3, t4, t5, t6, t7, t8, t9, t10, t11, t12, t13, t14]
-            }
-            Tensors::I16(t0, t1, t2, t3, t4, t5, t6, t7, t8, t9, t10, t11, t12, t13, t14, t15) => {
-                vec![t0, t1, t2, t3, t4, t5, t6, t7, t8, t9, t10, t11, t12, t13, t14, t15]
+            fn into_vec(self) -> Vec<FloatTensor<B>> {
+                match self {
+                    $(Tensors::$v($($t),+) => vec![$($t),+],)+
+                }
             }
         }
-    }
+    };
+}
+
+conversions! {
+    1 => I1(a);
+    2 => I2(a, b);
+    3 => I3(a, b, c);
+    4 => I4(a, b, c, d);
+    5 => I5(a, b, c, d, e);
+    6 => I6(a, b, c, d, e, f);
+    7 => I7(a, b, c, d, e, f, g);
+    8 => I8(a, b, c, d, e, f, g, h);
+    9 => I9(a, b, c, d, e, f, g, h, i);
+    10 => I10(a, b, c, d, e, f, g, h, i, j);
+    11 => I11(a, b, c, d, e, f, g, h, i, j, k);
+    12 => I12(a, b, c, d, e, f, g, h, i, j, k, l);
+    13 => I13(a, b, c, d, e, f, g, h, i, j, k, l, m);
+    14 => I14(a, b, c, d, e, f, g, h, i, j, k, l, m, n);
+    15 => I15(a, b, c, d, e, f, g, h, i, j, k, l, m, n, o);
+    16 => I16(a, b, c, d, e, f, g, h, i, j, k, l, m, n, o, p);
 }
 
 /// Runs a compiled attnc spec on a backend's tensors: the program's inputs
@@ -434,13 +276,13 @@ impl AttncBackend for CubeBackend {
     }
 }
 
-/// What a tracked call's backward reads: the inputs, and the buffers the
-/// gradient program's forward phase saved for its backward phase.
+/// What a tracked call's backward reads: the inputs, and the forward
+/// half's outputs (the spec's, then the residuals).
 #[derive(Debug)]
 struct Saved {
     planned: Arc<Planned>,
     inputs: Vec<CubeTensor>,
-    handles: Vec<Option<Handle>>,
+    outputs: Vec<Handle>,
 }
 
 /// The autodiff step of output `output` of a call with `N` inputs.
@@ -455,23 +297,22 @@ impl<const N: usize> Backward<CubeBackend, N> for Step<N> {
     fn backward(self, ops: Ops<Self::State, N>, grads: &mut Gradients, _: &mut Checkpointer) {
         let saved = ops.state;
         let g = saved.planned.grad.as_ref().expect("a tracked call is planned with its gradient program");
-        let (cot, out_grad) = handle(grads.consume::<CubeBackend>(&ops.node));
+        let (cot, _contiguous) = handle(grads.consume::<CubeBackend>(&ops.node));
         let like = &saved.inputs[0];
-        let mut handles = saved.handles.clone();
-        let plan = &g.bound.plan;
-        // This output's cotangent; the others' are zero in its step.
-        for (k, c) in g.cotangents.iter().enumerate() {
-            if let Some(c) = c {
-                handles[*c] = Some(if k == self.output {
-                    cot.clone()
-                } else {
-                    like.client.create_from_slice(&vec![0u8; plan.buffer_bytes(*c) as usize])
-                });
-            }
+        let plan = &g.backward;
+        let mut handles: Vec<Option<Handle>> = vec![None; plan.buffers.len()];
+        for &(b, source) in &g.sources {
+            handles[b] = Some(match source {
+                Source::Input(i) => saved.inputs[i].handle.clone(),
+                Source::Saved(k) => saved.outputs[k].clone(),
+                Source::Cotangent(k) if k == self.output => cot.clone(),
+                // The other outputs' cotangents are zero in this output's step.
+                Source::Cotangent(_) => like.client.create_from_slice(&vec![0u8; plan.buffer_bytes(b) as usize]),
+            });
         }
         let wanted: Vec<usize> = g.grads.iter().flatten().copied().collect();
-        ran(executor(like, &saved.planned).run_resident(plan, &g.phases.second, &mut handles, &wanted));
-        drop(out_grad);
+        let all: Vec<usize> = (0..plan.launches.len()).collect();
+        ran(executor(like, &saved.planned).run_resident(plan, &all, &mut handles, &wanted));
         for ((parent, grad), shape) in ops.parents.iter().zip(&g.grads).zip(&saved.planned.inputs) {
             if let (Some(node), Some(b)) = (parent, grad) {
                 let h = handles[*b].clone().expect("a gradient output");
@@ -481,53 +322,46 @@ impl<const N: usize> Backward<CubeBackend, N> for Step<N> {
     }
 }
 
-/// A tracked call with `N` inputs: the gradient program's forward phase,
-/// each output's step keeping what its backward phase reads.
+/// A tracked call with `N` inputs: the gradient program's forward half,
+/// each output's step keeping the residuals its backward half reads.
 fn tracked<const N: usize, C: CheckpointStrategy>(
     call: Call,
     inputs: Vec<FloatTensor<Autodiff<CubeBackend, C>>>,
 ) -> Vec<FloatTensor<Autodiff<CubeBackend, C>>> {
     let planned = call.planned;
-    let outputs = planned.outputs.len();
     let guards = |inputs: &[FloatTensor<Autodiff<CubeBackend, C>>]| -> [NodeGuard; N] {
         let v: Vec<NodeGuard> = inputs.iter().map(|t| t.node()).collect();
         v.try_into().unwrap_or_else(|_| unreachable!("N inputs"))
     };
-    let steps: Vec<_> = (0..outputs)
+    let steps: Vec<_> = (0..planned.outputs.len())
         .map(|output| Step::<N> { output }.prepare::<C>(guards(&inputs)).compute_bound().stateful())
         .collect();
     let primitives: Vec<CubeTensor> = inputs.into_iter().map(|t| handle(t.into_primitive()).1).collect();
-    if steps.iter().all(|s| matches!(s, OpsKind::UnTracked(_))) || planned.grad.is_none() {
-        let out = forward(&planned, primitives);
-        return steps
-            .into_iter()
-            .zip(out)
-            .map(|(s, o)| match s {
-                OpsKind::Tracked(p) => {
-                    p.finish(Arc::new(Saved { planned: planned.clone(), inputs: vec![], handles: vec![] }), o)
-                }
-                OpsKind::UnTracked(p) => p.finish(o),
-            })
-            .collect();
-    }
-    let g = planned.grad.as_ref().expect("checked above");
-    let plan = &g.bound.plan;
-    let mut handles: Vec<Option<Handle>> = vec![None; plan.buffers.len()];
-    for (t, b) in primitives.iter().zip(&g.bound.inputs) {
+    let g = match &planned.grad {
+        Some(g) if steps.iter().any(|s| matches!(s, OpsKind::Tracked(_))) => g,
+        // Nothing to differentiate: the plain forward.
+        _ => {
+            let out = forward(&planned, primitives);
+            let untracked = |s| match s {
+                OpsKind::UnTracked(p) => p,
+                OpsKind::Tracked(_) => unreachable!("a tracked call is planned with its gradient program"),
+            };
+            return steps.into_iter().zip(out).map(|(s, o)| untracked(s).finish(o)).collect();
+        }
+    };
+    let f = &g.forward;
+    let mut handles: Vec<Option<Handle>> = vec![None; f.plan.buffers.len()];
+    for (t, b) in primitives.iter().zip(&f.inputs) {
         if let Some(b) = b {
             handles[*b] = Some(t.handle.clone());
         }
     }
-    let keep: Vec<usize> = g.bound.outputs.iter().chain(&g.phases.saved).copied().collect();
-    ran(executor(&primitives[0], &planned).run_resident(plan, &g.phases.first, &mut handles, &keep));
-    let outs: Vec<CubeTensor> = (g.bound.outputs.iter().zip(&planned.outputs))
-        .map(|(b, shape)| tensor(&primitives[0], handles[*b].clone().expect("an output"), shape))
-        .collect();
-    // Only what the backward phase reads is kept (and the inputs, bound by index).
-    let kept: Vec<Option<Handle>> = (handles.iter().enumerate())
-        .map(|(b, h)| h.clone().filter(|_| g.phases.saved.contains(&b) || g.bound.inputs.contains(&Some(b))))
-        .collect();
-    let saved = Arc::new(Saved { planned: planned.clone(), inputs: primitives, handles: kept });
+    let all: Vec<usize> = (0..f.plan.launches.len()).collect();
+    ran(executor(&primitives[0], &planned).run_resident(&f.plan, &all, &mut handles, &f.outputs));
+    let outputs: Vec<Handle> = f.outputs.iter().map(|b| handles[*b].clone().expect("an output")).collect();
+    let outs: Vec<CubeTensor> =
+        (outputs.iter().zip(&planned.outputs)).map(|(h, shape)| tensor(&primitives[0], h.clone(), shape)).collect();
+    let saved = Arc::new(Saved { planned: planned.clone(), inputs: primitives, outputs });
     steps
         .into_iter()
         .zip(outs)

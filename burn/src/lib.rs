@@ -4,11 +4,13 @@
 //! autodiff with attnc's gradient program, whose forward phase keeps what
 //! its backward reads.
 //!
-//! ```ignore
-//! let op = attnc_burn::AttncOp::from_file("stdlib/iha.attn", &[("P", "2")])?;
-//! let mut out = op.forward(Inputs::new().with("x", x).with("w_q", w_q) /* … */)?;
-//! let y: Tensor<4> = out.take("y")?;
+//! ```text
+//! let op = AttncOp::from_file("stdlib/iha.attn", &[("P", "2")])?;
+//! let layer = AttncLayer::new(op, 0, &device)?;   // the weights as Params
+//! let y: Tensor<3> = layer.forward(Inputs::new().with("x", x))?.take("y")?;
 //! ```
+//!
+//! (`examples/burn_iha.rs` trains a decoder of such layers; docs/rust.md.)
 
 mod backend;
 mod error;

@@ -7,7 +7,7 @@
 use crate::backend::{AttncBackend, Call, Tensors, MAX_INPUTS};
 use crate::error::Error;
 use attnc_compiler::ir::Program;
-use attnc_compiler::plan::{self, BufferRole, Dtype, Phases, Plan};
+use attnc_compiler::plan::{self, BufferRole, Dtype, Plan};
 use attnc_compiler::Code;
 use attnc_runtime::gpu::exec::Gpu;
 use burn::backend::{Dispatch, DispatchDevice, DispatchTensor};
@@ -19,8 +19,9 @@ use std::sync::{Arc, Mutex};
 /// A spec compiled once, run on Burn tensors of any sizes it admits: each
 /// set of sizes is planned once and its kernels compiled on first use.
 /// Differentiable through Burn's autodiff: the forward of a tracked call
-/// runs the gradient program's forward phase and keeps what its backward
-/// reads (log-sum-exps, kept products) in the autodiff graph.
+/// runs the gradient program's forward half and keeps the residuals its
+/// backward half reads (log-sum-exps, projections, kept products) in the
+/// autodiff graph.
 #[derive(Clone)]
 pub struct AttncOp {
     inner: Arc<Inner>,
@@ -62,15 +63,30 @@ pub(crate) struct Bound {
     pub outputs: Vec<usize>,
 }
 
-/// The gradient program's plan in its two phases ([`Plan::phases`]).
+/// The gradient program cut for training (`attnc_compiler::grad::split`,
+/// as `attnc.torch` trains): a forward that also returns the residuals its
+/// backward reads, and a backward that computes only the gradients.
 #[derive(Debug)]
 pub(crate) struct GradBound {
-    pub bound: Bound,
-    pub phases: Phases,
-    /// Each output's cotangent buffer (none: the output reaches no gradient).
-    pub cotangents: Vec<Option<usize>>,
-    /// Each program input's gradient buffer (none: not differentiated).
+    /// The forward's plan; its outputs are the spec's, then the residuals.
+    pub forward: Bound,
+    pub backward: Plan,
+    /// What each of the backward's input buffers is.
+    pub sources: Vec<(usize, Source)>,
+    /// Each program input's gradient buffer in the backward (none: not
+    /// differentiated).
     pub grads: Vec<Option<usize>>,
+}
+
+/// Where a backward input comes from.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Source {
+    /// The spec's input of this index.
+    Input(usize),
+    /// The cotangent of the spec's output of this index.
+    Cotangent(usize),
+    /// The forward's output of this index (a spec output or a residual).
+    Saved(usize),
 }
 
 fn bind(plan: Plan, program: &Program, outputs: &[String]) -> Bound {
@@ -177,7 +193,8 @@ impl AttncOp {
         let gpu = Gpu::with_client(cube.client(), "burn", register_tiles);
         gpu.check(&planned.forward.plan)?;
         if let Some(g) = &planned.grad {
-            gpu.check(&g.bound.plan)?;
+            gpu.check(&g.forward.plan)?;
+            gpu.check(&g.backward)?;
         }
         let call = Call { planned: planned.clone() };
         let inputs = Tensors::new(tensors.into_iter().map(|(_, t)| t.tensor).collect());
@@ -210,19 +227,30 @@ impl AttncOp {
             }
             let grad = attnc_compiler::grad::differentiate(program, &wrt)
                 .map_err(|e| Error::new(Code::NoGradient, format!("{}: {e}", self.inner.name)))?;
-            let bound = bind(plan::plan(&grad, &dims).in_dtype(Dtype::F32), program, &outputs);
-            let phases = bound.plan.phases(&|name| name.starts_with("cot_"));
-            let buffer = |name: String| {
-                bound.plan.buffers.iter().position(|b| match &b.role {
-                    BufferRole::Input { name: n, .. } => *n == name,
-                    _ => false,
+            let split = attnc_compiler::grad::split(&grad, program.inputs.len(), outputs.len());
+            let kept: Vec<String> = split.forward.outputs.iter().map(|(n, _)| n.clone()).collect();
+            let forward = bind(plan::plan(&split.forward, &dims).in_dtype(Dtype::F32), program, &kept);
+            let backward = plan::plan(&split.backward, &dims).in_dtype(Dtype::F32);
+            let sources = (backward.buffers.iter())
+                .filter_map(|b| match &b.role {
+                    BufferRole::Input { name, .. } => Some((b.id, name)),
+                    _ => None,
                 })
-            };
-            let cotangents = outputs.iter().map(|o| buffer(format!("cot_{o}"))).collect();
-            let grads = (program.inputs.iter())
-                .map(|i| bound.plan.outputs.iter().find(|(n, _)| *n == format!("grad_{}", i.name)).map(|o| o.1))
+                .map(|(id, name)| {
+                    let at = |names: Vec<String>| names.iter().position(|n| n == name);
+                    let cotangents = outputs.iter().map(|o| attnc_compiler::grad::cotangent_name(o)).collect();
+                    let source = at(program.inputs.iter().map(|i| i.name.clone()).collect())
+                        .map(Source::Input)
+                        .or_else(|| at(cotangents).map(Source::Cotangent))
+                        .or_else(|| at(kept.clone()).map(Source::Saved))
+                        .expect("a backward input is a spec input, a cotangent or a saved output");
+                    (id, source)
+                })
                 .collect();
-            Some(GradBound { bound, phases, cotangents, grads })
+            let grads = (program.inputs.iter())
+                .map(|i| backward.outputs.iter().find(|(n, _)| *n == format!("grad_{}", i.name)).map(|o| o.1))
+                .collect();
+            Some(GradBound { forward, backward, sources, grads })
         };
         let outputs = (program.outputs.iter())
             .map(|(_, node)| attnc_compiler::ir::concrete(&program.nodes[node.0 as usize].shape, &dims))

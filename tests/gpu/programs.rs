@@ -1,6 +1,7 @@
 //! Precompiled WGSL, and the ordinal estimator's level decompositions.
 
 use super::*;
+use attnc_runtime::gpu::exec::Handle;
 
 /// WGSL written by `attnc compile`, launched as precompiled source, gives
 /// exactly what the in-process definitions give.
@@ -141,13 +142,15 @@ pub(crate) fn own_devices_are_the_shared_devices_adapter() {
     assert_eq!(a, b, "the same plan on the two devices");
 }
 
-/// A gradient program's plan run in its two phases on device-resident
-/// buffers (`Plan::phases`, `Gpu::run_resident`: what `attnc-burn`'s
-/// autodiff does): the forward phase reads no cotangent and saves the
-/// log-sum-exp for the backward, which recomputes no forward launch; the
-/// outputs equal the interpreter's, for IHA and a score function.
+/// A gradient program cut for training (`grad::split`) run on
+/// device-resident buffers (`Gpu::run_resident`, what `attnc-burn`'s
+/// autodiff does): the forward half's outputs and residuals stay on the
+/// device, the backward half reads them there with the cotangents, and its
+/// gradients equal the interpreter's gradient program's, for IHA and a
+/// score function; a buffer the backward needs and was not given is a
+/// named error.
 #[test]
-pub(crate) fn gradient_programs_run_in_two_phases_on_resident_buffers() {
+pub(crate) fn training_halves_run_on_resident_buffers() {
     let gpu = needs_wgpu();
     for (spec, sets) in [
         ("iha", sets(&[("H", "4"), ("P", "2"), ("N", "300"), ("d", "32")])),
@@ -157,47 +160,45 @@ pub(crate) fn gradient_programs_run_in_two_phases_on_resident_buffers() {
         let grad = attnc_compiler::grad::differentiate(&compiled.program, &[]).unwrap();
         let (tensors, dims) = bind::generate_inputs(&grad, 5).unwrap();
         let want = interp::evaluate(&grad, &tensors, &dims);
-        let plan = plan::plan(&grad, &dims);
-        let phases = plan.phases(&|name| name.starts_with("cot_"));
-        let kinds = |ls: &[usize]| ls.iter().map(|&i| plan.launches[i].spec.kind()).collect::<Vec<_>>();
-        assert!(kinds(&phases.first).contains(&"attention"), "{spec}: {:?}", kinds(&phases.first));
-        assert!(!kinds(&phases.second).contains(&"attention"), "{spec}: the backward recomputes the forward");
-        assert!(!phases.second.is_empty() && !phases.saved.is_empty(), "{spec}: {phases:?}");
-        let mut handles: Vec<Option<attnc_runtime::gpu::exec::Handle>> = vec![None; plan.buffers.len()];
-        let outputs: Vec<usize> = plan.outputs.iter().map(|(_, id)| *id).collect();
-        let upload = |handles: &mut Vec<Option<attnc_runtime::gpu::exec::Handle>>, cot: bool| {
+        let outputs = compiled.program.outputs.len();
+        let split = attnc_compiler::grad::split(&grad, compiled.program.inputs.len(), outputs);
+        let (fwd, bwd) = (plan::plan(&split.forward, &dims), plan::plan(&split.backward, &dims));
+        assert!(!split.saved.is_empty(), "{spec}: nothing saved");
+        let upload = |plan: &Plan, handles: &mut Vec<Option<Handle>>, skip: &dyn Fn(&str) -> bool| {
             for b in &plan.buffers {
                 if let plan::BufferRole::Input { name, .. } = &b.role {
-                    if name.starts_with("cot_") == cot {
-                        let i = grad.inputs.iter().position(|x| &x.name == name).unwrap();
+                    if let Some(i) = grad.inputs.iter().position(|x| &x.name == name).filter(|_| !skip(name)) {
                         let bytes = attnc_runtime::dtype::encode(plan.dtype, &tensors[i].data);
                         handles[b.id] = Some(gpu.client().create_from_slice(&bytes));
                     }
                 }
             }
         };
-        upload(&mut handles, false);
-        let keep: Vec<usize> = outputs.iter().chain(&phases.saved).copied().collect();
-        gpu.run_resident(&plan, &phases.first, &mut handles, &keep).unwrap();
-        // The forward's outputs are there before any cotangent.
-        let (name, first_out) = &plan.outputs[0];
-        assert!(handles[*first_out].is_some(), "{spec}: {name} after the forward phase");
-        // Only what the forward saved (and the inputs, the caller's) is held.
-        for (b, h) in handles.iter().enumerate() {
-            let input = matches!(plan.buffers[b].role, plan::BufferRole::Input { .. });
-            assert!(h.is_none() || input || keep.contains(&b), "{spec}: buffer {b} held past its phase");
+        let mut f: Vec<Option<Handle>> = vec![None; fwd.buffers.len()];
+        upload(&fwd, &mut f, &|_| false);
+        let kept: Vec<usize> = fwd.outputs.iter().map(|(_, id)| *id).collect();
+        gpu.run_resident(&fwd, &(0..fwd.launches.len()).collect::<Vec<_>>(), &mut f, &kept).unwrap();
+        let mut b: Vec<Option<Handle>> = vec![None; bwd.buffers.len()];
+        upload(&bwd, &mut b, &|name| split.saved.iter().any(|s| s == name));
+        let all: Vec<usize> = (0..bwd.launches.len()).collect();
+        let grads: Vec<usize> = bwd.outputs.iter().map(|(_, id)| *id).collect();
+        // The residuals not handed over yet: a named error, nothing run.
+        let err = gpu.run_resident(&bwd, &all, &mut b.clone(), &grads).unwrap_err();
+        assert!(split.saved.iter().any(|s| err.to_string().contains(s.as_str())), "{spec}: {err}");
+        for (name, id) in &fwd.outputs {
+            if let Some(at) =
+                bwd.buffers.iter().position(|x| matches!(&x.role, plan::BufferRole::Input { name: n, .. } if n == name))
+            {
+                b[at] = f[*id].clone();
+            }
         }
-        // The backward phase, with a missing cotangent, is a named error.
-        let err = gpu.run_resident(&plan, &phases.second, &mut handles.clone(), &outputs).unwrap_err();
-        assert!(err.to_string().contains("cot_"), "{err}");
-        upload(&mut handles, true);
-        gpu.run_resident(&plan, &phases.second, &mut handles, &outputs).unwrap();
-        let read = gpu.client().read(outputs.iter().map(|&id| handles[id].clone().unwrap()).collect()).unwrap();
-        for (((name, id), bytes), w) in plan.outputs.iter().zip(read).zip(&want) {
-            let got = attnc_runtime::dtype::decode(plan.dtype, &bytes);
-            assert_eq!(got.len(), plan.buffers[*id].len);
-            assert!(w.data.iter().any(|x| *x != 0.0), "{spec}: {name} is zero");
-            check_close(Dtype::F32, &got, &w.data, None, &format!("{spec} {name} in two phases"));
+        gpu.run_resident(&bwd, &all, &mut b, &grads).unwrap();
+        let read = gpu.client().read(grads.iter().map(|&id| b[id].clone().unwrap()).collect()).unwrap();
+        for ((name, _), bytes) in bwd.outputs.iter().zip(read) {
+            let at = grad.outputs.iter().position(|(n, _)| n == name).unwrap();
+            let got = attnc_runtime::dtype::decode(bwd.dtype, &bytes);
+            assert!(want[at].data.iter().any(|x| *x != 0.0), "{spec}: {name} is zero");
+            check_close(Dtype::F32, &got, &want[at].data, None, &format!("{spec} {name} from resident halves"));
         }
     }
 }

@@ -380,15 +380,15 @@ impl Gpu {
         Ok((outputs.collect(), state.stats))
     }
 
-    /// Runs `launches` (indices into the plan's, in order; all of them, or
-    /// a [`Plan::phases`] phase) on device-resident buffers, reading nothing
-    /// back: what a framework that owns the tensors calls (`attnc-burn`).
-    /// `handles[id]` holds each input buffer the launches read (the
-    /// caller's tensors: the plan's dtype, row-major as the plan reads
-    /// them) and whatever an earlier phase saved; constants are uploaded
+    /// Runs `launches` (indices into the plan's, in order) on
+    /// device-resident buffers, reading nothing back: what a framework that
+    /// owns the tensors calls (`attnc-burn`, with a gradient program cut
+    /// by `grad::split`). `handles[id]` holds each input buffer the
+    /// launches read (the caller's tensors: the plan's dtype, row-major as
+    /// the plan reads them) and whatever ran before left; constants are uploaded
     /// here and each output is allocated on this client. A temporary or
     /// constant is dropped after its last reader among `launches` unless
-    /// `keep` names it (the outputs, and what a later phase reads); inputs
+    /// `keep` names it (the outputs, and what a later launch reads); inputs
     /// stay.
     pub fn run_resident(
         &self,
