@@ -151,7 +151,8 @@ fn forward_through_burn_matches_the_interpreter() {
 /// equal the interpreter's gradient program at cotangent `c`, for every
 /// input: MHA's q, k, v; IHA's projections and mixing weights; ALiBi's
 /// slopes (tracked, so differentiated although `attnc grad` skips them);
-/// talking heads' mixing matrices.
+/// talking heads' mixing matrices; gpt-oss's learned sinks (GQA, a
+/// window); a learned relative-position bias table.
 #[test]
 fn gradients_through_burn_autodiff_match_the_interpreter() {
     let device = device().autodiff();
@@ -160,6 +161,8 @@ fn gradients_through_burn_autodiff_match_the_interpreter() {
         ("iha", vec![("H", "2"), ("P", "2"), ("N", "100"), ("d", "16")]),
         ("alibi", vec![("H", "2"), ("N", "150"), ("d", "16")]),
         ("talking_heads", vec![("H", "4"), ("N", "90"), ("d", "8")]),
+        ("gpt_oss", vec![("H", "4"), ("H_kv", "2"), ("N", "120"), ("d", "16"), ("window", "50")]),
+        ("relative_bias", vec![("H", "2"), ("M", "70"), ("N", "110"), ("d", "16"), ("R", "40")]),
     ] {
         let op = stdlib(spec, &sets);
         let program = op.program().clone();

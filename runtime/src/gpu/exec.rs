@@ -35,6 +35,12 @@ pub enum GpuError {
     Unsupported { kernel: String, what: &'static str },
 }
 
+/// How many buffers the executors of this process have read back to the
+/// host: `Gpu::run` and `Gpu::run_prepared` read their outputs;
+/// `Gpu::run_resident` reads nothing (what `attnc-burn`'s tests check of
+/// a training step).
+pub static HOST_READS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 /// Whether a failed launch shows the device runtime's whole error chain
 /// (`attnc -v`) rather than one cause line.
 pub static FULL_ERRORS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
@@ -370,6 +376,7 @@ impl Gpu {
         // Every output read back in one request: one wait for the device,
         // not one an output.
         let handles = plan.outputs.iter().map(|(_, id)| state.handles[*id].clone().expect("outputs stay alive"));
+        HOST_READS.fetch_add(plan.outputs.len(), std::sync::atomic::Ordering::Relaxed);
         let read = self.client.read(handles.collect()).map_err(|e| {
             let names: Vec<&str> = plan.outputs.iter().map(|(n, _)| n.as_str()).collect();
             GpuError::Launch(names.join(", "), format!("{e:?}"))
