@@ -131,6 +131,55 @@ fn train<A: Mixer + Module + burn::module::ModuleDisplay>(
     (losses, timed / (steps - 1).max(1) as f64)
 }
 
+/// One IHA layer's gradients through Burn's autodiff (x's and every
+/// weight's, for `loss = Σ y · c`) against attnc's gradient program in
+/// float64 (what `attnc grad` computes) at the same weights, x and c:
+/// relative error ≤ 1e-4 each.
+fn check_gradients(op: &AttncOp, device: &Device) {
+    use attnc_runtime::{bind, interp, rng::Rng, Tensor as Host};
+    let program = op.program();
+    let seed = 5;
+    let layer = AttncLayer::new(op.clone(), seed, device).unwrap_or_else(|e| panic!("{e}"));
+    let defaults = bind::default_dims(program).unwrap();
+    let mut rng = Rng::for_input(seed, "check");
+    let mut draw = |shape: &[usize]| {
+        Host::new(shape.to_vec(), (0..shape.iter().product()).map(|_| rng.unit() * 2.0 - 1.0).collect())
+    };
+    let (x, c) = (draw(&[BATCH, N, D]), draw(&[BATCH, N, D]));
+    let tensors: Vec<Host> = (program.inputs.iter().enumerate())
+        .map(|(i, input)| if input.weight { bind::draw_input(program, i, &defaults, seed) } else { x.clone() })
+        .collect();
+    let shapes: Vec<&[usize]> = tensors.iter().map(|t| t.shape.as_slice()).collect();
+    let dims = bind::solve_dims(program, &shapes, &Default::default()).unwrap();
+    let names: Vec<String> = program.inputs.iter().map(|i| i.name.clone()).collect();
+    let grad = attnc_compiler::grad::differentiate(program, &names).unwrap();
+    let want = interp::evaluate(&grad, &[tensors.clone(), vec![c.clone()]].concat(), &dims);
+    let burn = |t: &Host| {
+        Tensor::<3>::from_data(TensorData::new(t.data.iter().map(|&v| v as f32).collect(), t.shape.clone()), device)
+    };
+    let xb = burn(&x).require_grad();
+    let y = layer.forward(Inputs::new().with("x", xb.clone())).unwrap().take::<3>("y").unwrap();
+    let grads = (y * burn(&c)).sum().backward();
+    let values = |d: burn::tensor::TensorData| -> Vec<f64> {
+        d.try_to_vec::<f32>().expect("f32").into_iter().map(f64::from).collect()
+    };
+    let mut worst = 0.0f64;
+    for (input, t) in program.inputs.iter().zip(&tensors) {
+        let got = match (input.weight, t.shape.len()) {
+            (false, _) => xb.grad(&grads).map(|g| values(g.into_data())),
+            (true, 2) => layer.weight::<2>(&input.name).and_then(|w| w.grad(&grads)).map(|g| values(g.into_data())),
+            (true, 3) => layer.weight::<3>(&input.name).and_then(|w| w.grad(&grads)).map(|g| values(g.into_data())),
+            (true, r) => panic!("weight {} of rank {r}", input.name),
+        };
+        let got = got.unwrap_or_else(|| panic!("no gradient for {}", input.name));
+        let at = grad.outputs.iter().position(|(n, _)| *n == format!("grad_{}", input.name)).unwrap();
+        let e = attnc_runtime::relative_error(&got, &want[at].data);
+        assert!(e <= 1e-4 && got.iter().all(|v| v.is_finite()), "{}: relative error {e:e}", input.name);
+        worst = worst.max(e);
+    }
+    println!("gradients of x and the {} weights against attnc's: relative error ≤ {worst:.1e}", names.len() - 1);
+}
+
 fn main() {
     let steps: usize = std::env::args().nth(1).map_or(60, |s| s.parse().expect("STEPS is a number"));
     let device = Device::wgpu(DeviceKind::DefaultDevice).autodiff();
@@ -141,6 +190,9 @@ fn main() {
             .unwrap_or_else(|e| panic!("{e}"));
         AttncLayer::new(op, seed, &device).unwrap_or_else(|e| panic!("{e}"))
     };
+    let window = AttncOp::from_file(&spec, &[("H", &h), ("P", &p), ("d", &d), ("window", "4")])
+        .unwrap_or_else(|e| panic!("{e}"));
+    check_gradients(&window, &device);
     let vocabulary = KEYS + VALUES;
     let embed = || EmbeddingConfig::new(vocabulary, D).init(&device);
     let out = || LinearConfig::new(D, vocabulary).init(&device);

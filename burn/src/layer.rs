@@ -62,6 +62,20 @@ impl AttncLayer {
         &self.op
     }
 
+    /// Weight `name`, of rank `D`, as the layer holds it: on an autodiff
+    /// device, the tracked tensor whose `grad` a backward fills.
+    pub fn weight<const D: usize>(&self, name: &str) -> Option<Tensor<D>> {
+        let (_, rank, at) = self.weights.iter().find(|(n, r, _)| n == name && *r == D)?;
+        // The rank is D: the same tensor, its rank restated.
+        let t = match rank {
+            1 => self.w1[*at].val().into_dispatch(),
+            2 => self.w2[*at].val().into_dispatch(),
+            3 => self.w3[*at].val().into_dispatch(),
+            _ => self.w4[*at].val().into_dispatch(),
+        };
+        Some(Tensor::from_dispatch(t))
+    }
+
     /// Runs the spec on `activations` and this layer's weights.
     pub fn forward(&self, activations: Inputs) -> Result<Outputs, Error> {
         let mut inputs = activations;

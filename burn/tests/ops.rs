@@ -196,8 +196,8 @@ fn gradients_through_burn_autodiff_match_the_interpreter() {
 
 /// Tensors that do not fit the spec are attnc's coded errors, naming the
 /// tensor and both sides, before anything runs: a missing or unknown
-/// input, a wrong shape, a dtype the kernels do not take, an unknown
-/// output or a rank that is not the output's.
+/// input, a wrong shape, a dtype the kernels do not take, tensors on two
+/// devices, an unknown output or a rank that is not the output's.
 #[test]
 fn tensors_that_do_not_fit_are_coded_errors() {
     let device = device();
@@ -227,6 +227,12 @@ fn tensors_that_do_not_fit_are_coded_errors() {
     let half = q.cast(burn::tensor::FloatDType::F16);
     let (c, m) = code(op.forward(t(2).bind(t(1).bind(Inputs::new().with("q", half), "k"), "v")));
     assert!(c == "E0709" && m.contains("tensor `q` is F16") && m.contains("F32"), "{c}: {m}");
+    // Tensors on two devices (two wgpu devices of the one adapter here).
+    let other = Device::wgpu(DeviceKind::Cpu);
+    assert_ne!(other, device);
+    let elsewhere = Any::new(&tensors[1], &other, false);
+    let (c, m) = code(op.forward(t(2).bind(elsewhere.bind(t(0).bind(Inputs::new(), "q"), "k"), "v")));
+    assert!(c == "E0709" && m.contains("tensor `k` is on") && m.contains("the others on"), "{c}: {m}");
     // Outputs: a name the spec does not have, and the wrong rank.
     let mut out = op.forward(all()).unwrap();
     let e = out.take::<4>("y").map(|_| ()).unwrap_err();
