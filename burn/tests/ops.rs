@@ -244,3 +244,32 @@ fn tensors_that_do_not_fit_are_coded_errors() {
     let e = AttncOp::compile("bad.attn", "spec bad\ninput q: [2]\noutput o = nope(q)\n", &[]).err().unwrap();
     assert!(e.code.as_str() == "E0102" && e.to_string().contains("bad.attn:3:"), "{e}");
 }
+
+/// An input that is a view, not laid out as the plan reads it (a
+/// transposed tensor: strides, not row-major), is made contiguous first
+/// and gives what its row-major copy gives: the interpreter's output.
+#[test]
+fn strided_views_are_read_as_their_values() {
+    let device = device();
+    let source = "spec plain\ninput q: [1, 2, 70, 8]\ninput k: [1, 2, 70, 8]\ninput v: [1, 2, 70, 8]\n\
+                  output o = attention(q, k, v, mask = causal)\n";
+    let op = AttncOp::compile("plain.attn", source, &[]).unwrap();
+    let program = op.program().clone();
+    let (tensors, dims) = bind::generate_inputs(&program, 2).unwrap();
+    let want = interp::evaluate(&program, &tensors, &dims).remove(0);
+    // k stored as [1, 2, 8, 70] and handed over as its transpose.
+    let k = &tensors[1];
+    let mut stored = vec![0.0; k.data.len()];
+    for h in 0..2 {
+        for j in 0..70 {
+            for c in 0..8 {
+                stored[(h * 8 + c) * 70 + j] = k.data[(h * 70 + j) * 8 + c] as f32;
+            }
+        }
+    }
+    let view = Tensor::<4>::from_data(TensorData::new(stored, [1, 2, 8, 70]), &device).swap_dims(2, 3);
+    let inputs = Any::new(&tensors[2], &device, false)
+        .bind(Any::new(&tensors[0], &device, false).bind(Inputs::new(), "q").with("k", view), "v");
+    let got = values(op.forward(inputs).unwrap().take::<4>("o").unwrap());
+    close(&got, &want.data, 1e-4, "o with k a transposed view");
+}
