@@ -194,6 +194,17 @@ fn gradients_through_burn_autodiff_match_the_interpreter() {
     }
 }
 
+/// Causal attention of q, k, v `[1, 2, n, 8]`, and inputs drawn with `seed`.
+fn causal(n: usize, seed: u64) -> (AttncOp, Vec<Host>) {
+    let source = format!(
+        "spec plain\ninput q: [1, 2, {n}, 8]\ninput k: [1, 2, {n}, 8]\ninput v: [1, 2, {n}, 8]\n\
+         output o = attention(q, k, v, mask = causal)\n"
+    );
+    let op = AttncOp::compile("plain.attn", &source, &[]).unwrap();
+    let (tensors, _) = bind::generate_inputs(op.program(), seed).unwrap();
+    (op, tensors)
+}
+
 /// Tensors that do not fit the spec are attnc's coded errors, naming the
 /// tensor and both sides, before anything runs: a missing or unknown
 /// input, a wrong shape, a dtype the kernels do not take, tensors on two
@@ -201,11 +212,7 @@ fn gradients_through_burn_autodiff_match_the_interpreter() {
 #[test]
 fn tensors_that_do_not_fit_are_coded_errors() {
     let device = device();
-    let source = "spec plain\ninput q: [1, 2, 40, 8]\ninput k: [1, 2, 40, 8]\ninput v: [1, 2, 40, 8]\n\
-                  output o = attention(q, k, v, mask = causal)\n";
-    let op = AttncOp::compile("plain.attn", source, &[]).unwrap();
-    let program = op.program().clone();
-    let (tensors, _) = bind::generate_inputs(&program, 1).unwrap();
+    let (op, tensors) = causal(40, 1);
     let t = |i: usize| Any::new(&tensors[i], &device, false);
     let code = |r: Result<attnc_burn::Outputs, attnc_burn::Error>| match r {
         Ok(_) => panic!("accepted"),
@@ -251,12 +258,10 @@ fn tensors_that_do_not_fit_are_coded_errors() {
 #[test]
 fn strided_views_are_read_as_their_values() {
     let device = device();
-    let source = "spec plain\ninput q: [1, 2, 70, 8]\ninput k: [1, 2, 70, 8]\ninput v: [1, 2, 70, 8]\n\
-                  output o = attention(q, k, v, mask = causal)\n";
-    let op = AttncOp::compile("plain.attn", source, &[]).unwrap();
-    let program = op.program().clone();
-    let (tensors, dims) = bind::generate_inputs(&program, 2).unwrap();
-    let want = interp::evaluate(&program, &tensors, &dims).remove(0);
+    let (op, tensors) = causal(70, 2);
+    let shape: &[usize] = &[1, 2, 70, 8];
+    let dims = bind::solve_dims(op.program(), &[shape; 3], &Default::default()).unwrap();
+    let want = interp::evaluate(op.program(), &tensors, &dims).remove(0);
     // k stored as [1, 2, 8, 70] and handed over as its transpose.
     let k = &tensors[1];
     let mut stored = vec![0.0; k.data.len()];
