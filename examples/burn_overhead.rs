@@ -63,8 +63,7 @@ fn main() {
         };
         let mut f = vec![None; fwd.buffers.len()];
         bind(&fwd, &mut f);
-        let kept: Vec<usize> = fwd.outputs.iter().map(|(_, id)| *id).collect();
-        gpu.run_resident(&fwd, &(0..fwd.launches.len()).collect::<Vec<_>>(), &mut f, &kept).unwrap();
+        gpu.run_resident(&fwd, &mut f).unwrap();
         let mut b = vec![None; bwd.buffers.len()];
         bind(&bwd, &mut b);
         for (name, id) in &fwd.outputs {
@@ -73,8 +72,7 @@ fn main() {
                 b[at] = f[*id].clone();
             }
         }
-        let grads: Vec<usize> = bwd.outputs.iter().map(|(_, id)| *id).collect();
-        gpu.run_resident(&bwd, &(0..bwd.launches.len()).collect::<Vec<_>>(), &mut b, &grads).unwrap();
+        gpu.run_resident(&bwd, &mut b).unwrap();
         gpu.sync().unwrap();
     };
     // Through Burn: the op on tracked tensors, `Σ o · c` backward.

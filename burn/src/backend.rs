@@ -8,7 +8,8 @@
 //! on them and the output's gradient, registering a gradient for every
 //! tracked input the program differentiates.
 
-use crate::op::{Planned, Source};
+use crate::op::{Bound, Planned, Source};
+use attnc_compiler::plan::Plan;
 use attnc_runtime::gpu::exec::{Gpu, Handle};
 use burn::backend::autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy};
 use burn::backend::autodiff::grads::Gradients;
@@ -228,46 +229,43 @@ pub(crate) fn register_tiles(device: &burn_cubecl::CubeDevice) -> bool {
     matches!(device, cubecl::Device::Cuda(_))
 }
 
-/// The executor on `t`'s client.
-fn executor(t: &CubeTensor, planned: &Planned) -> Gpu {
-    Gpu::with_client(t.client.clone(), "burn", planned.register_tiles)
-}
-
-/// `t` in the layout attnc's plans read: contiguous, row-major, untiled
-/// (a copy by Burn's own kernel only where it is not already).
-fn handle(t: CubeTensor) -> (Handle, CubeTensor) {
-    let t = into_contiguous(t);
-    (t.handle.clone(), t)
-}
-
 /// A tensor of `shape` over buffer `h` of `like`'s client and device.
 fn tensor(like: &CubeTensor, h: Handle, shape: &[usize]) -> CubeTensor {
     CubeTensor::new_contiguous(like.client.clone(), like.device.clone(), Shape::from(shape.to_vec()), h, DType::F32)
 }
 
-/// Panics with attnc's message: `AttncOp::forward` checked the tensors
-/// and the plan on this device, so a failure here is a bug.
-fn ran(r: Result<(), attnc_runtime::gpu::exec::GpuError>) {
-    if let Err(e) = r {
+/// Runs `plan` on the buffers `handles` binds (its inputs) and returns
+/// them with its outputs; panics with attnc's message, as
+/// `AttncOp::forward` checked the tensors and the plan on this device (a
+/// failure here is a bug).
+fn run(plan: &Plan, like: &CubeTensor, planned: &Planned, mut handles: Vec<Option<Handle>>) -> Vec<Option<Handle>> {
+    let gpu = Gpu::with_client(like.client.clone(), "burn", planned.register_tiles);
+    if let Err(e) = gpu.run_resident(plan, &mut handles) {
         panic!("attnc-burn: a checked plan failed to run: {e}");
     }
+    handles
 }
 
-/// The forward plan on `inputs`: the outputs.
-fn forward(planned: &Planned, inputs: Vec<CubeTensor>) -> Vec<CubeTensor> {
-    let f = &planned.forward;
-    let mut handles: Vec<Option<Handle>> = vec![None; f.plan.buffers.len()];
-    let inputs: Vec<CubeTensor> = inputs.into_iter().map(|t| handle(t).1).collect();
-    for (t, b) in inputs.iter().zip(&f.inputs) {
+/// `bound`'s plan on `inputs` (contiguous, the program's in order): the
+/// buffers of its outputs.
+fn run_bound(bound: &Bound, planned: &Planned, inputs: &[CubeTensor]) -> Vec<Handle> {
+    let mut handles: Vec<Option<Handle>> = vec![None; bound.plan.buffers.len()];
+    for (t, b) in inputs.iter().zip(&bound.inputs) {
         if let Some(b) = b {
             handles[*b] = Some(t.handle.clone());
         }
     }
-    let all: Vec<usize> = (0..f.plan.launches.len()).collect();
-    ran(executor(&inputs[0], planned).run_resident(&f.plan, &all, &mut handles, &f.outputs));
-    (f.outputs.iter().zip(&planned.outputs))
-        .map(|(b, shape)| tensor(&inputs[0], handles[*b].clone().expect("an output"), shape))
-        .collect()
+    let handles = run(&bound.plan, &inputs[0], planned, handles);
+    bound.outputs.iter().map(|b| handles[*b].clone().expect("an output")).collect()
+}
+
+/// The forward plan on `inputs`: the outputs. Every tensor attnc reads is
+/// first put in the layout its plans read (contiguous, row-major,
+/// untiled), by Burn's own copy kernel only where it is not already.
+fn forward(planned: &Planned, inputs: Vec<CubeTensor>) -> Vec<CubeTensor> {
+    let inputs: Vec<CubeTensor> = inputs.into_iter().map(into_contiguous).collect();
+    let outputs = run_bound(&planned.forward, planned, &inputs);
+    outputs.into_iter().zip(&planned.outputs).map(|(h, shape)| tensor(&inputs[0], h, shape)).collect()
 }
 
 impl AttncBackend for CubeBackend {
@@ -297,7 +295,7 @@ impl<const N: usize> Backward<CubeBackend, N> for Step<N> {
     fn backward(self, ops: Ops<Self::State, N>, grads: &mut Gradients, _: &mut Checkpointer) {
         let saved = ops.state;
         let g = saved.planned.grad.as_ref().expect("a tracked call is planned with its gradient program");
-        let (cot, _contiguous) = handle(grads.consume::<CubeBackend>(&ops.node));
+        let cot = into_contiguous(grads.consume::<CubeBackend>(&ops.node));
         let like = &saved.inputs[0];
         let plan = &g.backward;
         let mut handles: Vec<Option<Handle>> = vec![None; plan.buffers.len()];
@@ -305,14 +303,12 @@ impl<const N: usize> Backward<CubeBackend, N> for Step<N> {
             handles[b] = Some(match source {
                 Source::Input(i) => saved.inputs[i].handle.clone(),
                 Source::Saved(k) => saved.outputs[k].clone(),
-                Source::Cotangent(k) if k == self.output => cot.clone(),
+                Source::Cotangent(k) if k == self.output => cot.handle.clone(),
                 // The other outputs' cotangents are zero in this output's step.
                 Source::Cotangent(_) => like.client.create_from_slice(&vec![0u8; plan.buffer_bytes(b) as usize]),
             });
         }
-        let wanted: Vec<usize> = g.grads.iter().flatten().copied().collect();
-        let all: Vec<usize> = (0..plan.launches.len()).collect();
-        ran(executor(like, &saved.planned).run_resident(plan, &all, &mut handles, &wanted));
+        let handles = run(plan, like, &saved.planned, handles);
         for ((parent, grad), shape) in ops.parents.iter().zip(&g.grads).zip(&saved.planned.inputs) {
             if let (Some(node), Some(b)) = (parent, grad) {
                 let h = handles[*b].clone().expect("a gradient output");
@@ -336,7 +332,7 @@ fn tracked<const N: usize, C: CheckpointStrategy>(
     let steps: Vec<_> = (0..planned.outputs.len())
         .map(|output| Step::<N> { output }.prepare::<C>(guards(&inputs)).compute_bound().stateful())
         .collect();
-    let primitives: Vec<CubeTensor> = inputs.into_iter().map(|t| handle(t.into_primitive()).1).collect();
+    let primitives: Vec<CubeTensor> = inputs.into_iter().map(|t| into_contiguous(t.into_primitive())).collect();
     let g = match &planned.grad {
         Some(g) if steps.iter().any(|s| matches!(s, OpsKind::Tracked(_))) => g,
         // Nothing to differentiate: the plain forward.
@@ -349,16 +345,7 @@ fn tracked<const N: usize, C: CheckpointStrategy>(
             return steps.into_iter().zip(out).map(|(s, o)| untracked(s).finish(o)).collect();
         }
     };
-    let f = &g.forward;
-    let mut handles: Vec<Option<Handle>> = vec![None; f.plan.buffers.len()];
-    for (t, b) in primitives.iter().zip(&f.inputs) {
-        if let Some(b) = b {
-            handles[*b] = Some(t.handle.clone());
-        }
-    }
-    let all: Vec<usize> = (0..f.plan.launches.len()).collect();
-    ran(executor(&primitives[0], &planned).run_resident(&f.plan, &all, &mut handles, &f.outputs));
-    let outputs: Vec<Handle> = f.outputs.iter().map(|b| handles[*b].clone().expect("an output")).collect();
+    let outputs = run_bound(&g.forward, &planned, &primitives);
     let outs: Vec<CubeTensor> =
         (outputs.iter().zip(&planned.outputs)).map(|(h, shape)| tensor(&primitives[0], h.clone(), shape)).collect();
     let saved = Arc::new(Saved { planned: planned.clone(), inputs: primitives, outputs });

@@ -132,29 +132,14 @@ impl AttncOp {
     /// shape the spec declares for its name; the dims follow from them.
     pub fn forward(&self, inputs: Inputs) -> Result<Outputs, Error> {
         let program = &self.inner.program;
-        let mut given: BTreeMap<String, Given> = inputs.0;
-        let names: Vec<&str> = program.inputs.iter().map(|i| i.name.as_str()).collect();
-        if let Some(extra) = given.keys().find(|n| !names.contains(&n.as_str())) {
+        let given = attnc_runtime::bind::in_input_order(program, inputs.0, false)?;
+        let names = program.inputs.iter().map(|i| i.name.clone());
+        let tensors: Vec<(String, Given)> = names.zip(given).collect();
+        if let Some((name, t)) = tensors.iter().find(|(_, t)| t.dtype != DType::F32) {
             return Err(Error::new(
-                Code::TensorFile,
-                format!("unexpected tensor `{extra}`: the spec's inputs are {}", names.join(", ")),
+                Code::DeviceTensor,
+                format!("tensor `{name}` is {:?}; attnc-burn's kernels take F32 tensors", t.dtype),
             ));
-        }
-        let mut tensors = Vec::with_capacity(names.len());
-        for (i, input) in program.inputs.iter().enumerate() {
-            let t = given.remove(&input.name).ok_or_else(|| {
-                Error::new(
-                    Code::TensorFile,
-                    format!("missing tensor `{}` of shape {}", input.name, program.input_shape(i)),
-                )
-            })?;
-            if t.dtype != DType::F32 {
-                return Err(Error::new(
-                    Code::DeviceTensor,
-                    format!("tensor `{}` is {:?}; attnc-burn's kernels take F32 tensors", input.name, t.dtype),
-                ));
-            }
-            tensors.push((input.name.clone(), t));
         }
         let device = tensors.first().map(|(_, t)| t.device.clone()).ok_or_else(|| {
             Error::new(Code::TensorFile, "the spec has no input tensor to take a device from".to_string())

@@ -3,6 +3,7 @@
 //! loaded with the module's record, and trained by Burn's Adam.
 
 use attnc_burn::{AttncLayer, AttncOp, Inputs};
+use attnc_compiler::ir::DimValues;
 use attnc_runtime::{bind, interp, relative_error};
 use burn::module::Module;
 use burn::optim::{AdamConfig, GradientsParams};
@@ -18,6 +19,21 @@ fn x_of(t: &attnc_runtime::Tensor, device: &Device) -> Tensor<3> {
     Tensor::from_data(TensorData::new(data, t.shape.clone()), device)
 }
 
+/// IHA's inputs drawn with `seed` (`x` first) and its dims, a layer of
+/// its weights drawn with the same seed on `device`, and `x` there.
+fn drawn(seed: u64, device: &Device) -> (AttncLayer, Vec<attnc_runtime::Tensor>, DimValues, Tensor<3>) {
+    let op = iha();
+    let (tensors, dims) = bind::generate_inputs(op.program(), seed).unwrap();
+    assert_eq!(op.program().inputs[0].name, "x");
+    let x = x_of(&tensors[0], device);
+    (AttncLayer::new(op, seed, device).unwrap(), tensors, dims, x)
+}
+
+/// The layer's output `y` on `x`.
+fn y_of(layer: &AttncLayer, x: &Tensor<3>) -> Tensor<3> {
+    layer.forward(Inputs::new().with("x", x.clone())).unwrap().take::<3>("y").unwrap()
+}
+
 fn values(t: Tensor<3>) -> Vec<f64> {
     t.into_data().try_to_vec::<f32>().unwrap().into_iter().map(f64::from).collect()
 }
@@ -29,27 +45,13 @@ fn values(t: Tensor<3>) -> Vec<f64> {
 #[test]
 fn a_layer_draws_the_specs_weights_and_round_trips_its_record() {
     let device = Device::wgpu(DeviceKind::DefaultDevice);
-    let op = iha();
+    let (layer, tensors, dims, x) = drawn(7, &device);
+    let op = layer.op().clone();
     let program = op.program().clone();
-    let (tensors, dims) = bind::generate_inputs(&program, 7).unwrap();
     let want = interp::evaluate(&program, &tensors, &dims).remove(0);
-    let layer = AttncLayer::new(op.clone(), 7, &device).unwrap();
-    assert_eq!(
-        layer.num_params(),
-        program
-            .inputs
-            .iter()
-            .filter(|i| i.weight)
-            .map(|i| {
-                let at = program.inputs.iter().position(|j| j.name == i.name).unwrap();
-                tensors[at].data.len()
-            })
-            .sum::<usize>()
-    );
-    let x = x_of(&tensors[0], &device);
-    assert_eq!(program.inputs[0].name, "x");
-    let y =
-        |layer: &AttncLayer| values(layer.forward(Inputs::new().with("x", x.clone())).unwrap().take::<3>("y").unwrap());
+    let weights = program.inputs.iter().zip(&tensors).filter(|(i, _)| i.weight).map(|(_, t)| t.data.len());
+    assert_eq!(layer.num_params(), weights.sum::<usize>());
+    let y = |layer: &AttncLayer| values(y_of(layer, &x));
     let got = y(&layer);
     let e = relative_error(&got, &want.data);
     assert!(e <= 1e-4 && want.data.iter().any(|v| *v != 0.0), "relative error {e:e}");
@@ -69,18 +71,13 @@ fn a_layer_draws_the_specs_weights_and_round_trips_its_record() {
 #[test]
 fn adam_trains_a_layer() {
     let device = Device::wgpu(DeviceKind::DefaultDevice).autodiff();
-    let op = iha();
-    let program = op.program().clone();
-    let (tensors, _) = bind::generate_inputs(&program, 3).unwrap();
-    let mut layer = AttncLayer::new(op, 3, &device).unwrap();
-    let x = x_of(&tensors[0], &device);
+    let (mut layer, tensors, _, x) = drawn(3, &device);
     // Fit the output to a fixed target: the squared error falls.
     let target = x_of(&tensors[0], &device) * 0.5;
     let mut opt = AdamConfig::new().init();
     let mut losses = vec![];
     for _ in 0..8 {
-        let y = layer.forward(Inputs::new().with("x", x.clone())).unwrap().take::<3>("y").unwrap();
-        let loss = (y - target.clone()).powi_scalar(2).mean();
+        let loss = (y_of(&layer, &x) - target.clone()).powi_scalar(2).mean();
         losses.push(f64::from(loss.clone().into_data().try_to_vec::<f32>().unwrap()[0]));
         let grads = loss.backward();
         let grads = GradientsParams::from_grads(grads, &layer);
@@ -104,16 +101,12 @@ fn a_training_step_reads_nothing_back() {
     use attnc_runtime::gpu::exec::HOST_READS;
     use std::sync::atomic::Ordering;
     let device = Device::wgpu(DeviceKind::DefaultDevice).autodiff();
-    let op = iha();
-    let program = op.program().clone();
-    let (tensors, dims) = bind::generate_inputs(&program, 4).unwrap();
-    let mut layer = AttncLayer::new(op, 4, &device).unwrap();
-    let x = x_of(&tensors[0], &device);
+    let (mut layer, tensors, dims, x) = drawn(4, &device);
+    let program = layer.op().program().clone();
     let mut opt = AdamConfig::new().init();
     let before = HOST_READS.load(Ordering::SeqCst);
     for _ in 0..2 {
-        let y = layer.forward(Inputs::new().with("x", x.clone())).unwrap().take::<3>("y").unwrap();
-        let grads = GradientsParams::from_grads(y.powi_scalar(2).mean().backward(), &layer);
+        let grads = GradientsParams::from_grads(y_of(&layer, &x).powi_scalar(2).mean().backward(), &layer);
         layer = opt.step(1e-2, layer, grads);
     }
     device.sync().unwrap();

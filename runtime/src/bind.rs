@@ -20,12 +20,32 @@ pub fn integer_inputs(program: &Program) -> BTreeSet<String> {
 /// Tensors named like an output are ignored (a `--seed` run's file can be fed back).
 pub fn bind_inputs(
     program: &Program,
-    mut tensors: BTreeMap<String, Tensor>,
+    tensors: BTreeMap<String, Tensor>,
     explicit: &BTreeSet<String>,
 ) -> Result<(Vec<Tensor>, DimValues), RunError> {
+    let inputs = in_input_order(program, tensors, true)?;
+    let shapes: Vec<&[usize]> = inputs.iter().map(|t| t.shape.as_slice()).collect();
+    let dims = solve_dims(program, &shapes, explicit)?;
+    check_tables(program, &inputs, &dims)?;
+    for (i, t) in inputs.iter().enumerate() {
+        check_domain(&program.inputs[i].name, &program.inputs[i].domain, t, &dims)?;
+    }
+    Ok((inputs, dims))
+}
+
+/// `given` (tensors, or what a caller holds of them, by name) in the order
+/// of the program's inputs; an error names a missing input and its shape,
+/// or a name that is not an input (one named like an output is dropped
+/// where `outputs_too`: a `--seed` run's file fed back).
+pub fn in_input_order<T>(
+    program: &Program,
+    mut given: BTreeMap<String, T>,
+    outputs_too: bool,
+) -> Result<Vec<T>, RunError> {
     let names: Vec<&str> = program.inputs.iter().map(|i| i.name.as_str()).collect();
-    for name in tensors.keys() {
-        if !names.contains(&name.as_str()) && !program.outputs.iter().any(|(o, _)| o == name) {
+    for name in given.keys() {
+        let known = names.contains(&name.as_str()) || (outputs_too && program.outputs.iter().any(|(o, _)| o == name));
+        if !known {
             return Err(RunError::TensorFile(format!(
                 "unexpected tensor `{name}`: the spec's inputs are {}",
                 names.join(", ")
@@ -35,18 +55,12 @@ pub fn bind_inputs(
     let mut inputs = Vec::new();
     for input in &program.inputs {
         let declared = program.input_shape(inputs.len());
-        let t = tensors
+        let t = given
             .remove(&input.name)
             .ok_or_else(|| RunError::TensorFile(format!("missing tensor `{}` of shape {declared}", input.name)))?;
         inputs.push(t);
     }
-    let shapes: Vec<&[usize]> = inputs.iter().map(|t| t.shape.as_slice()).collect();
-    let dims = solve_dims(program, &shapes, explicit)?;
-    check_tables(program, &inputs, &dims)?;
-    for (i, t) in inputs.iter().enumerate() {
-        check_domain(&program.inputs[i].name, &program.inputs[i].domain, t, &dims)?;
-    }
-    Ok((inputs, dims))
+    Ok(inputs)
 }
 
 /// Solve every dim from the inputs' `shapes` (in declaration order), as

@@ -176,14 +176,12 @@ pub(crate) fn training_halves_run_on_resident_buffers() {
         };
         let mut f: Vec<Option<Handle>> = vec![None; fwd.buffers.len()];
         upload(&fwd, &mut f, &|_| false);
-        let kept: Vec<usize> = fwd.outputs.iter().map(|(_, id)| *id).collect();
-        gpu.run_resident(&fwd, &(0..fwd.launches.len()).collect::<Vec<_>>(), &mut f, &kept).unwrap();
+        gpu.run_resident(&fwd, &mut f).unwrap();
         let mut b: Vec<Option<Handle>> = vec![None; bwd.buffers.len()];
         upload(&bwd, &mut b, &|name| split.saved.iter().any(|s| s == name));
-        let all: Vec<usize> = (0..bwd.launches.len()).collect();
         let grads: Vec<usize> = bwd.outputs.iter().map(|(_, id)| *id).collect();
         // The residuals not handed over yet: a named error, nothing run.
-        let err = gpu.run_resident(&bwd, &all, &mut b.clone(), &grads).unwrap_err();
+        let err = gpu.run_resident(&bwd, &mut b.clone()).unwrap_err();
         assert!(split.saved.iter().any(|s| err.to_string().contains(s.as_str())), "{spec}: {err}");
         for (name, id) in &fwd.outputs {
             if let Some(at) =
@@ -192,7 +190,7 @@ pub(crate) fn training_halves_run_on_resident_buffers() {
                 b[at] = f[*id].clone();
             }
         }
-        gpu.run_resident(&bwd, &all, &mut b, &grads).unwrap();
+        gpu.run_resident(&bwd, &mut b).unwrap();
         let read = gpu.client().read(grads.iter().map(|&id| b[id].clone().unwrap()).collect()).unwrap();
         for ((name, _), bytes) in bwd.outputs.iter().zip(read) {
             let at = grad.outputs.iter().position(|(n, _)| n == name).unwrap();

@@ -387,55 +387,28 @@ impl Gpu {
         Ok((outputs.collect(), state.stats))
     }
 
-    /// Runs `launches` (indices into the plan's, in order) on
-    /// device-resident buffers, reading nothing back: what a framework that
-    /// owns the tensors calls (`attnc-burn`, with a gradient program cut
-    /// by `grad::split`). `handles[id]` holds each input buffer the
-    /// launches read (the caller's tensors: the plan's dtype, row-major as
-    /// the plan reads them) and whatever ran before left; constants are uploaded
-    /// here and each output is allocated on this client. A temporary or
-    /// constant is dropped after its last reader among `launches` unless
-    /// `keep` names it (the outputs, and what a later launch reads); inputs
-    /// stay.
-    pub fn run_resident(
-        &self,
-        plan: &Plan,
-        launches: &[usize],
-        handles: &mut [Option<Handle>],
-        keep: &[usize],
-    ) -> Result<(), GpuError> {
+    /// Runs `plan` on device-resident buffers, reading nothing back: what
+    /// a framework that owns the tensors calls (`attnc-burn`, with a
+    /// gradient program cut by `grad::split`). `handles[id]` holds each of
+    /// the plan's input buffers (the caller's tensors: the plan's dtype,
+    /// row-major as the plan reads them); constants are uploaded here,
+    /// each launch's outputs are allocated on this client and temporaries
+    /// are freed after their last reader, as [`Gpu::run`] does. On return
+    /// `handles` holds the plan's outputs.
+    pub fn run_resident(&self, plan: &Plan, handles: &mut Vec<Option<Handle>>) -> Result<(), GpuError> {
         self.check(plan)?;
-        let mut last = vec![None; plan.buffers.len()];
-        let mut written = vec![false; plan.buffers.len()];
-        for (n, &i) in launches.iter().enumerate() {
-            let l = &plan.launches[i];
-            for &b in &l.bindings[..l.bindings.len() - l.spec.outputs()] {
-                last[b] = Some(n);
-                let present = handles[b].is_some() || written[b];
-                match &plan.buffers[b].role {
-                    BufferRole::Constant { .. } | BufferRole::Temp if present => {}
-                    BufferRole::Constant { values } => handles[b] = Some(self.upload(values, plan.dtype)),
-                    BufferRole::Input { .. } if present => {}
-                    BufferRole::Input { name, .. } => return Err(GpuError::MissingInput(name.clone())),
-                    BufferRole::Temp => return Err(GpuError::MissingInput(format!("{} (buffer {b})", l.name))),
-                }
-            }
-            l.outputs().iter().for_each(|&b| written[b] = true);
+        let missing = plan.buffers.iter().find_map(|b| match &b.role {
+            BufferRole::Input { name, .. } if handles[b.id].is_none() => Some(name.clone()),
+            _ => None,
+        });
+        if let Some(name) = missing {
+            return Err(GpuError::MissingInput(name));
         }
-        for (n, &i) in launches.iter().enumerate() {
-            let l = &plan.launches[i];
-            for &out in l.outputs() {
-                handles[out] = Some(self.client.empty(plan.buffer_bytes(out) as usize));
-            }
-            self.launch(l.name.as_str(), &l.spec, &l.bindings, plan, handles);
-            for (b, h) in handles.iter_mut().enumerate() {
-                let input = matches!(plan.buffers[b].role, BufferRole::Input { .. });
-                if last[b] == Some(n) && !input && !keep.contains(&b) {
-                    *h = None;
-                }
-            }
-        }
-        Ok(())
+        let mut state = Prepared { handles: std::mem::take(handles), stats: RunStats::default(), live: 0 };
+        self.upload_buffers(plan, &BTreeMap::new(), &mut state, |role| matches!(role, BufferRole::Constant { .. }))?;
+        let ran = self.launch_all(plan, 0..plan.launches.len(), &mut state, None);
+        *handles = state.handles;
+        ran
     }
 
     /// Upload the input (by name) and constant buffers `pick` selects.
