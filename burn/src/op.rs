@@ -198,6 +198,9 @@ impl AttncOp {
         let program = &self.inner.program;
         let refs: Vec<&[usize]> = shapes.iter().map(Vec::as_slice).collect();
         let dims = attnc_runtime::bind::solve_dims(program, &refs, &BTreeSet::new())?;
+        // The tensors stay on the device: a read's range may not rest on their entries.
+        attnc_runtime::interp::reach::check(program, None, &dims)
+            .map_err(|e| Error::new(Code::OutOfRange, format!("{}: {e}", self.inner.name)))?;
         let outputs: Vec<String> = program.outputs.iter().map(|(n, _)| n.clone()).collect();
         let forward = bind(plan::plan(program, &dims).in_dtype(Dtype::F32), program, &outputs);
         let grad = if tracked.is_empty() {

@@ -298,6 +298,17 @@ impl fmt::Display for Func {
     }
 }
 
+/// `e` as written in a function of `params` (captures by position: `#0[...]`).
+pub fn expr_text(e: &FExpr, params: &[String]) -> String {
+    struct Text<'a>(&'a FExpr, &'a [String]);
+    impl fmt::Display for Text<'_> {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            write_expr(self.0, self.1, f)
+        }
+    }
+    Text(e, params).to_string()
+}
+
 fn write_expr(e: &FExpr, params: &[String], f: &mut fmt::Formatter<'_>) -> fmt::Result {
     let list = |xs: &[&FExpr], f: &mut fmt::Formatter<'_>| -> fmt::Result {
         for (n, x) in xs.iter().enumerate() {

@@ -45,6 +45,15 @@ pub trait Leaves {
     fn read(&self, capture: usize, index: Vec<i64>) -> Result<f64, Self::Error>;
     /// `FExpr::ReadBound`: the least (`max` false) or greatest entry over the box.
     fn read_bound(&self, capture: usize, lo: &[i64], hi: &[i64], max: bool) -> Result<f64, Self::Error>;
+    /// Integer `e` evaluates to `value`, outside 32 bits ([`int32`]).
+    fn overflow(&self, e: &FExpr, value: i128) -> Self::Error;
+}
+
+/// A function's integers are 32-bit (as in every kernel): `v` if it fits,
+/// else the error of an overflow. The interpreter computes exactly and
+/// refuses what a kernel would wrap.
+pub fn int32(v: i128) -> Option<i64> {
+    (i32::MIN as i128..=i32::MAX as i128).contains(&v).then_some(v as i64)
 }
 
 /// `e` with the function's parameters `args`.
@@ -52,7 +61,7 @@ pub fn eval<L: Leaves>(e: &FExpr, args: &[FVal], leaves: &L) -> Result<FVal, L::
     let go = |x: &FExpr| eval(x, args, leaves);
     Ok(match e {
         FExpr::Param(n) => args[*n],
-        FExpr::Int(v) => FVal::Int(*v),
+        FExpr::Int(v) => checked(e, *v as i128, leaves)?,
         FExpr::Float(v) => FVal::Float(*v),
         FExpr::Bool(v) => FVal::Bool(*v),
         FExpr::Dim(d) => FVal::Int(leaves.dim(d)),
@@ -67,12 +76,12 @@ pub fn eval<L: Leaves>(e: &FExpr, args: &[FVal], leaves: &L) -> Result<FVal, L::
         }
         FExpr::ToFloat(x) => FVal::Float(go(x)?.int() as f64),
         FExpr::Neg(x) => match go(x)? {
-            FVal::Int(v) => FVal::Int(v.wrapping_neg()),
+            FVal::Int(v) => checked(e, -(v as i128), leaves)?,
             v => FVal::Float(-v.float()),
         },
         FExpr::Not(x) => FVal::Bool(!go(x)?.bool()),
         FExpr::Unary(op, x) => match go(x)? {
-            FVal::Int(v) => FVal::Int(v.wrapping_abs()),
+            FVal::Int(v) => checked(e, (v as i128).abs(), leaves)?,
             v => FVal::Float(scalar::unary(*op, v.float())),
         },
         FExpr::Where(c, a, b) => {
@@ -82,11 +91,59 @@ pub fn eval<L: Leaves>(e: &FExpr, args: &[FVal], leaves: &L) -> Result<FVal, L::
                 go(b)?
             }
         }
-        FExpr::Bin(op, a, b) => binary(*op, go(a)?, go(b)?),
+        FExpr::Bin(op, a, b) => match binary(*op, go(a)?, go(b)?) {
+            Exact::Int(v) => checked(e, v, leaves)?,
+            Exact::Val(v) => v,
+        },
     })
 }
 
-fn binary(op: FBin, a: FVal, b: FVal) -> FVal {
+/// An int result, or the leaves' overflow error.
+fn checked<L: Leaves>(e: &FExpr, v: i128, leaves: &L) -> Result<FVal, L::Error> {
+    int32(v).map(FVal::Int).ok_or_else(|| leaves.overflow(e, v))
+}
+
+/// A binary operation's result: an exact integer (checked by the caller), or a value.
+#[derive(Debug, PartialEq)]
+pub(crate) enum Exact {
+    Int(i128),
+    Val(FVal),
+}
+
+pub(crate) fn binary(op: FBin, a: FVal, b: FVal) -> Exact {
+    match (a, b) {
+        (FVal::Int(x), FVal::Int(y)) => int_binary(op, x as i128, y as i128),
+        (x, y) => Exact::Val(value_binary(op, x, y)),
+    }
+}
+
+/// `op` on exact integers: arithmetic as `Exact::Int`, comparisons as values.
+fn int_binary(op: FBin, x: i128, y: i128) -> Exact {
+    Exact::Int(match op {
+        FBin::Add => x + y,
+        FBin::Sub => x - y,
+        FBin::Mul => x * y,
+        FBin::FloorDiv => {
+            if y == 0 {
+                0
+            } else {
+                floor_div(x, y)
+            }
+        }
+        FBin::Rem => {
+            if y == 0 {
+                0
+            } else {
+                x - y * floor_div(x, y)
+            }
+        }
+        FBin::Max => x.max(y),
+        FBin::Min => x.min(y),
+        other => return Exact::Val(FVal::Bool(compare(other, x, y))),
+    })
+}
+
+pub(crate) fn value_binary(op: FBin, a: FVal, b: FVal) -> FVal {
     match (a, b) {
         (FVal::Bool(x), FVal::Bool(y)) => FVal::Bool(match op {
             FBin::And => x && y,
@@ -95,16 +152,6 @@ fn binary(op: FBin, a: FVal, b: FVal) -> FVal {
             FBin::Ne => x != y,
             other => unreachable!("`{}` on bools", other.symbol()),
         }),
-        (FVal::Int(x), FVal::Int(y)) => match op {
-            FBin::Add => FVal::Int(x.wrapping_add(y)),
-            FBin::Sub => FVal::Int(x.wrapping_sub(y)),
-            FBin::Mul => FVal::Int(x.wrapping_mul(y)),
-            FBin::FloorDiv => FVal::Int(if y == 0 { 0 } else { floor_div(x, y) }),
-            FBin::Rem => FVal::Int(if y == 0 { 0 } else { x - y * floor_div(x, y) }),
-            FBin::Max => FVal::Int(x.max(y)),
-            FBin::Min => FVal::Int(x.min(y)),
-            other => FVal::Bool(compare(other, x, y)),
-        },
         (x, y) => {
             let (x, y) = (x.float(), y.float());
             match op {
@@ -135,7 +182,7 @@ fn compare<T: PartialOrd>(op: FBin, x: T, y: T) -> bool {
 }
 
 /// ⌊x / y⌋ for y ≠ 0.
-fn floor_div(x: i64, y: i64) -> i64 {
+pub(crate) fn floor_div(x: i128, y: i128) -> i128 {
     let q = x / y;
     if (x % y != 0) && ((x < 0) != (y < 0)) {
         q - 1
@@ -152,8 +199,8 @@ mod tests {
     fn integer_division_floors_and_remainders_are_non_negative() {
         for (x, y, q, r) in [(7, 2, 3, 1), (-7, 2, -4, 1), (7, -2, -4, -1), (-7, -2, 3, -1), (6, 3, 2, 0), (5, 0, 0, 0)]
         {
-            assert_eq!(binary(FBin::FloorDiv, FVal::Int(x), FVal::Int(y)), FVal::Int(q), "floordiv({x}, {y})");
-            assert_eq!(binary(FBin::Rem, FVal::Int(x), FVal::Int(y)), FVal::Int(r), "{x} % {y}");
+            assert_eq!(binary(FBin::FloorDiv, FVal::Int(x), FVal::Int(y)), Exact::Int(q), "floordiv({x}, {y})");
+            assert_eq!(binary(FBin::Rem, FVal::Int(x), FVal::Int(y)), Exact::Int(r), "{x} % {y}");
         }
     }
 }

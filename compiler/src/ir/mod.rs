@@ -12,6 +12,7 @@
 
 mod func;
 pub mod func_eval;
+pub mod func_range;
 mod infer;
 mod op;
 mod program;

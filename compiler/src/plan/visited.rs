@@ -121,6 +121,7 @@ pub fn visited_fraction(spec: &KernelSpec) -> f64 {
         fn read_bound(&self, _: usize, _: &[i64], _: &[i64], _: bool) -> Result<f64, ()> {
             Err(())
         }
+        fn overflow(&self, _: &crate::ir::FExpr, _: i128) {}
     }
     let tiles = spec.attention_tiles();
     let (bq, bk) = (tiles.cube_rows().max(1), tiles.key_tile.max(1));

@@ -702,7 +702,8 @@ fn floor_div(x: i32, y: i32) -> i32 {
     let zero = y == i32::new(0);
     let d = select(zero, i32::new(1), y);
     let q = x / d;
-    let adjust = q * d != x && (x < i32::new(0)) != (d < i32::new(0));
+    // Signs differ: the sign bit of x ^ d (cubecl-cpp has no bool `!=`).
+    let adjust = q * d != x && (x ^ d) < i32::new(0);
     select(zero, i32::new(0), q - select(adjust, i32::new(1), i32::new(0)))
 }
 
@@ -754,7 +755,8 @@ fn not(x: bool) -> bool {
 
 #[cube]
 fn beq(x: bool, y: bool) -> bool {
-    x == y
+    // `y` where `x`, else `!y` (cubecl-cpp has no bool `==`).
+    select(x, y, !y)
 }
 
 #[cube]

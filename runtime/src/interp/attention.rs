@@ -49,15 +49,18 @@ impl<'a> Scores<'a> {
         }
     }
 
+    /// The pair's score, `None` where the key is hidden: by a mask, or by
+    /// a score of −∞ (FlexAttention's convention, under every weighting).
     pub fn at(&self, bi: usize, hi: usize, i: usize, j: usize) -> Result<Option<f64>, ReadError> {
         if !self.visible(bi, hi, i, j)? {
             return Ok(None);
         }
         let s = self.logit(bi, hi, i, j);
-        match &self.fns {
-            Some((AttnFns { score: Some(f), .. }, _)) => Ok(Some(self.call(f, s, [bi, hi, i, j])?.float())),
-            _ => Ok(Some(s)),
-        }
+        let z = match &self.fns {
+            Some((AttnFns { score: Some(f), .. }, _)) => self.call(f, s, [bi, hi, i, j])?.float(),
+            _ => s,
+        };
+        Ok((z != f64::NEG_INFINITY).then_some(z))
     }
 
     /// How the row's scores become weights.
@@ -95,7 +98,8 @@ impl<'a> Scores<'a> {
         if !self.visible(bi, hi, i, j)? {
             return Ok(None);
         }
-        self.source(bi, hi, i, j).map(Some)
+        // A score of −∞ hides the pair, as in [`Self::at`].
+        self.source(bi, hi, i, j).map(|src| (src[1] != f64::NEG_INFINITY).then_some(src))
     }
 
     /// [`Self::with_slope`] whatever the mask: with head mixing, the mask

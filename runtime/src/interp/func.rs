@@ -6,32 +6,61 @@
 use crate::tensor::Tensor;
 pub use attnc_compiler::ir::func_eval::FVal;
 use attnc_compiler::ir::func_eval::{self, Leaves};
-use attnc_compiler::ir::{AttnFns, DimValues, Func, Program};
+use attnc_compiler::ir::{AttnFns, DimValues, FExpr, Func, Program};
 use std::fmt;
 
-/// A read past the end of a captured tensor.
+/// A function's call that reads past the end of a captured tensor, or
+/// whose integer arithmetic leaves 32 bits (error E0604).
 #[derive(Clone, Debug, PartialEq)]
 pub struct ReadError {
-    pub tensor: String,
-    pub index: Vec<i64>,
-    pub shape: Vec<usize>,
+    pub fault: Fault,
+    /// Behind a condition the host check cannot decide before the run (on
+    /// the logit `s`, or an entry of a tensor it has no data of):
+    /// `interp::reach` refuses what may happen.
+    pub maybe: bool,
     /// Where: `score` or `mask`, and the call's (b, h, i, j).
     pub func: &'static str,
     pub at: [usize; 4],
 }
 
+/// What went wrong in the call.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Fault {
+    /// A read of `tensor` (of `shape`) at `index`; an axis the call cannot
+    /// pin down (`attnc_compiler::ir::func_range`) is the range it may take.
+    Read { tensor: String, index: Vec<(i64, i64)>, shape: Vec<usize> },
+    /// Integer expression `expr` is `value` (or may reach it), outside 32 bits.
+    Overflow { expr: String, value: i128 },
+}
+
 impl fmt::Display for ReadError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let index: Vec<String> = self.index.iter().map(i64::to_string).collect();
         let [b, h, i, j] = self.at;
-        write!(
-            f,
-            "the {} function reads `{}[{}]`, outside its shape {:?} (at b={b}, h={h}, i={i}, j={j})",
-            self.func,
-            self.tensor,
-            index.join(", "),
-            self.shape
-        )
+        let (reads, is) = if self.maybe { ("may read", "may be") } else { ("reads", "is") };
+        match &self.fault {
+            Fault::Read { tensor, index, shape } => {
+                let index: Vec<String> = index
+                    .iter()
+                    .map(|(lo, hi)| if lo == hi { lo.to_string() } else { format!("{lo}..={hi}") })
+                    .collect();
+                write!(
+                    f,
+                    "the {} function {reads} `{tensor}[{}]`, outside its shape {shape:?}",
+                    self.func,
+                    index.join(", ")
+                )?
+            }
+            Fault::Overflow { expr, value } => write!(
+                f,
+                "the {} function's integer `{expr}` {is} {value}, outside 32 bits (a function's integers are 32-bit)",
+                self.func
+            )?,
+        }
+        write!(f, " (at b={b}, h={h}, i={i}, j={j})")?;
+        if self.maybe {
+            write!(f, "; it stands behind a condition on the logit `s` or on a tensor on the device, which is not known before the run: keep the index in range wherever the pair is visible")?;
+        }
+        Ok(())
     }
 }
 
@@ -63,15 +92,26 @@ impl<'a> Env<'a> {
 /// Calls `func` on `args` (its parameters' values); `at` is the (b, h, i, j)
 /// an error names.
 pub fn call(func: &Func, args: &[FVal], env: &Env, at: [usize; 4]) -> Result<FVal, ReadError> {
-    func_eval::eval(&func.body, args, env).map_err(|(capture, index)| {
-        let (name, t) = env.captures[capture];
-        ReadError { tensor: name.to_string(), index, shape: t.shape.clone(), func: func.kind.name(), at }
+    func_eval::eval(&func.body, args, env).map_err(|raw| {
+        let fault = match raw {
+            Raw::Read(fault) => fault,
+            Raw::Overflow(e, value) => {
+                let names: Vec<&str> = env.captures.iter().map(|(name, _)| *name).collect();
+                Fault::Overflow { expr: expr_text(&e, &func.params, &names), value }
+            }
+        };
+        ReadError { fault, maybe: false, func: func.kind.name(), at }
     })
 }
 
-/// A read outside a tensor: which capture, at which index.
+/// A fault as the evaluator meets it (an expression not yet written out).
+pub enum Raw {
+    Read(Fault),
+    Overflow(FExpr, i128),
+}
+
 impl Leaves for Env<'_> {
-    type Error = (usize, Vec<i64>);
+    type Error = Raw;
 
     fn dim(&self, name: &str) -> i64 {
         self.dims[name] as i64
@@ -82,7 +122,9 @@ impl Leaves for Env<'_> {
         let mut flat = 0usize;
         for (i, n) in index.iter().zip(&t.shape) {
             if *i < 0 || *i as usize >= *n {
-                return Err((capture, index));
+                let (name, t) = self.captures[capture];
+                let index = index.iter().map(|i| (*i, *i)).collect();
+                return Err(Raw::Read(Fault::Read { tensor: name.to_string(), index, shape: t.shape.clone() }));
             }
             flat = flat * n + *i as usize;
         }
@@ -92,6 +134,19 @@ impl Leaves for Env<'_> {
     fn read_bound(&self, capture: usize, lo: &[i64], hi: &[i64], max: bool) -> Result<f64, Self::Error> {
         Ok(read_bound(self.captures[capture].1, lo, hi, max))
     }
+
+    fn overflow(&self, e: &FExpr, value: i128) -> Raw {
+        Raw::Overflow(e.clone(), value)
+    }
+}
+
+/// `e` as written in a function of `params`, captures by their input names.
+pub fn expr_text(e: &FExpr, params: &[String], captures: &[&str]) -> String {
+    let mut text = attnc_compiler::ir::expr_text(e, params);
+    for (n, name) in captures.iter().enumerate().rev() {
+        text = text.replace(&format!("#{n}["), &format!("{name}["));
+    }
+    text
 }
 
 /// The least (or, `max`, greatest) entry of `t` over the box `lo..=hi`,

@@ -11,7 +11,8 @@ mod mixed;
 /// the cost model share).
 pub use attnc_compiler::ir::scalar;
 
-pub use func::ReadError;
+pub use func::{Fault, ReadError};
+pub mod reach;
 
 use crate::tensor::Tensor;
 use attnc_compiler::ir::*;

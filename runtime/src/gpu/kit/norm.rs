@@ -109,6 +109,9 @@ fn push_hard(m: f32, l: f32, x: f32) -> Online {
         m2 = x;
     } else if x == m {
         l2 += f32::new(1.0);
+    } else if x.is_nan() {
+        // A NaN score makes the row NaN, as in the interpreter.
+        l2 = x;
     }
     Online { m: m2, l: l2 }
 }
@@ -132,9 +135,10 @@ pub fn weight(x: f32, m: f32, #[comptime] norm: Norm) -> f32 {
     if comptime![norm == Norm::Sigmoid] {
         sigmoid(x)
     } else if comptime![norm == Norm::Linear] {
-        select(x > f32::new(MASKED_BELOW), x, f32::new(0.0))
+        // NaN compares false: it stays, and makes the row NaN.
+        select(x < f32::new(MASKED_BELOW), f32::new(0.0), x)
     } else if comptime![norm == Norm::Hard] {
-        select(x == m, f32::new(1.0), f32::new(0.0))
+        select(x == m, f32::new(1.0), select(x.is_nan(), x, f32::new(0.0)))
     } else {
         (x - m).exp()
     }
