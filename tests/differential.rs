@@ -79,17 +79,12 @@ fn config() -> impl Strategy<Value = Config> {
     let sizes = (1usize..3, 1usize..70, 1usize..70, prop::sample::select(vec![4usize, 8, 16, 32]));
     let builtin = (prop::sample::select(vec!["none", "causal"]), prop::option::of(1usize..40));
     let weights = prop::sample::select(vec!["softmax", "softmax", "softmax", "sigmoid", "linear", "hard"]);
-    (
-        heads,
-        sizes,
-        prop::option::of(compared_score_body()),
-        prop::option::of(mask_body()),
-        builtin,
-        any::<bool>(),
-        weights,
-        any::<bool>(),
-    )
-        .prop_map(|((heads, kv_heads), (batch, m, n, d), score, mask, builtin, lengths, weights, mix)| Config {
+    // +∞ weighs linear attention's values infinitely: where they hold both
+    // signs the sum is NaN in the interpreter and may be ±∞ on the kernels
+    // (docs/semantics.md §9, a known gap), so it is not compared there.
+    let score = weights.prop_flat_map(|w| (Just(w), prop::option::of(compared_score_body(w != "linear"))));
+    (heads, sizes, score, prop::option::of(mask_body()), builtin, any::<bool>(), any::<bool>()).prop_map(
+        |((heads, kv_heads), (batch, m, n, d), (weights, score), mask, builtin, lengths, mix)| Config {
             batch,
             heads,
             kv_heads,
@@ -102,7 +97,8 @@ fn config() -> impl Strategy<Value = Config> {
             lengths,
             weights,
             mix: mix && weights == "softmax",
-        })
+        },
+    )
 }
 
 /// Where the two outputs differ: NaN or an infinity at different places,
@@ -197,4 +193,45 @@ fn agree(cfg: &Config, seed: u64, values: bool) -> Result<(), TestCaseError> {
         }
     }
     Ok(())
+}
+
+/// What the generated cases found, kept as regressions: `%` and `floordiv`
+/// by a non-power of two and bool `==`/`!=` did not emit CUDA (cubecl-cpp
+/// has no bool comparison); hard and linear weights dropped a NaN score;
+/// a score of −∞ was hidden on the kernels and not in the interpreter.
+#[test]
+fn regressions_found_by_generated_specs() {
+    let base = Config {
+        batch: 1,
+        heads: 2,
+        kv_heads: 1,
+        m: 9,
+        n: 13,
+        d: 4,
+        score: None,
+        mask: None,
+        builtin: ("causal", None),
+        lengths: false,
+        weights: "softmax",
+        mix: false,
+    };
+    let cases = [
+        (Some("s + 0.1 * t[0, floordiv(i, floordiv(j, -2147483648)) % N]"), None, "linear", true),
+        (Some("s + t[0, (7 % (j + 1))]"), None, "softmax", true),
+        (Some("where((i < j) == (j < 2), s, s + 1.0)"), Some("(i < 3) != (j < 5) or j <= i"), "softmax", false),
+        (Some("pow(0.01 * (i - 1) + t[h % 2, i % N], s)"), None, "hard", true),
+        (Some("where(j > 3, log(-1.0), s)"), None, "linear", false),
+        (Some("where(j > i, log(0.0), s)"), None, "linear", false),
+        (Some("log(0.0)"), None, "hard", false),
+    ];
+    for (seed, (score, mask, weights, lengths)) in cases.into_iter().enumerate() {
+        let cfg = Config {
+            score: score.map(str::to_string),
+            mask: mask.map(str::to_string),
+            weights,
+            lengths,
+            ..base.clone()
+        };
+        agree(&cfg, seed as u64, true).unwrap_or_else(|e| panic!("{e}"));
+    }
 }

@@ -29,8 +29,14 @@ fn seeded(c: &attnc_compiler::Compiled, seed: u64) -> BTreeMap<String, Tensor> {
     c.program.inputs.iter().map(|i| i.name.clone()).zip(drawn).collect()
 }
 
+/// Cases of the generated comparison: 300, or `ATTNC_REACH_CASES` (the
+/// long campaign of bench/RESULTS.md).
+fn cases() -> u32 {
+    std::env::var("ATTNC_REACH_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(300)
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(300))]
+    #![proptest_config(ProptestConfig { cases: cases(), failure_persistence: None, ..ProptestConfig::default() })]
 
     /// The check against the interpreter's own evaluation: it refuses every
     /// program the interpreter fails on, at the same call with the same

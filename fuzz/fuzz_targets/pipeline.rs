@@ -20,12 +20,22 @@ const SPECS: &[&str] = &[
     include_str!("../../stdlib/maxrl.attn"),
     include_str!("../../stdlib/gdpo.attn"),
     include_str!("../../stdlib/odrpo.attn"),
+    include_str!("../../stdlib/alibi.attn"),
+    include_str!("../../stdlib/softcap.attn"),
+    include_str!("../../stdlib/document.attn"),
+    include_str!("../../stdlib/relative_bias.attn"),
+    include_str!("../../stdlib/sinks.attn"),
+    include_str!("../../stdlib/kvcache.attn"),
+    include_str!("../../stdlib/gpt_oss.attn"),
+    include_str!("../../stdlib/talking_heads.attn"),
 ];
 
 const REPLACEMENTS: &[&str] = &[
     "0", "1", "2", "3", "7", "64", "-1", "1e30", "0.5", "none", "true", "H", "P", "d", "N", "B", "G", "K", "x", "q",
     "causal", "token_causal", "all", "*", "+", "@", "/", "(", ")", "[", "]", ",", "=", "==", "let", "output",
     "attention(q, k, v)", "mean(rewards, axis = 1)", "split_heads(x, 3)", "interleave(q)", "where(1, 2, 3)",
+    "i - j", "i * 100000 * 100000", "floordiv(i, 0)", "j % 7", "0.0 / 0.0", "log(0.0)", "1e39", "2147483647", "not",
+    "and", "or", "s", "|", "sigmoid", "linear", "hard", "bias[h, i - j]",
 ];
 
 fuzz_target!(|data: &[u8]| {

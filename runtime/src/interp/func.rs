@@ -13,7 +13,7 @@ use std::fmt;
 /// whose integer arithmetic leaves 32 bits (error E0604).
 #[derive(Clone, Debug, PartialEq)]
 pub struct ReadError {
-    pub fault: Fault,
+    pub fault: Box<Fault>,
     /// Behind a condition the host check cannot decide before the run (on
     /// the logit `s`, or an entry of a tensor it has no data of):
     /// `interp::reach` refuses what may happen.
@@ -37,7 +37,7 @@ impl fmt::Display for ReadError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let [b, h, i, j] = self.at;
         let (reads, is) = if self.maybe { ("may read", "may be") } else { ("reads", "is") };
-        match &self.fault {
+        match self.fault.as_ref() {
             Fault::Read { tensor, index, shape } => {
                 let index: Vec<String> = index
                     .iter()
@@ -100,7 +100,7 @@ pub fn call(func: &Func, args: &[FVal], env: &Env, at: [usize; 4]) -> Result<FVa
                 Fault::Overflow { expr: expr_text(&e, &func.params, &names), value }
             }
         };
-        ReadError { fault, maybe: false, func: func.kind.name(), at }
+        ReadError { fault: Box::new(fault), maybe: false, func: func.kind.name(), at }
     })
 }
 

@@ -235,6 +235,6 @@ impl Attention<'_> {
             }
             RangeFault::Maybe(_) => unreachable!("one level"),
         };
-        ReadError { fault, maybe, func: f.kind.name(), at: [c.b, c.h.0, c.i.0, c.j.0] }
+        ReadError { fault: Box::new(fault), maybe, func: f.kind.name(), at: [c.b, c.h.0, c.i.0, c.j.0] }
     }
 }
