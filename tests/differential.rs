@@ -198,7 +198,8 @@ fn agree(cfg: &Config, seed: u64, values: bool) -> Result<(), TestCaseError> {
 /// What the generated cases found, kept as regressions: `%` and `floordiv`
 /// by a non-power of two and bool `==`/`!=` did not emit CUDA (cubecl-cpp
 /// has no bool comparison); hard and linear weights dropped a NaN score;
-/// a score of −∞ was hidden on the kernels and not in the interpreter.
+/// a score of −∞ was hidden on the kernels and not in the interpreter;
+/// cubecl folded `floordiv(-5, 64)` (a shift of a constant) wrongly.
 #[test]
 fn regressions_found_by_generated_specs() {
     let base = Config {
@@ -223,6 +224,7 @@ fn regressions_found_by_generated_specs() {
         (Some("where(j > 3, log(-1.0), s)"), None, "linear", false),
         (Some("where(j > i, log(0.0), s)"), None, "linear", false),
         (Some("log(0.0)"), None, "hard", false),
+        (Some("s + 0.5 * tanh(where(i > floordiv(-5, 64), s, -2.0))"), None, "softmax", true),
     ];
     for (seed, (score, mask, weights, lengths)) in cases.into_iter().enumerate() {
         let cfg = Config {
