@@ -56,6 +56,24 @@ pub fn int32(v: i128) -> Option<i64> {
     (i32::MIN as i128..=i32::MAX as i128).contains(&v).then_some(v as i64)
 }
 
+/// Leaves without data (plans, constants): every read fails, and so does
+/// an overflow; a dim is resolved before.
+pub struct NoData;
+
+impl Leaves for NoData {
+    type Error = ();
+    fn dim(&self, name: &str) -> i64 {
+        unreachable!("dim `{name}` is resolved in plans")
+    }
+    fn read(&self, _: usize, _: Vec<i64>) -> Result<f64, ()> {
+        Err(())
+    }
+    fn read_bound(&self, _: usize, _: &[i64], _: &[i64], _: bool) -> Result<f64, ()> {
+        Err(())
+    }
+    fn overflow(&self, _: &FExpr, _: i128) {}
+}
+
 /// `e` with the function's parameters `args`.
 pub fn eval<L: Leaves>(e: &FExpr, args: &[FVal], leaves: &L) -> Result<FVal, L::Error> {
     let go = |x: &FExpr| eval(x, args, leaves);

@@ -101,7 +101,7 @@ pub(super) fn read_trips(fns: &Option<KernelFns>, rows: usize, tile: usize, tile
 /// them. A tile whose functions read a tensor counts as visited (no data
 /// at plan time).
 pub fn visited_fraction(spec: &KernelSpec) -> f64 {
-    use crate::ir::func_eval::{eval, FVal, Leaves};
+    use crate::ir::func_eval::{eval, FVal, NoData};
     let (KernelSpec::Attention { shape: AttnShape { batch, h, s, sk, fns: Some(f), .. }, .. }
     | KernelSpec::AttentionLse { shape: AttnShape { batch, h, s, sk, fns: Some(f), .. }, .. }
     | KernelSpec::AttentionGrad { shape: AttnShape { batch, h, s, sk, fns: Some(f), .. }, .. }) = spec
@@ -109,20 +109,6 @@ pub fn visited_fraction(spec: &KernelSpec) -> f64 {
         return 1.0;
     };
     let Some(t) = &f.tiles else { return 1.0 };
-    struct NoData;
-    impl Leaves for NoData {
-        type Error = ();
-        fn dim(&self, name: &str) -> i64 {
-            unreachable!("dim `{name}` is resolved in plans")
-        }
-        fn read(&self, _: usize, _: Vec<i64>) -> Result<f64, ()> {
-            Err(())
-        }
-        fn read_bound(&self, _: usize, _: &[i64], _: &[i64], _: bool) -> Result<f64, ()> {
-            Err(())
-        }
-        fn overflow(&self, _: &crate::ir::FExpr, _: i128) {}
-    }
     let tiles = spec.attention_tiles();
     let (bq, bk) = (tiles.cube_rows().max(1), tiles.key_tile.max(1));
     // Heads and batches alike unless the functions say otherwise: sample the first of each.

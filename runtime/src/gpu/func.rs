@@ -492,26 +492,12 @@ impl Fns {
 
 /// `e`'s value where it is an int constant (no parameter, read or dim).
 fn constant_int(e: &FExpr) -> Option<i32> {
-    use attnc_compiler::ir::func_eval::{eval, FVal, Leaves};
-    struct NoLeaves;
-    impl Leaves for NoLeaves {
-        type Error = ();
-        fn dim(&self, name: &str) -> i64 {
-            unreachable!("dim `{name}` in a constant")
-        }
-        fn read(&self, _: usize, _: Vec<i64>) -> Result<f64, ()> {
-            Err(())
-        }
-        fn read_bound(&self, _: usize, _: &[i64], _: &[i64], _: bool) -> Result<f64, ()> {
-            Err(())
-        }
-        fn overflow(&self, _: &FExpr, _: i128) {}
-    }
+    use attnc_compiler::ir::func_eval::{eval, FVal, NoData};
     let mut constant = true;
     e.walk(&mut |x| {
         constant &= !matches!(x, FExpr::Param(_) | FExpr::Read { .. } | FExpr::ReadBound { .. } | FExpr::Dim(_))
     });
-    match constant.then(|| eval(e, &[], &NoLeaves)) {
+    match constant.then(|| eval(e, &[], &NoData)) {
         Some(Ok(FVal::Int(v))) => i32::try_from(v).ok(),
         _ => None,
     }
