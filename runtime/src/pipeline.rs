@@ -468,7 +468,7 @@ impl Bound {
     /// memory and a stream the caller owns ([`Kernels::launch`]); bf16 and
     /// tf32 as [`Bound::in_dtype`] says.
     pub fn cuda_kernels(&self, cuda: &Cuda) -> Result<Kernels, Error> {
-        self.check_reads()?;
+        self.check_reads(self.tensors().ok().as_deref())?;
         let plan = self.plan_for(Some(cuda.compute_units()));
         let (files, manifest) = Self::emit_plan(&plan, emit::Target::Cuda)?;
         Ok(cuda.load(&files, manifest)?)
@@ -506,7 +506,7 @@ impl Bound {
 
     /// Run the kernels on a device one already has.
     pub fn run_on(&self, gpu: &Gpu) -> Result<BTreeMap<String, Tensor>, Error> {
-        self.check_reads()?;
+        self.check_reads(Some(&self.tensors()?))?;
         bind::check_exact_reads(&self.chosen, &self.inputs)?;
         let (outputs, _) = gpu.run(&self.plan_on(Some(gpu)), &self.inputs)?;
         Ok(self.name_outputs(outputs))
@@ -514,8 +514,8 @@ impl Bound {
 
     /// The float64 interpreter's outputs (the program's meaning).
     pub fn interpret(&self) -> Result<BTreeMap<String, Tensor>, Error> {
-        self.check_reads()?;
         let tensors = self.tensors()?;
+        self.check_reads(Some(&tensors))?;
         let outputs = interp::try_evaluate(&self.chosen, &tensors, &self.dims)
             .map_err(|e| RunError::OutOfRange(e.to_string()))?;
         Ok(self.name_outputs(outputs))
@@ -524,16 +524,14 @@ impl Bound {
     /// Refuse (E0604) a program whose score or mask function may read
     /// outside a captured tensor or leave 32-bit integers for some call
     /// (`interp::reach`), before any backend runs it. The captured tensors'
-    /// entries count where the program is bound to inputs.
-    pub fn check_reads(&self) -> Result<(), Error> {
-        let tensors = self.tensors().ok();
-        interp::reach::check(&self.chosen, tensors.as_deref(), &self.dims)
-            .map_err(|e| RunError::OutOfRange(e.to_string()))?;
+    /// entries count where `tensors` (the inputs in declaration order) are given.
+    pub fn check_reads(&self, tensors: Option<&[Tensor]>) -> Result<(), Error> {
+        interp::reach::check(&self.chosen, tensors, &self.dims).map_err(|e| RunError::OutOfRange(e.to_string()))?;
         Ok(())
     }
 
     /// The inputs in declaration order; an error for a program bound without them.
-    fn tensors(&self) -> Result<Vec<Tensor>, Error> {
+    pub fn tensors(&self) -> Result<Vec<Tensor>, Error> {
         let named = |i: &attnc_compiler::ir::Input| {
             self.inputs.get(&i.name).cloned().ok_or_else(|| {
                 RunError::TensorFile(format!("input `{}` is not bound (bind inputs or draw them with a seed)", i.name))

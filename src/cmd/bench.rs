@@ -46,7 +46,7 @@ fn once(a: &BenchArgs, set: &[String], ui: &Ui) -> Result<(String, gpu::bench::B
         let _step = ui.step("optimizing");
         bound = bound.optimize(target, Mode::Inference);
     }
-    bound.check_reads().map_err(fail)?;
+    bound.check_reads(Some(&bound.tensors().map_err(fail)?)).map_err(fail)?;
     let gpu = match a.backend.pipeline().device().map_err(fail)?.expect("a kernel backend has a device") {
         Device::Wgpu(gpu) => gpu,
         Device::Cuda(cuda) => {
