@@ -197,13 +197,26 @@ fn smooth() -> BoxedStrategy<String> {
     .boxed()
 }
 
+/// Which infinite scores a compared score function may take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Infinite {
+    /// None: −∞ and +∞ both leave a mixed logit to the driver's arithmetic.
+    Neither,
+    /// −∞ (which hides the key): +∞ weighs linear attention's values infinitely.
+    Minus,
+    Both,
+}
+
 /// A compared score function's body: a bounded change of `s`, a raw smooth
-/// expression, or either where a condition holds and −∞ (which hides the
-/// key), NaN, an `s`-free term or, with `infinite`, +∞ elsewhere.
-pub fn compared_score_body(infinite: bool) -> BoxedStrategy<String> {
+/// expression, or either where a condition holds and NaN, an `s`-free term
+/// or the infinities `infinite` allows (−∞ hides the key) elsewhere.
+pub fn compared_score_body(infinite: Infinite) -> BoxedStrategy<String> {
     let bounded = smooth().prop_map(|e| format!("s + 0.5 * tanh({e})")).boxed();
-    let mut ends = vec!["log(0.0)", "0.0 / 0.0"];
-    if infinite {
+    let mut ends = vec!["0.0 / 0.0"];
+    if infinite != Infinite::Neither {
+        ends.push("log(0.0)");
+    }
+    if infinite == Infinite::Both {
         ends.push("-log(0.0)");
     }
     let other = prop_oneof![prop::sample::select(ends).prop_map(str::to_string), exact_term()];

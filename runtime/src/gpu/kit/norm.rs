@@ -267,12 +267,13 @@ fn inverse_with_sink(state: &Array<f32>) -> f32 {
     inv
 }
 
-/// A row's log-sum-exp from its running max `m` and sum `l`: `m + ln(l)`,
-/// or `empty` for a row that saw no key.
+/// A row's log-sum-exp from its running max `m` and sum `l`: `m + ln(l)`
+/// (NaN where a NaN score made the sum NaN), or `empty` for a row that saw
+/// no key.
 #[cube]
 pub fn log_sum_exp(m: f32, l: f32, #[comptime] empty: f32) -> f32 {
     let mut v = f32::new(empty);
-    if l > f32::new(0.0) {
+    if l != f32::new(0.0) {
         v = m + l.ln();
     }
     v
@@ -314,7 +315,7 @@ pub fn stat(m: f32, l: f32, t: f32, #[comptime] norm: Norm) -> f32 {
 #[cube]
 fn lse_with_sink(m: f32, l: f32, t: f32) -> f32 {
     let mut v = f32::new(NO_KEYS);
-    if l > f32::new(0.0) {
+    if l != f32::new(0.0) {
         let top = max(m, t);
         v = top + (l * (m - top).exp() + (t - top).exp()).ln();
     }
@@ -340,10 +341,12 @@ pub fn store_lse(
     }
 }
 
-/// Whether a stored log-sum-exp `l` is a row's that saw a key.
+/// Whether a stored log-sum-exp `l` is a row's that saw a key (a NaN one
+/// is: its NaN reaches the row's weights, as in the interpreter).
 #[cube]
 pub fn live(l: f32) -> bool {
-    l > f32::new(NO_KEYS_BELOW)
+    // Not `!(l < …)`: Mesa folds that to `l >= …`, false for NaN.
+    l > f32::new(NO_KEYS_BELOW) || l.is_nan()
 }
 
 /// The stored log-sum-exp at `lse[at]` for [`prob`]: [`DEAD_ROW`] where
