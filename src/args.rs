@@ -172,6 +172,13 @@ pub struct BenchArgs {
     pub inputs: Option<PathBuf>,
 }
 
+impl BenchArgs {
+    /// `--warmup` and `--iters`.
+    pub fn reps(&self) -> attnc_runtime::gpu::bench::Reps {
+        attnc_runtime::gpu::bench::Reps { warmup: self.warmup, iters: self.iters }
+    }
+}
+
 // `attnc explain`.
 #[derive(Args)]
 pub struct ExplainArgs {

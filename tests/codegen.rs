@@ -19,7 +19,7 @@ fn small(spec: &str) -> Vec<(&'static str, String)> {
         // Attention with score and mask functions over given q, k, v.
         "alibi" | "softcap" => &[("H", "2"), ("H_kv", "1"), ("d", "4"), ("M", "5"), ("N", "7")],
         "relative_bias" => &[("H", "2"), ("H_kv", "1"), ("d", "4"), ("M", "5"), ("N", "7"), ("R", "3")],
-        "document" | "prefix_lm" | "sinks" => &[("H", "2"), ("H_kv", "1"), ("d", "4"), ("N", "7")],
+        "document" | "prefix_lm" | "sinks" | "sigmoid" => &[("H", "2"), ("H_kv", "1"), ("d", "4"), ("N", "7")],
         "gpt_oss" => &[("H", "2"), ("H_kv", "1"), ("d", "4"), ("N", "7"), ("window", "3")],
         "talking_heads" => &[("H", "2"), ("d", "4"), ("N", "5")],
         "kvcache" => &[("H", "2"), ("H_kv", "1"), ("d", "4"), ("M", "2"), ("N", "7"), ("window_left", "3")],

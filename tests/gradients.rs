@@ -143,6 +143,8 @@ fn function_cases() -> Vec<(&'static str, Vec<(&'static str, String)>)> {
         ("relative_bias", sets(&[("H", "2"), ("d", "3"), ("M", "5"), ("N", "8"), ("R", "2")])),
         // The learned sinks (a weight).
         ("gpt_oss", sets(&[("H", "2"), ("H_kv", "1"), ("d", "3"), ("N", "9"), ("window", "4")])),
+        // Sigmoid weights, their bias a score function.
+        ("sigmoid", sets(&[("H", "2"), ("H_kv", "1"), ("d", "3"), ("N", "9"), ("window", "4")])),
     ]
 }
 

@@ -401,8 +401,8 @@ fn explain_reports_for_every_stdlib_spec() {
     for spec in stdlib_names() {
         let attention = ["iha", "mha", "gqa", "mqa", "talking_heads", "diff"].contains(&spec.as_str());
         // Attention cores with functions over given q, k, v (M queries where the spec has them).
-        let core =
-            ["alibi", "softcap", "document", "prefix_lm", "sinks", "relative_bias", "gpt_oss"].contains(&spec.as_str());
+        let core = ["alibi", "softcap", "document", "prefix_lm", "sinks", "relative_bias", "gpt_oss", "sigmoid"]
+            .contains(&spec.as_str());
         let queries = ["alibi", "softcap", "relative_bias"].contains(&spec.as_str());
         // Serving: a decode step and a prefill chunk over a 32768-row cache.
         let serving = ["kvcache", "paged"].contains(&spec.as_str());

@@ -61,6 +61,7 @@ const STDLIB: &[(&str, &str)] = &[
     ("prefix_lm", include_str!("../../stdlib/prefix_lm.attn")),
     ("relative_bias", include_str!("../../stdlib/relative_bias.attn")),
     ("rloo", include_str!("../../stdlib/rloo.attn")),
+    ("sigmoid", include_str!("../../stdlib/sigmoid.attn")),
     ("sinks", include_str!("../../stdlib/sinks.attn")),
     ("softcap", include_str!("../../stdlib/softcap.attn")),
     ("talking_heads", include_str!("../../stdlib/talking_heads.attn")),

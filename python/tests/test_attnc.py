@@ -34,6 +34,7 @@ CASES = [
     ("iha", {"N": 13, "H": 2, "P": 3, "d": 6}),
     ("iha", {"N": 11, "H": 3, "P": 2, "d": 4, "mask": "token_causal", "collapse": "per_head", "rope": 100.0}),
     ("gpt_oss", {"N": 21, "H": 4, "H_kv": 2, "d": 8, "window": 5}),
+    ("sigmoid", {"N": 23, "H": 4, "H_kv": 2, "d": 8, "mask": "none"}),
     ("grpo", {}),
     ("grpo", {"std": "bessel", "G": 5}),
     ("dr_grpo", {}),

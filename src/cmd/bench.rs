@@ -65,8 +65,7 @@ fn once(a: &BenchArgs, set: &[String], ui: &Ui) -> Result<(String, gpu::bench::B
         a.warmup,
         a.iters
     ));
-    let mut result =
-        gpu::bench::bench(&gpu, &plan, bound.inputs(), a.warmup, a.iters).map_err(|e| report(Code::Backend, e))?;
+    let mut result = gpu::bench::bench(&gpu, &plan, bound.inputs(), a.reps()).map_err(|e| report(Code::Backend, e))?;
     if let Some(p) = gpu::bench::plain_attention_source(&plan) {
         let ours = result.kernels.iter().find(|k| k.name == p.launch).map(|k| k.median);
         let plain = plain_attention(&p.source, &bound, &gpu, a);
@@ -83,7 +82,7 @@ fn plain_attention(source: &str, bench: &Bound, gpu: &gpu::exec::Gpu, a: &BenchA
     let program = Compiler::new("plain attention", source).compile().map_err(|e| e.to_string())?;
     let bound = program.seeded(0).map_err(|e| e.to_string())?.in_dtype(bench.dtype());
     let plan = bound.plan_on(Some(gpu));
-    gpu::bench::time_plain_attention(gpu, &plan, bound.inputs(), a.warmup, a.iters)
+    gpu::bench::time_plain_attention(gpu, &plan, bound.inputs(), a.reps())
 }
 
 /// `--sweep NAME=V1,V2,…`: a benchmark per value, a row each, and a plot.

@@ -171,15 +171,16 @@ struct Timed {
     prepare: f64,
 }
 
+/// How often a benchmark runs: `warmup` runs untimed, then `iters` timed.
+#[derive(Clone, Copy, Debug)]
+pub struct Reps {
+    pub warmup: usize,
+    pub iters: usize,
+}
+
 /// The medians of `plan`'s launches on `inputs` (see [`Timed`]).
-fn time_launches(
-    gpu: &Gpu,
-    plan: &Plan,
-    inputs: &BTreeMap<String, Tensor>,
-    warmup: usize,
-    iters: usize,
-) -> Result<Timed, GpuError> {
-    let iters = iters.max(1);
+fn time_launches(gpu: &Gpu, plan: &Plan, inputs: &BTreeMap<String, Tensor>, reps: Reps) -> Result<Timed, GpuError> {
+    let (warmup, iters) = (reps.warmup, reps.iters.max(1));
     // The weights are prepared once (a first time to build its kernels).
     gpu.prepare(plan, inputs, None)?;
     let mut once = vec![];
@@ -214,23 +215,16 @@ pub fn time_plain_attention(
     gpu: &Gpu,
     plan: &Plan,
     inputs: &BTreeMap<String, Tensor>,
-    warmup: usize,
-    iters: usize,
+    reps: Reps,
 ) -> Result<f64, String> {
-    let timed = time_launches(gpu, plan, inputs, warmup, iters).map_err(|e| e.to_string())?;
+    let timed = time_launches(gpu, plan, inputs, reps).map_err(|e| e.to_string())?;
     let at = plan.launches.iter().position(|l| matches!(l.spec, KernelSpec::Attention { .. }));
     at.map(|i| timed.per[i]).ok_or_else(|| "no attention launch in its plan".to_string())
 }
 
-pub fn bench(
-    gpu: &Gpu,
-    plan: &Plan,
-    inputs: &BTreeMap<String, Tensor>,
-    warmup: usize,
-    iters: usize,
-) -> Result<BenchReport, GpuError> {
-    let Timed { per, total, prepare } = time_launches(gpu, plan, inputs, warmup, iters)?;
-    let iters = iters.max(1);
+pub fn bench(gpu: &Gpu, plan: &Plan, inputs: &BTreeMap<String, Tensor>, reps: Reps) -> Result<BenchReport, GpuError> {
+    let Timed { per, total, prepare } = time_launches(gpu, plan, inputs, reps)?;
+    let (warmup, iters) = (reps.warmup, reps.iters.max(1));
     let kernels: Vec<KernelTiming> = plan
         .launches
         .iter()

@@ -273,14 +273,14 @@ impl IrKernel {
                     // The side buffer, bound after `b`: `x @ w + y`'s addend, or where a
                     // mixing epilogue keeps the product.
                     let side = (add || mix.is_some_and(|m| m.keep)).then(|| &bufs[2]);
-                    let ab = (&bufs[0], &bufs[1]);
+                    let x = gemm::Operands { a: &bufs[0], b: &bufs[1], side, out: &mut out };
                     if self.mma != Mma::Off {
                         let hardware = self.mma == Mma::Hardware;
-                        mma::build_gemm::<N>(scope, ab, side, &mut out, &shape, lanes, (hardware, self.dtype))
+                        mma::build_gemm::<N>(scope, x, &shape, lanes, (hardware, self.dtype))
                     } else if self.staged {
-                        gemm::build_staged::<N>(scope, ab, side, &mut out, &shape, lanes)
+                        gemm::build_staged::<N>(scope, x, &shape, lanes)
                     } else {
-                        gemm::build::<N>(scope, ab, side, &mut out, &shape, lanes, self.plane)
+                        gemm::build::<N>(scope, x, &shape, lanes, self.plane)
                     }
                 }
                 KernelSpec::AttentionGrad {

@@ -15,6 +15,12 @@ use attnc_compiler::sparsity::{reads, TileFns};
 const BIG: f32 = 3.0e38;
 use cubecl::prelude::*;
 
+/// The expanded `usize`, `f32` and `bool` of `#[cube]` code, as the hooks
+/// and the function emitters pass them.
+type Ix = NativeExpand<usize>;
+type Fl = NativeExpand<f32>;
+type Bl = NativeExpand<bool>;
+
 /// A tensor a function reads: its buffer (bound after the kernel's own),
 /// shape, and elements a value (`plan::Plan::elements_per_value`).
 pub struct Capture {
@@ -32,7 +38,7 @@ pub struct Fns {
     /// The capture holding a softmax's sink logits (`[H]`).
     pub sink: Option<usize>,
     /// The reads `prep_hook` made before a `#[cube]` kernel's tile loop.
-    pub prepared: std::cell::RefCell<Vec<NativeExpand<f32>>>,
+    pub prepared: std::cell::RefCell<Vec<Fl>>,
 }
 
 /// Attention's functions `f` over the capture buffers `caps` (bound after
@@ -114,12 +120,12 @@ pub mod read_hook {
     pub fn expand(
         scope: &Scope,
         acc: &mut NativeExpand<Array<f32>>,
-        x: NativeExpand<f32>,
-        s: NativeExpand<f32>,
-        b: NativeExpand<usize>,
-        h: NativeExpand<usize>,
-        i: NativeExpand<usize>,
-        j: NativeExpand<usize>,
+        x: Fl,
+        s: Fl,
+        b: Ix,
+        h: Ix,
+        i: Ix,
+        j: Ix,
         capture: usize,
         hook: Hook,
     ) {
@@ -142,16 +148,7 @@ pub mod read_hook {
 pub mod index_hook {
     use super::*;
     #[allow(clippy::too_many_arguments)]
-    pub fn expand(
-        scope: &Scope,
-        b: NativeExpand<usize>,
-        h: NativeExpand<usize>,
-        i: NativeExpand<usize>,
-        j: NativeExpand<usize>,
-        capture: usize,
-        read: usize,
-        hook: Hook,
-    ) -> NativeExpand<usize> {
+    pub fn expand(scope: &Scope, b: Ix, h: Ix, i: Ix, j: Ix, capture: usize, read: usize, hook: Hook) -> Ix {
         let f = hook.0.as_ref().expect("a score function reads the tensor");
         let score = f.score.as_ref().expect("a score function reads the tensor");
         let (indices, _) = &read_partials(score, capture)[read];
@@ -167,15 +164,7 @@ pub mod index_hook {
 /// loop, for [`tile_hook`] inside it; nothing without a mask function.
 pub mod prep_hook {
     use super::*;
-    pub fn expand(
-        scope: &Scope,
-        b: NativeExpand<usize>,
-        h: NativeExpand<usize>,
-        r0: NativeExpand<usize>,
-        r1: NativeExpand<usize>,
-        keys: bool,
-        hook: Hook,
-    ) {
+    pub fn expand(scope: &Scope, b: Ix, h: Ix, r0: Ix, r1: Ix, keys: bool, hook: Hook) {
         if let Some(f) = hook.0.as_ref() {
             let at = Tile { b, h, i0: r0, i1: r1, j0: r0, j1: r1 };
             let reads = f.prepare(scope, &at, keys);
@@ -194,16 +183,16 @@ pub mod tile_hook {
     #[allow(clippy::too_many_arguments)]
     pub fn expand(
         scope: &Scope,
-        b: NativeExpand<usize>,
-        h: NativeExpand<usize>,
-        r0: NativeExpand<usize>,
-        r1: NativeExpand<usize>,
-        t: NativeExpand<usize>,
+        b: Ix,
+        h: Ix,
+        r0: Ix,
+        r1: Ix,
+        t: Ix,
         tile: usize,
         n: usize,
         keys: bool,
         hook: Hook,
-    ) -> NativeExpand<bool> {
+    ) -> Bl {
         let Some(fns) = hook.0.as_ref().filter(|f| f.tiles.is_some()) else {
             return NativeExpand::from_lit(scope, true);
         };
@@ -231,7 +220,7 @@ fn tile_last(t0: usize, #[comptime] tile: usize, #[comptime] n: usize) -> usize 
 /// Query head `h`'s sink logit (`sink =`); 0 without one.
 pub mod sink_hook {
     use super::*;
-    pub fn expand(scope: &Scope, h: NativeExpand<usize>, hook: Hook) -> NativeExpand<f32> {
+    pub fn expand(scope: &Scope, h: Ix, hook: Hook) -> Fl {
         let sink = hook.0.as_ref().and_then(|f| f.sink_logit(scope, h));
         sink.unwrap_or_else(|| k::fconst::expand(scope, 0.0))
     }
@@ -239,15 +228,7 @@ pub mod sink_hook {
 
 pub mod score_hook {
     use super::*;
-    pub fn expand(
-        scope: &Scope,
-        s: NativeExpand<f32>,
-        b: NativeExpand<usize>,
-        h: NativeExpand<usize>,
-        i: NativeExpand<usize>,
-        j: NativeExpand<usize>,
-        hook: Hook,
-    ) -> NativeExpand<f32> {
+    pub fn expand(scope: &Scope, s: Fl, b: Ix, h: Ix, i: Ix, j: Ix, hook: Hook) -> Fl {
         let Some(f) = &hook.0 else { return s };
         let at = Indices { b, h, i, j };
         let z = f.score(scope, s, &at);
@@ -263,16 +244,7 @@ pub mod score_hook {
 pub mod slope_hook {
     use super::*;
     #[allow(clippy::too_many_arguments)]
-    pub fn expand(
-        scope: &Scope,
-        x: NativeExpand<f32>,
-        s: NativeExpand<f32>,
-        b: NativeExpand<usize>,
-        h: NativeExpand<usize>,
-        i: NativeExpand<usize>,
-        j: NativeExpand<usize>,
-        hook: Hook,
-    ) -> NativeExpand<f32> {
+    pub fn expand(scope: &Scope, x: Fl, s: Fl, b: Ix, h: Ix, i: Ix, j: Ix, hook: Hook) -> Fl {
         let Some(f) = &hook.0 else { return x };
         let at = Indices { b, h, i, j };
         let scaled = match f.slope(scope, s, &at) {
@@ -284,7 +256,7 @@ pub mod slope_hook {
 }
 
 /// `scaled` where `seen` (everywhere without a mask function), else 0.
-fn zero_where_hidden(scope: &Scope, scaled: NativeExpand<f32>, seen: Option<NativeExpand<bool>>) -> NativeExpand<f32> {
+fn zero_where_hidden(scope: &Scope, scaled: Fl, seen: Option<Bl>) -> Fl {
     match seen {
         Some(seen) => select_float::expand(scope, seen, scaled, NativeExpand::from_lit(scope, 0.0f32)),
         None => scaled,
@@ -292,12 +264,12 @@ fn zero_where_hidden(scope: &Scope, scaled: NativeExpand<f32>, seen: Option<Nati
 }
 
 /// Indices as a function's int parameters.
-fn ints(scope: &Scope, xs: &[NativeExpand<usize>]) -> Vec<Val> {
+fn ints(scope: &Scope, xs: &[Ix]) -> Vec<Val> {
     xs.iter().map(|x| Val::I(to_int::expand(scope, *x))).collect()
 }
 
 /// A score function's parameters: the scaled logit `s` and the pair's indices.
-fn score_params(scope: &Scope, s: NativeExpand<f32>, at: &Indices) -> Vec<Val> {
+fn score_params(scope: &Scope, s: Fl, at: &Indices) -> Vec<Val> {
     let mut params = vec![Val::F(s)];
     params.extend(ints(scope, &[at.b, at.h, at.i, at.j]));
     params
@@ -307,8 +279,8 @@ fn score_params(scope: &Scope, s: NativeExpand<f32>, at: &Indices) -> Vec<Val> {
 #[derive(Clone, Copy)]
 enum Val {
     I(NativeExpand<i32>),
-    F(NativeExpand<f32>),
-    B(NativeExpand<bool>),
+    F(Fl),
+    B(Bl),
 }
 
 impl Val {
@@ -319,14 +291,14 @@ impl Val {
         }
     }
 
-    fn float(self) -> NativeExpand<f32> {
+    fn float(self) -> Fl {
         match self {
             Val::F(v) => v,
             _ => unreachable!("lowering typed this a float"),
         }
     }
 
-    fn bool(self) -> NativeExpand<bool> {
+    fn bool(self) -> Bl {
         match self {
             Val::B(v) => v,
             _ => unreachable!("lowering typed this a bool"),
@@ -336,43 +308,43 @@ impl Val {
 
 /// A tile: batch, query head, query rows `i0..=i1`, key rows `j0..=j1`.
 pub struct Tile {
-    pub b: NativeExpand<usize>,
-    pub h: NativeExpand<usize>,
-    pub i0: NativeExpand<usize>,
-    pub i1: NativeExpand<usize>,
-    pub j0: NativeExpand<usize>,
-    pub j1: NativeExpand<usize>,
+    pub b: Ix,
+    pub h: Ix,
+    pub i0: Ix,
+    pub i1: Ix,
+    pub j0: Ix,
+    pub j1: Ix,
 }
 
 /// Attention's indices for one call: batch, query head, query row, key row.
 pub struct Indices {
-    pub b: NativeExpand<usize>,
-    pub h: NativeExpand<usize>,
-    pub i: NativeExpand<usize>,
-    pub j: NativeExpand<usize>,
+    pub b: Ix,
+    pub h: Ix,
+    pub i: Ix,
+    pub j: Ix,
 }
 
 impl Fns {
     /// Query head `h`'s sink logit (`sink =`), where there is a sink.
-    pub fn sink_logit(&self, scope: &Scope, h: NativeExpand<usize>) -> Option<NativeExpand<f32>> {
+    pub fn sink_logit(&self, scope: &Scope, h: Ix) -> Option<Fl> {
         self.sink.map(|c| k::read::expand::<Stored>(scope, &self.captures[c].buf, h))
     }
 
     /// The score function of scaled logit `s` (unchanged without one).
-    pub fn score(&self, scope: &Scope, s: NativeExpand<f32>, at: &Indices) -> NativeExpand<f32> {
+    pub fn score(&self, scope: &Scope, s: Fl, at: &Indices) -> Fl {
         let Some(f) = &self.score else { return s };
         self.emit(scope, &f.body, &score_params(scope, s, at), &[]).float()
     }
 
     /// `∂score/∂s`, the score function's derivative at scaled logit `s`
     /// (`None` without one).
-    pub fn slope(&self, scope: &Scope, s: NativeExpand<f32>, at: &Indices) -> Option<NativeExpand<f32>> {
+    pub fn slope(&self, scope: &Scope, s: Fl, at: &Indices) -> Option<Fl> {
         let slope = attnc_compiler::grad::score_slope(self.score.as_ref()?);
         Some(self.emit(scope, &slope.body, &score_params(scope, s, at), &[]).float())
     }
 
     /// Whether the mask function lets the query see the key (`None` without one).
-    pub fn visible(&self, scope: &Scope, at: &Indices) -> Option<NativeExpand<bool>> {
+    pub fn visible(&self, scope: &Scope, at: &Indices) -> Option<Bl> {
         let f = self.mask.as_ref()?;
         let params = ints(scope, &[at.b, at.h, at.i, at.j]);
         Some(self.emit(scope, &f.body, &params, &[]).bool())
@@ -382,16 +354,10 @@ impl Fns {
     /// may be seen, and whether some may be hidden (`sparsity`); `None`
     /// without a mask function.
     /// `prep`: the reads [`Fns::prepare`] made for the cube, `keys` as there.
-    pub fn tile(
-        &self,
-        scope: &Scope,
-        at: &Tile,
-        prep: &[NativeExpand<f32>],
-        keys: bool,
-    ) -> Option<(NativeExpand<bool>, NativeExpand<bool>)> {
+    pub fn tile(&self, scope: &Scope, at: &Tile, prep: &[Fl], keys: bool) -> Option<(Bl, Bl)> {
         let t = self.tiles.as_ref()?;
         let params = ints(scope, &[at.b, at.h, at.i0, at.i1, at.j0, at.j1]);
-        let cache: Vec<(FExpr, NativeExpand<f32>)> = reads(t, keys).0.into_iter().zip(prep.iter().copied()).collect();
+        let cache: Vec<(FExpr, Fl)> = reads(t, keys).0.into_iter().zip(prep.iter().copied()).collect();
         let any = self.emit(scope, &t.any.body, &params, &cache).bool();
         Some((any, self.emit(scope, &t.hidden.body, &params, &cache).bool()))
     }
@@ -399,7 +365,7 @@ impl Fns {
     /// The tile functions' reads that are the same for every tile the cube
     /// walks (`sparsity::reads`), made once: `at`'s tiled side is ignored
     /// (`keys`: the cube walks key tiles).
-    pub fn prepare(&self, scope: &Scope, at: &Tile, keys: bool) -> Vec<NativeExpand<f32>> {
+    pub fn prepare(&self, scope: &Scope, at: &Tile, keys: bool) -> Vec<Fl> {
         let Some(t) = &self.tiles else { return vec![] };
         let params = ints(scope, &[at.b, at.h, at.i0, at.i1, at.j0, at.j1]);
         reads(t, keys).0.iter().map(|e| self.emit(scope, e, &params, &[]).float()).collect()
@@ -412,7 +378,7 @@ impl Fns {
         capture: usize,
         indices: &[FExpr],
         params: &[Val],
-        cache: &[(FExpr, NativeExpand<f32>)],
+        cache: &[(FExpr, Fl)],
     ) -> NativeExpand<i32> {
         let mut flat = int_const::expand(scope, 0);
         for (x, n) in indices.iter().zip(&self.captures[capture].shape) {
@@ -422,7 +388,7 @@ impl Fns {
         flat
     }
 
-    fn emit(&self, scope: &Scope, e: &FExpr, params: &[Val], cache: &[(FExpr, NativeExpand<f32>)]) -> Val {
+    fn emit(&self, scope: &Scope, e: &FExpr, params: &[Val], cache: &[(FExpr, Fl)]) -> Val {
         let go = |x: &FExpr| self.emit(scope, x, params, cache);
         if let Some((_, v)) = cache.iter().find(|(c, _)| c == e) {
             return Val::F(*v);
@@ -526,13 +492,13 @@ fn binary(scope: &Scope, op: FBin, a: Val, b: Val) -> Val {
             other => unreachable!("`{}` on bools", other.symbol()),
         }),
         (Val::I(x), Val::I(y)) => match op {
-            FBin::Add => Val::I(iadd::expand(scope, x, y)),
-            FBin::Sub => Val::I(isub::expand(scope, x, y)),
-            FBin::Mul => Val::I(imul::expand(scope, x, y)),
+            FBin::Add => Val::I(math::add::expand::<i32>(scope, x, y)),
+            FBin::Sub => Val::I(math::sub::expand::<i32>(scope, x, y)),
+            FBin::Mul => Val::I(math::mul::expand::<i32>(scope, x, y)),
             FBin::FloorDiv => Val::I(floor_div::expand(scope, x, y)),
             FBin::Rem => Val::I(rem::expand(scope, x, y)),
-            FBin::Max => Val::I(imax::expand(scope, x, y)),
-            FBin::Min => Val::I(imin::expand(scope, x, y)),
+            FBin::Max => Val::I(math::maximum::expand::<i32>(scope, x, y)),
+            FBin::Min => Val::I(math::minimum::expand::<i32>(scope, x, y)),
             FBin::Lt => Val::B(ilt::expand(scope, x, y)),
             FBin::Le => Val::B(not::expand(scope, ilt::expand(scope, y, x))),
             FBin::Gt => Val::B(ilt::expand(scope, y, x)),
@@ -679,21 +645,6 @@ fn mul_add(acc: i32, #[comptime] n: i32, x: i32) -> i32 {
 }
 
 #[cube]
-fn iadd(x: i32, y: i32) -> i32 {
-    x + y
-}
-
-#[cube]
-fn isub(x: i32, y: i32) -> i32 {
-    x - y
-}
-
-#[cube]
-fn imul(x: i32, y: i32) -> i32 {
-    x * y
-}
-
-#[cube]
 fn ineg(x: i32) -> i32 {
     -x
 }
@@ -701,16 +652,6 @@ fn ineg(x: i32) -> i32 {
 #[cube]
 fn iabs(x: i32) -> i32 {
     max(x, -x)
-}
-
-#[cube]
-fn imax(x: i32, y: i32) -> i32 {
-    max(x, y)
-}
-
-#[cube]
-fn imin(x: i32, y: i32) -> i32 {
-    min(x, y)
 }
 
 /// ⌊x / y⌋ (0 for y = 0), without branches; the hardware's division

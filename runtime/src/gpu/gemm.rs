@@ -359,17 +359,19 @@ pub(super) fn cube_row(local: usize, #[comptime] rows: usize, #[comptime] fold: 
     min(k::cube_y(fold) * comptime![GEMM_UNITS * GEMM_ROWS] + local, comptime![rows - 1])
 }
 
+/// A GEMM launch's bindings: `a`, `b`, the side buffer (`x @ w + y`'s
+/// addend, or where a mixing epilogue keeps the product) and the output.
+pub struct Operands<'a, N: Size> {
+    pub a: &'a NativeExpand<[Vector<Stored, N>]>,
+    pub b: &'a NativeExpand<[Vector<Stored, N>]>,
+    pub side: Option<&'a NativeExpand<[Vector<Stored, N>]>>,
+    pub out: &'a mut NativeExpand<[Vector<Stored, N>]>,
+}
+
 /// Emit the GEMM body for vectors of `N` (`lanes` floats, dividing `kdim` and
 /// `f`), sharing `b` over planes of `plane` units (1: every unit loads it all).
-pub fn build<N: Size>(
-    scope: &Scope,
-    (a, b): (&NativeExpand<[Vector<Stored, N>]>, &NativeExpand<[Vector<Stored, N>]>),
-    side: Option<&NativeExpand<[Vector<Stored, N>]>>,
-    out: &mut NativeExpand<[Vector<Stored, N>]>,
-    shape: &Shape,
-    lanes: usize,
-    plane: u32,
-) {
+pub fn build<N: Size>(scope: &Scope, x: Operands<N>, shape: &Shape, lanes: usize, plane: u32) {
+    let Operands { a, b, side, out } = x;
     let tile = Tile::new(shape, lanes);
     let Tile { cols, ce, dl, fl, .. } = tile;
     let (rows, kl) = (shape.rows, shape.kdim / lanes);
@@ -447,14 +449,8 @@ fn plane_has_rows(#[comptime] plane: u32, #[comptime] rows: usize, #[comptime] f
 }
 
 /// Emit the staged GEMM body (see the module documentation).
-pub fn build_staged<N: Size>(
-    scope: &Scope,
-    (a, b): (&NativeExpand<[Vector<Stored, N>]>, &NativeExpand<[Vector<Stored, N>]>),
-    side: Option<&NativeExpand<[Vector<Stored, N>]>>,
-    out: &mut NativeExpand<[Vector<Stored, N>]>,
-    shape: &Shape,
-    lanes: usize,
-) {
+pub fn build_staged<N: Size>(scope: &Scope, x: Operands<N>, shape: &Shape, lanes: usize) {
+    let Operands { a, b, side, out } = x;
     let tile = Tile::new(shape, lanes);
     let cols = tile.cols;
     let (rows, kl) = (shape.rows, shape.kdim / lanes);

@@ -138,16 +138,24 @@ pub fn lift_scan(
 
 #[cube]
 fn scan_step(acc: f32, x: f32, #[comptime] op: u32) -> f32 {
-    let mut r = acc + x;
-    if comptime![op == RED_MAX] {
-        r = max(acc, x);
-    } else if comptime![op == RED_MIN] {
-        r = min(acc, x);
-    } else if comptime![op == RED_COUNT] {
+    let mut r = combine(acc, x, op);
+    if comptime![op == RED_COUNT] {
         r = acc;
         if x != f32::new(0.0) {
             r = acc + f32::new(1.0);
         }
+    }
+    r
+}
+
+/// `a` and `b` under reduction `op`: the larger, the smaller, else the sum.
+#[cube]
+fn combine(a: f32, b: f32, #[comptime] op: u32) -> f32 {
+    let mut r = a + b;
+    if comptime![op == RED_MAX] {
+        r = max(a, b);
+    } else if comptime![op == RED_MIN] {
+        r = min(a, b);
     }
     r
 }
@@ -167,12 +175,8 @@ pub fn lift_reduce_levels(
     let k = usize::cast_from(s[m + i]);
     let a = s[scan + k];
     let b = s[scan + l + 1 + k];
-    let mut r = a + b;
-    if comptime![op == RED_MAX] {
-        r = max(a, b);
-    } else if comptime![op == RED_MIN] {
-        r = min(a, b);
-    } else if comptime![op == RED_MEAN] {
+    let mut r = combine(a, b, op);
+    if comptime![op == RED_MEAN] {
         r = r / f32::cast_from(l);
     }
     s[dst + i] = r;

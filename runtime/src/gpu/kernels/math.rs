@@ -33,12 +33,12 @@ pub fn unary(scope: &Scope, op: UnaryOp, x: NativeExpand<f32>) -> NativeExpand<f
 /// `op(x, y)` in the kernel being built; comparisons give 1.0 or 0.0.
 pub fn binary(scope: &Scope, op: BinaryOp, x: NativeExpand<f32>, y: NativeExpand<f32>) -> NativeExpand<f32> {
     match op {
-        BinaryOp::Add => add::expand(scope, x, y),
-        BinaryOp::Sub => sub::expand(scope, x, y),
-        BinaryOp::Mul => mul::expand(scope, x, y),
+        BinaryOp::Add => add::expand::<f32>(scope, x, y),
+        BinaryOp::Sub => sub::expand::<f32>(scope, x, y),
+        BinaryOp::Mul => mul::expand::<f32>(scope, x, y),
         BinaryOp::Div => div::expand(scope, x, y),
-        BinaryOp::Max => fmax::expand(scope, x, y),
-        BinaryOp::Min => fmin::expand(scope, x, y),
+        BinaryOp::Max => maximum::expand::<f32>(scope, x, y),
+        BinaryOp::Min => minimum::expand::<f32>(scope, x, y),
         BinaryOp::Ge => ge::expand(scope, x, y),
         BinaryOp::Gt => gt::expand(scope, x, y),
         BinaryOp::Eq => eq::expand(scope, x, y),
@@ -51,35 +51,18 @@ fn neg(x: f32) -> f32 {
     -x
 }
 
-#[cube]
-fn sqrt(x: f32) -> f32 {
-    x.sqrt()
+/// The helpers that are one method of `f32`: `name => method`.
+macro_rules! methods {
+    ($($name:ident => $method:ident),* $(,)?) => {$(
+        #[cube]
+        fn $name(x: f32) -> f32 {
+            x.$method()
+        }
+    )*};
 }
 
-#[cube]
-fn abs(x: f32) -> f32 {
-    x.abs()
-}
-
-#[cube]
-fn exp(x: f32) -> f32 {
-    x.exp()
-}
-
-#[cube]
-fn log(x: f32) -> f32 {
-    x.ln()
-}
-
-#[cube]
-fn log1p(x: f32) -> f32 {
-    x.log1p()
-}
-
-#[cube]
-fn tanh(x: f32) -> f32 {
-    x.tanh()
-}
+methods!(sqrt => sqrt, abs => abs, exp => exp, log => ln, log1p => log1p, tanh => tanh, sin => sin, cos => cos,
+    floor => floor, ceil => ceil);
 
 /// `1 / (1 + e^−x)`: at very negative `x` the exponential is +∞ and the result 0.
 #[cube]
@@ -114,26 +97,6 @@ fn erf(x: f32) -> f32 {
     Erf::erf(x)
 }
 
-#[cube]
-fn sin(x: f32) -> f32 {
-    x.sin()
-}
-
-#[cube]
-fn cos(x: f32) -> f32 {
-    x.cos()
-}
-
-#[cube]
-fn floor(x: f32) -> f32 {
-    x.floor()
-}
-
-#[cube]
-fn ceil(x: f32) -> f32 {
-    x.ceil()
-}
-
 /// −1, 0 or 1; NaN (neither side of 0) stays NaN.
 #[cube]
 fn sign(x: f32) -> f32 {
@@ -147,18 +110,20 @@ fn sign(x: f32) -> f32 {
     r
 }
 
+/// `x + y` in f32, or in i32 for the functions' integer arithmetic
+/// (`gpu::func`), as [`sub`] and [`mul`].
 #[cube]
-fn add(x: f32, y: f32) -> f32 {
+pub(crate) fn add<T: Numeric>(x: T, y: T) -> T {
     x + y
 }
 
 #[cube]
-fn sub(x: f32, y: f32) -> f32 {
+pub(crate) fn sub<T: Numeric>(x: T, y: T) -> T {
     x - y
 }
 
 #[cube]
-fn mul(x: f32, y: f32) -> f32 {
+pub(crate) fn mul<T: Numeric>(x: T, y: T) -> T {
     x * y
 }
 
@@ -168,40 +133,28 @@ fn div(x: f32, y: f32) -> f32 {
 }
 
 #[cube]
-fn fmax(x: f32, y: f32) -> f32 {
+pub(crate) fn maximum<T: Numeric>(x: T, y: T) -> T {
     max(x, y)
 }
 
 #[cube]
-fn fmin(x: f32, y: f32) -> f32 {
+pub(crate) fn minimum<T: Numeric>(x: T, y: T) -> T {
     min(x, y)
 }
 
 #[cube]
 fn ge(x: f32, y: f32) -> f32 {
-    let mut r = f32::new(0.0);
-    if x >= y {
-        r = f32::new(1.0);
-    }
-    r
+    select(x >= y, f32::new(1.0), f32::new(0.0))
 }
 
 #[cube]
 fn gt(x: f32, y: f32) -> f32 {
-    let mut r = f32::new(0.0);
-    if x > y {
-        r = f32::new(1.0);
-    }
-    r
+    select(x > y, f32::new(1.0), f32::new(0.0))
 }
 
 #[cube]
 fn eq(x: f32, y: f32) -> f32 {
-    let mut r = f32::new(0.0);
-    if x == y {
-        r = f32::new(1.0);
-    }
-    r
+    select(x == y, f32::new(1.0), f32::new(0.0))
 }
 
 #[cube]

@@ -144,10 +144,12 @@ pub fn weight(x: f32, m: f32, #[comptime] norm: Norm) -> f32 {
     }
 }
 
-/// `1 / (1 + e^−x)`: 0 for a masked score.
+/// `1 / (1 + e^−x)`, as `(1 + tanh(x / 2)) / 2`: 0 for a masked score.
+/// No division: CUDA's IEEE `/` is a subroutine call per weight, which
+/// made the bf16 fragment forward spill on sm_80.
 #[cube]
 fn sigmoid(x: f32) -> f32 {
-    f32::new(1.0) / (f32::new(1.0) + (f32::new(0.0) - x).exp())
+    f32::new(0.5) + f32::new(0.5) * (f32::new(0.5) * x).tanh()
 }
 
 /// The backward's weight of score `x` in a row whose statistic is `lse`
@@ -287,8 +289,11 @@ pub fn finish_lse(m: f32, l: f32) -> f32 {
 
 /// The statistic the backward reads of a finished row (its state), or
 /// [`NO_KEYS`] for a row that saw no key: a softmax's log-sum-exp, the
-/// sink's term in it; 0 for sigmoid and linear weights (the backward needs
-/// only whether the row saw a key); hard attention's max.
+/// sink's term in it; hard attention's max. Always 0 for sigmoid and linear
+/// weights: a pair's weight and its gradient follow from its own score (a
+/// hidden key's is 0), so the backward needs nothing of the row, and the
+/// forward keeps no running max (which made the bf16 fragment forward with
+/// this store spill on sm_80).
 #[cube]
 pub fn row_stat(state: &Array<f32>, #[comptime] norm: Norm) -> f32 {
     if comptime![norm == Norm::Sink] {
@@ -308,7 +313,7 @@ pub fn stat(m: f32, l: f32, t: f32, #[comptime] norm: Norm) -> f32 {
     } else if comptime![norm == Norm::Hard] {
         select(l > f32::new(0.0), m, f32::new(NO_KEYS))
     } else {
-        select(m > f32::new(MASKED_BELOW), f32::new(0.0), f32::new(NO_KEYS))
+        f32::new(0.0)
     }
 }
 

@@ -446,13 +446,12 @@ fn keep_row<N: Size>(out: &mut [Vector<Stored, N>], scratch: &[f32], r: &StripRo
 /// [`Frags`]' software ones; `dtype`: the storage type.
 pub fn build_gemm<N: Size>(
     scope: &Scope,
-    (a, b): (&NativeExpand<[Vector<Stored, N>]>, &NativeExpand<[Vector<Stored, N>]>),
-    side: Option<&NativeExpand<[Vector<Stored, N>]>>,
-    out: &mut NativeExpand<[Vector<Stored, N>]>,
+    x: gemm::Operands<N>,
     shape: &gemm::Shape,
     lanes: usize,
     (hardware, dtype): (bool, Dtype),
 ) {
+    let gemm::Operands { a, b, side, out } = x;
     let (rows, kdim) = (shape.rows, shape.kdim);
     let tile = gemm::Tile::new(shape, lanes);
     let gemm::Tile { cols, .. } = tile;
