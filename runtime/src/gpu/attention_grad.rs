@@ -395,9 +395,9 @@ pub fn grad_kv(
     out_v: &mut [Stored],
     #[comptime] g: Dims,
     #[comptime] args: GradArgs,
-    #[comptime] wrt_k: bool,
-    #[comptime] with_v: bool,
+    #[comptime] wrt: (bool, bool),
 ) {
+    let (wrt_k, with_v) = comptime![wrt];
     let (views, scale, hook) = comptime![(args.views, args.scale, args.hook.clone())];
     let lanes = comptime![g.lanes];
     let bh = k::cube_y(comptime![g.fold]);

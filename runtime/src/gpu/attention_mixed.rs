@@ -233,8 +233,7 @@ pub(super) fn probabilities(
         for it in 0..comptime![stats.div_ceil(units)] {
             let idx = UNIT_POS as usize + comptime![it * units];
             if idx < stats {
-                let r = idx / hs;
-                let h = idx % hs;
+                let (r, h) = (idx / hs, idx % hs);
                 let i = i0 + r;
                 let l = ls[idx];
                 let mut p = f32::new(0.0);
@@ -320,8 +319,7 @@ pub fn mixed(
             for it in 0..comptime![stats.div_ceil(units)] {
                 let idx = UNIT_POS as usize + comptime![it * units];
                 if idx < stats {
-                    let r = idx / hs;
-                    let h = idx % hs;
+                    let (r, h) = (idx / hs, idx % hs);
                     if seen(b, h, min(r0 + r, comptime![g.s - 1]), j, g, mask.clone()) {
                         let x = mixed_logit(&sc, &wls, r, h, jj, m, tile);
                         let st = push(st_m[idx], st_l[idx], x, Norm::Softmax);

@@ -24,6 +24,7 @@ use super::kit::norm::{self, store_lse, store_partial, Step};
 use super::kit::pair::mask_scores;
 use super::kit::source::{key_address, view_row};
 use super::kit::walk::{query_tile, setup, KeyWalk, SET_K, SET_V};
+use crate::gpu::kernels::Vecs;
 use attnc_compiler::plan::RowView;
 use cubecl::prelude::*;
 
@@ -109,13 +110,7 @@ fn rescale<N: Size>(acc: &mut Array<Vector<f32, N>>, corr: f32, #[comptime] n: u
 }
 
 /// Emit the kernel body for vectors of `N` (`lanes` floats).
-pub fn build<N: Size>(
-    scope: &Scope,
-    x: &Inputs<N>,
-    out: &mut NativeExpand<[Vector<Stored, N>]>,
-    scale: NativeExpand<f32>,
-    a: &Shape,
-) {
+pub fn build<N: Size>(scope: &Scope, x: &Inputs<N>, out: &mut Vecs<N>, scale: NativeExpand<f32>, a: &Shape) {
     let (q, kb, v, lanes) = (x.q, x.k, x.v, a.lanes);
     let g = a.tiles.lanes;
     let (dg, eg) = (a.g.d / lanes / g, a.g.e / lanes / g);
@@ -150,8 +145,8 @@ struct Body<'a, N: Size> {
     qr: &'a NativeExpand<Array<Vector<f32, N>>>,
     acc: &'a NativeExpand<Array<Vector<f32, N>>>,
     state: &'a NativeExpand<Array<f32>>,
-    kb: &'a NativeExpand<[Vector<Stored, N>]>,
-    v: &'a NativeExpand<[Vector<Stored, N>]>,
+    kb: &'a Vecs<N>,
+    v: &'a Vecs<N>,
     g: usize,
     dg: usize,
     eg: usize,

@@ -28,6 +28,7 @@ use super::kit::norm::{self, store_lse, store_partial, Step};
 use super::kit::pair::mask_scores;
 use super::kit::source::key_address;
 use super::kit::walk::{in_parts, setup, KeyWalk, TileAt, SET_K, SET_V};
+use crate::gpu::kernels::Vecs;
 use attnc_compiler::plan::ATTN_ROWS;
 use cubecl::prelude::*;
 
@@ -35,7 +36,7 @@ use cubecl::prelude::*;
 /// log-sum-exp (row-major `[B, H, S]`, `NO_KEYS` for a row that sees no
 /// key; `KernelSpec::AttentionLse`), for which no value is read.
 pub enum Out<'a, N: Size> {
-    Rows(&'a mut NativeExpand<[Vector<Stored, N>]>),
+    Rows(&'a mut Vecs<N>),
     Lse(&'a mut NativeExpand<[Stored]>),
 }
 
@@ -111,19 +112,13 @@ struct UnitRow<N: Size> {
 /// One key tile of one cube ([`TileAt`]) against the unit's rows.
 struct KeyTile<'a, N: Size> {
     at: TileAt<'a>,
-    kb: &'a NativeExpand<[Vector<Stored, N>]>,
-    v: &'a NativeExpand<[Vector<Stored, N>]>,
+    kb: &'a Vecs<N>,
+    v: &'a Vecs<N>,
     rows: &'a [UnitRow<N>],
 }
 
 impl<N: Size> KeyTile<'_, N> {
-    fn row(
-        &self,
-        scope: &Scope,
-        x: &NativeExpand<[Vector<Stored, N>]>,
-        row: NativeExpand<usize>,
-        n: usize,
-    ) -> Vec<NativeExpand<Vector<f32, N>>> {
+    fn row(&self, scope: &Scope, x: &Vecs<N>, row: NativeExpand<usize>, n: usize) -> Vec<NativeExpand<Vector<f32, N>>> {
         shared_row(scope, x, row, n, self.at.lane, self.at.plane)
     }
 
@@ -197,7 +192,7 @@ impl<N: Size> KeyTile<'_, N> {
 /// (`lane`: this unit's lane in it).
 pub(super) fn shared_row<N: Size>(
     scope: &Scope,
-    x: &NativeExpand<[Vector<Stored, N>]>,
+    x: &Vecs<N>,
     row: NativeExpand<usize>,
     n: usize,
     lane: NativeExpand<usize>,

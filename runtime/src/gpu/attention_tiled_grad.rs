@@ -25,16 +25,25 @@ use super::kit::norm::grad_weight;
 use super::kit::pair::{mask_scores, pair_score, times_slope};
 use super::kit::source::{key_address, view_row};
 use super::kit::walk::{in_parts, setup, walk_query_tiles, KeyWalk, TileAt, SET_K, SET_V};
+use crate::gpu::kernels::Vecs;
 use attnc_compiler::plan::{RowView, ATTN_ROWS};
 use cubecl::prelude::*;
 
+/// What a dK/dV launch writes: `out` (dK where `wrt_k`, else dV), and
+/// dV's buffer and layout beside dK's where one launch writes both.
+pub struct KvOuts<'a, N: Size> {
+    pub out: &'a mut Vecs<N>,
+    pub wrt_k: bool,
+    pub dv: Option<(&'a mut Vecs<N>, RowView)>,
+}
+
 /// The buffers of a `dQ` launch (in vectors, but the log-sum-exp).
 pub struct GradBuffers<'a, N: Size> {
-    pub q: &'a NativeExpand<[Vector<Stored, N>]>,
-    pub k: &'a NativeExpand<[Vector<Stored, N>]>,
-    pub v: &'a NativeExpand<[Vector<Stored, N>]>,
-    pub o: &'a NativeExpand<[Vector<Stored, N>]>,
-    pub dout: &'a NativeExpand<[Vector<Stored, N>]>,
+    pub q: &'a Vecs<N>,
+    pub k: &'a Vecs<N>,
+    pub v: &'a Vecs<N>,
+    pub o: &'a Vecs<N>,
+    pub dout: &'a Vecs<N>,
     pub lse: &'a NativeExpand<[Stored]>,
     /// The layouts of `o` and `dout`, in vectors.
     pub side: [RowView; 2],
@@ -44,13 +53,7 @@ pub struct GradBuffers<'a, N: Size> {
 
 /// Emit `dQ` (row-major `[B, H, S, d]`, `a.views[3]`) for vectors of `N`
 /// (`lanes` floats); `views`: the layouts of `o` and `dout`.
-pub fn build_grad_q<N: Size>(
-    scope: &Scope,
-    b: &GradBuffers<N>,
-    out: &mut NativeExpand<[Vector<Stored, N>]>,
-    a: &Shape,
-    plane: u32,
-) {
+pub fn build_grad_q<N: Size>(scope: &Scope, b: &GradBuffers<N>, out: &mut Vecs<N>, a: &Shape, plane: u32) {
     let ([ov, dov], scale, lanes) = (b.side, b.scale, a.lanes);
     let (dl, el) = (a.g.d / lanes, a.g.e / lanes);
     let (bk, nr) = (a.tiles.key_tile, a.tiles.unit_rows);
@@ -211,15 +214,8 @@ fn store_scaled<N: Size>(
 /// `dK_j += dS_ij q_i`, stored times `scale`. The mask (built in, then the
 /// mask function) is applied to every pair. `dV` binds q, k, dout and the
 /// log-sum-exp: `b.v` and `b.o` are not read.
-pub fn build_grad_kv<N: Size>(
-    scope: &Scope,
-    b: &GradBuffers<N>,
-    out: &mut NativeExpand<[Vector<Stored, N>]>,
-    a: &Shape,
-    plane: u32,
-    wrt_k: bool,
-    mut dv: Option<(&mut NativeExpand<[Vector<Stored, N>]>, RowView)>,
-) {
+pub fn build_grad_kv<N: Size>(scope: &Scope, b: &GradBuffers<N>, outs: KvOuts<N>, a: &Shape, plane: u32) {
+    let KvOuts { out, wrt_k, mut dv } = outs;
     let ([ov, dov], scale, lanes) = (b.side, b.scale, a.lanes);
     let (dl, el) = (a.g.d / lanes, a.g.e / lanes);
     let with_v = dv.is_some();

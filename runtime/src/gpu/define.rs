@@ -13,6 +13,7 @@ use super::{
     attention_grad, attention_grad_read, attention_split, attention_tiled, attention_tiled_grad, gemm, mixed_launch,
     mma,
 };
+use crate::gpu::kernels::Vecs;
 use attnc_compiler::ir::{AttnArg, BinaryOp, ReduceKind};
 use attnc_compiler::plan::group::{GroupStep, MapOp};
 use attnc_compiler::plan::{
@@ -223,7 +224,7 @@ impl IrKernel {
     /// GEMM and attention: buffers of vectors of `N` floats.
     fn define_vectorized<N: Size>(&self, builder: &mut KernelBuilder) {
         let arg = BufferCompilationArg { inplace: None };
-        let mut bufs: Vec<NativeExpand<[Vector<Stored, N>]>> = vec![];
+        let mut bufs: Vec<Vecs<N>> = vec![];
         let mut scalars: Vec<NativeExpand<[Stored]>> = vec![];
         for slot in 0..=self.operand_count() {
             if self.scalar_binding(slot) {
@@ -310,8 +311,17 @@ impl IrKernel {
                     match (wrt, self.frag_device()) {
                         (AttnArg::Q, Some(dev)) => mma::build_grad_q::<N>(scope, &b, o, sh, dev),
                         (AttnArg::Q, None) => attention_tiled_grad::build_grad_q::<N>(scope, &b, o, sh, plane),
-                        (_, Some(dev)) => mma::build_grad_kv::<N>(scope, &b, o, sh, dev, wrt_k, dv),
-                        (_, None) => attention_tiled_grad::build_grad_kv::<N>(scope, &b, o, sh, plane, wrt_k, dv),
+                        (_, Some(dev)) => mma::build_grad_kv::<N>(
+                            scope,
+                            &b,
+                            attention_tiled_grad::KvOuts { out: o, wrt_k, dv },
+                            sh,
+                            dev,
+                        ),
+                        (_, None) => {
+                            let outs = attention_tiled_grad::KvOuts { out: o, wrt_k, dv };
+                            attention_tiled_grad::build_grad_kv::<N>(scope, &b, outs, sh, plane)
+                        }
                     }
                 }
                 KernelSpec::AttentionLse { shape: ref sh, q, k: kv, .. } => {
@@ -445,7 +455,7 @@ impl IrKernel {
                     let mut dv = if with_v { b[6 + caps].clone_unchecked() } else { out.clone_unchecked() };
                     let args =
                         attention_grad::GradArgs { views, scale, hook: hook(shape, &b[6..6 + caps], self.dtype) };
-                    attention_grad::grad_kv::expand(scope, &saved(b), &mut out, &mut dv, g, args, true, with_v)
+                    attention_grad::grad_kv::expand(scope, &saved(b), &mut out, &mut dv, g, args, (true, with_v))
                 }
                 // dV binds q, k, dout and the log-sum-exp; `v` and `o` are not read.
                 AttnArg::V => {
@@ -453,7 +463,7 @@ impl IrKernel {
                     let x =
                         attention_grad::SavedExpand { q: &b[0], k: &b[1], v: &b[0], o: &b[0], dout: &b[2], lse: &b[3] };
                     let args = attention_grad::GradArgs { views, scale, hook: hook(shape, &b[4..], self.dtype) };
-                    attention_grad::grad_kv::expand(scope, &x, &mut out, &mut unused, g, args, false, false)
+                    attention_grad::grad_kv::expand(scope, &x, &mut out, &mut unused, g, args, (false, false))
                 }
                 AttnArg::Read(_) => unreachable!("refused before building (`KernelSpec::kernel_gap`)"),
             }

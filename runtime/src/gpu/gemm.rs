@@ -25,6 +25,7 @@
 //! a cube's columns are `ce` channel vectors of each of the `m` heads.
 
 use super::kernels::{self as k, Stored};
+use crate::gpu::kernels::Vecs;
 use attnc_compiler::plan::{gemm_cols, GemmB, MixEpilogue, View, GEMM_ROWS, GEMM_STAGE_K, GEMM_UNITS};
 use cubecl::prelude::*;
 
@@ -362,10 +363,10 @@ pub(super) fn cube_row(local: usize, #[comptime] rows: usize, #[comptime] fold: 
 /// A GEMM launch's bindings: `a`, `b`, the side buffer (`x @ w + y`'s
 /// addend, or where a mixing epilogue keeps the product) and the output.
 pub struct Operands<'a, N: Size> {
-    pub a: &'a NativeExpand<[Vector<Stored, N>]>,
-    pub b: &'a NativeExpand<[Vector<Stored, N>]>,
-    pub side: Option<&'a NativeExpand<[Vector<Stored, N>]>>,
-    pub out: &'a mut NativeExpand<[Vector<Stored, N>]>,
+    pub a: &'a Vecs<N>,
+    pub b: &'a Vecs<N>,
+    pub side: Option<&'a Vecs<N>>,
+    pub out: &'a mut Vecs<N>,
 }
 
 /// Emit the GEMM body for vectors of `N` (`lanes` floats, dividing `kdim` and
@@ -570,8 +571,8 @@ fn rank_one<N: Size>(
 /// product stored to `side` first).
 fn epilogue<N: Size>(
     scope: &Scope,
-    out: &mut NativeExpand<[Vector<Stored, N>]>,
-    side: Option<&NativeExpand<[Vector<Stored, N>]>>,
+    out: &mut Vecs<N>,
+    side: Option<&Vecs<N>>,
     acc: &NativeExpand<Array<Vector<f32, N>>>,
     unit_rows: &[NativeExpand<usize>],
     shape: &Shape,

@@ -8,6 +8,7 @@ use super::func::{fns_of, Fns, Hook};
 use super::kernels::Stored;
 use super::kit::launch::Dims;
 use super::{attention_mixed, attention_mixed_grad, attention_mixed_tiled};
+use crate::gpu::kernels::Vecs;
 use attnc_compiler::plan::{line_size, AttnShape, Dtype, KernelSpec, MixPass, MixTiles, RowView, MIX_UNITS};
 use cubecl::prelude::*;
 
@@ -129,9 +130,9 @@ pub(super) fn body(
 /// `scalars` the captures, then a log-sum-exp's output.
 pub(super) fn cpu_body<N: Size>(
     scope: &Scope,
-    rows: &[NativeExpand<[Vector<Stored, N>]>],
+    rows: &[Vecs<N>],
     scalars: &[NativeExpand<[Stored]>],
-    out: &mut NativeExpand<[Vector<Stored, N>]>,
+    out: &mut Vecs<N>,
     spec: &KernelSpec,
     plane: u32,
     dtype: Dtype,

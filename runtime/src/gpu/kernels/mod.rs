@@ -21,6 +21,9 @@ use cubecl::prelude::*;
 // each kernel's scope by `define.rs`. Kernels load it into f32, compute in
 // f32 and store results back in it; for f32 the casts vanish from the source.
 cubecl::define_scalar!(pub Stored);
+/// A binding of `N`-float vectors in the storage type, as the host-assembled
+/// kernels take their operands.
+pub type Vecs<N> = NativeExpand<[Vector<Stored, N>]>;
 // The element type of matrix-fragment operands: `Stored`, or TF32 for f32 storage.
 cubecl::define_scalar!(pub Operand);
 

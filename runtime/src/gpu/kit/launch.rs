@@ -5,6 +5,7 @@
 use super::mask::{mask_code, Mask};
 use super::weights::Norm;
 use crate::gpu::func::Fns;
+use crate::gpu::kernels::Vecs;
 use crate::gpu::kernels::{self as k, Stored};
 use attnc_compiler::plan::{AttnShape, AttnTiles, RowView};
 use cubecl::prelude::*;
@@ -103,9 +104,9 @@ impl Shape {
 
 /// A host-assembled attention launch's query, key and value bindings.
 pub struct Inputs<'a, N: Size> {
-    pub q: &'a NativeExpand<[Vector<Stored, N>]>,
-    pub k: &'a NativeExpand<[Vector<Stored, N>]>,
-    pub v: &'a NativeExpand<[Vector<Stored, N>]>,
+    pub q: &'a Vecs<N>,
+    pub k: &'a Vecs<N>,
+    pub v: &'a Vecs<N>,
 }
 
 /// A paged cache read in place (`plan::PagedRows`): its block table (a

@@ -349,9 +349,11 @@ pub fn store_lse(
 /// Whether a stored log-sum-exp `l` is a row's that saw a key (a NaN one
 /// is: its NaN reaches the row's weights, as in the interpreter).
 #[cube]
+#[allow(clippy::neg_cmp_op_on_partial_ord)]
 pub fn live(l: f32) -> bool {
-    // Not `!(l < …)`: Mesa folds that to `l >= …`, false for NaN.
-    l > f32::new(NO_KEYS_BELOW) || l.is_nan()
+    // Unordered: true for NaN (one comparison; lavapipe may fold it to
+    // `l > …`, which WGSL's arithmetic allows).
+    !(l <= f32::new(NO_KEYS_BELOW))
 }
 
 /// The stored log-sum-exp at `lse[at]` for [`prob`]: [`DEAD_ROW`] where

@@ -2,6 +2,7 @@
 //! key and value tile in shared memory, `S = Q·Kᵀ` and `P·V` on fragments.
 
 use super::*;
+use crate::gpu::kernels::Vecs;
 use crate::gpu::kit::norm::Norm;
 
 /// A copy of `rows` rows of `width` vectors (`used` of them read, the rest
@@ -67,8 +68,8 @@ impl<'a> KvRows<'a> {
     pub(super) fn copy<N: Size>(
         &self,
         scope: &Scope,
-        x: &NativeExpand<[Vector<Stored, N>]>,
-        sh: &mut NativeExpand<[Vector<Stored, N>]>,
+        x: &Vecs<N>,
+        sh: &mut Vecs<N>,
         (k0, base): (NativeExpand<usize>, NativeExpand<usize>),
         (dst, rows, width, used): (usize, usize, usize, usize),
         view: RowView,
@@ -274,7 +275,7 @@ pub(super) fn accumulators(
 ) -> Accumulator {
     let o = k::zeros::expand(scope, held);
     let rest = if width > held {
-        let mut r: NativeExpand<[f32]> = (*shared_floats::expand(scope, (width - held) * units)).clone_unchecked();
+        let mut r = floats_in_shared(scope, (width - held) * units);
         zero_rest::expand(scope, &mut r, width - held, units);
         r
     } else {
@@ -391,7 +392,7 @@ pub(super) fn store_columns<N: Size>(
 pub(super) fn products_t<N: Size>(
     scope: &Scope,
     frags: &Frags,
-    x: &NativeExpand<[Vector<Stored, N>]>,
+    x: &Vecs<N>,
     out: &mut NativeExpand<[f32]>,
     (a_off, b_off): (usize, usize),
     a_width: usize,
@@ -421,7 +422,7 @@ pub(super) fn products_t<N: Size>(
 pub(super) fn accumulate<N: Size>(
     scope: &Scope,
     frags: &Frags,
-    x: &NativeExpand<[Vector<Stored, N>]>,
+    x: &Vecs<N>,
     sf: &NativeExpand<[f32]>,
     acc: &Accumulator,
     (w_off, depth): (usize, usize),
@@ -465,7 +466,7 @@ pub(super) fn accumulate<N: Size>(
 pub fn build_attention<N: Size>(
     scope: &Scope,
     x: &Inputs<N>,
-    out: &mut NativeExpand<[Vector<Stored, N>]>,
+    out: &mut Vecs<N>,
     scale: NativeExpand<f32>,
     a: &Shape,
     dev: FragDevice,
@@ -473,17 +474,14 @@ pub fn build_attention<N: Size>(
     let (q, kb, v, lanes) = (x.q, x.k, x.v, a.lanes);
     let FragDevice { hardware, dtype, shared_limit } = dev;
     let (bq, bk) = (ATTN_ROWS, a.tiles.key_tile);
-    assert_eq!(a.tiles.unit_rows, 1, "fragment attention owns one row per unit");
-    assert!(bk % F == 0, "key tiles of whole fragments");
-    let (dp, ep) = (a.g.d.next_multiple_of(F), a.g.e.next_multiple_of(F));
-    let (dpl, epl, dl, el) = (dp / lanes, ep / lanes, a.g.d / lanes, a.g.e / lanes);
+    let FragWidths { dp, ep, dpl, epl, dl, el } = FragWidths::of(a, bk);
     let q_off = 0;
     let k_off = q_off + bq * dpl;
     let v_off = k_off + bk * dpl;
     let p_off = v_off + bk * epl;
     let len = p_off + bq * bk / lanes;
-    let mut x: NativeExpand<[Vector<Stored, N>]> = (*shared_vectors::expand::<N>(scope, len)).clone_unchecked();
-    let sf: NativeExpand<[f32]> = (*shared_floats::expand(scope, (bq * bk).max(bq * F))).clone_unchecked();
+    let mut x = vectors_in_shared::<N>(scope, len);
+    let sf = floats_in_shared(scope, (bq * bk).max(bq * F));
     let frags = Frags::new(scope, hardware, dtype);
     let set = tiles::setup::expand(scope, a.g, bq, bk, a.views, 0);
     let slots = att::row_slots::expand(scope, a.g, bq, 0, a.views, 0);

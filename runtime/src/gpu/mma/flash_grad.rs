@@ -24,8 +24,9 @@ use super::flash::{
     RowCopy, HELD,
 };
 use super::*;
-use crate::gpu::attention_tiled_grad::{key_unit_row, last_row, GradBuffers};
+use crate::gpu::attention_tiled_grad::{key_unit_row, last_row, GradBuffers, KvOuts};
 use crate::gpu::func::Indices;
+use crate::gpu::kernels::Vecs;
 
 /// Columns `c0 .. c0 + n` of this unit's row (of `cols` elements) of the
 /// shared array at `dst` (storage type), from `vals` (f32).
@@ -139,29 +140,19 @@ const DS_CHUNK: usize = 8;
 
 /// `dQ` on fragments (`KernelSpec::AttentionGrad` with `wrt` Q and
 /// `fragments`): see the module doc. `views`: the layouts of `o` and `dout`.
-pub fn build_grad_q<N: Size>(
-    scope: &Scope,
-    b: &GradBuffers<N>,
-    out: &mut NativeExpand<[Vector<Stored, N>]>,
-    a: &Shape,
-    dev: FragDevice,
-) {
+pub fn build_grad_q<N: Size>(scope: &Scope, b: &GradBuffers<N>, out: &mut Vecs<N>, a: &Shape, dev: FragDevice) {
     let ([ov, dov], scale, lanes) = (b.side, b.scale, a.lanes);
     let (bq, bk) = (a.tiles.units(), a.tiles.key_tile);
-    assert_eq!(a.tiles.unit_rows, 1, "fragment kernels own one row per unit");
-    assert!(bk % F == 0, "key tiles of whole fragments");
-    let (dp, ep) = (a.g.d.next_multiple_of(F), a.g.e.next_multiple_of(F));
-    let (dpl, epl, dl, el) = (dp / lanes, ep / lanes, a.g.d / lanes, a.g.e / lanes);
+    let FragWidths { dp, ep, dpl, epl, dl, el } = FragWidths::of(a, bk);
     let q_off = 0;
     let do_off = q_off + bq * dpl;
     let k_off = do_off + bq * epl;
     let v_off = k_off + bk * dpl;
     let ds_off = v_off + bk * epl;
-    let len = ds_off + bq * bk / lanes;
-    let mut x: NativeExpand<[Vector<Stored, N>]> = (*shared_vectors::expand::<N>(scope, len)).clone_unchecked();
-    let floats = (bq * bk).max(bq * F);
-    let sf: NativeExpand<[f32]> = (*shared_floats::expand(scope, floats)).clone_unchecked();
-    let dpf: NativeExpand<[f32]> = (*shared_floats::expand(scope, bq * bk)).clone_unchecked();
+    let (len, floats) = (ds_off + bq * bk / lanes, (bq * bk).max(bq * F));
+    let mut x = vectors_in_shared::<N>(scope, len);
+    let sf = floats_in_shared(scope, floats);
+    let dpf = floats_in_shared(scope, bq * bk);
     let frags = Frags::new(scope, dev.hardware, dev.dtype);
     let set = tiles::setup::expand(scope, a.g, bq, bk, a.views, 0);
     let slots = att::row_slots::expand(scope, a.g, bq, 0, a.views, 0);
@@ -307,22 +298,12 @@ enum Walk {
 /// again: the accumulators of both rows (256 columns a unit at d = 128) are
 /// more than CUDA's registers and 48 KiB of shared memory hold, and one
 /// walk's code run twice keeps the kernel's source within bounds.
-pub fn build_grad_kv<N: Size>(
-    scope: &Scope,
-    b: &GradBuffers<N>,
-    out: &mut NativeExpand<[Vector<Stored, N>]>,
-    a: &Shape,
-    dev: FragDevice,
-    wrt_k: bool,
-    mut dv: Option<(&mut NativeExpand<[Vector<Stored, N>]>, RowView)>,
-) {
+pub fn build_grad_kv<N: Size>(scope: &Scope, b: &GradBuffers<N>, outs: KvOuts<N>, a: &Shape, dev: FragDevice) {
+    let KvOuts { out, wrt_k, mut dv } = outs;
     let ([ov, dov], scale, lanes) = (b.side, b.scale, a.lanes);
     let (rows, bq) = (a.tiles.units(), a.tiles.key_tile);
-    assert_eq!(a.tiles.unit_rows, 1, "fragment kernels own one row per unit");
-    assert!(bq % F == 0, "query tiles of whole fragments");
     let with_v = dv.is_some() || !wrt_k;
-    let (dp, ep) = (a.g.d.next_multiple_of(F), a.g.e.next_multiple_of(F));
-    let (dpl, epl, dl, el) = (dp / lanes, ep / lanes, a.g.d / lanes, a.g.e / lanes);
+    let FragWidths { dp, ep, dpl, epl, dl, el } = FragWidths::of(a, bq);
     let twice = wrt_k && with_v && rows < ATTN_ROWS;
     assert!(!twice || dp == ep, "two walks accumulate dK and dV in the same columns");
     // Own keys and (for dK) values, the query and output-gradient tile, the tile's P or dS.
@@ -331,14 +312,13 @@ pub fn build_grad_kv<N: Size>(
     let q_off = v_off + if wrt_k { rows * epl } else { 0 };
     let do_off = q_off + bq * dpl;
     let pd_off = do_off + bq * epl;
-    let len = pd_off + rows * bq / lanes;
-    let mut x: NativeExpand<[Vector<Stored, N>]> = (*shared_vectors::expand::<N>(scope, len)).clone_unchecked();
-    let floats = (rows * bq).max(rows * F);
-    let sf: NativeExpand<[f32]> = (*shared_floats::expand(scope, floats)).clone_unchecked();
+    let (len, floats) = (pd_off + rows * bq / lanes, (rows * bq).max(rows * F));
+    let mut x = vectors_in_shared::<N>(scope, len);
+    let sf = floats_in_shared(scope, floats);
     // dPᵀ only for dK.
     let dp_floats = if wrt_k { rows * bq } else { 1 };
-    let dpf: NativeExpand<[f32]> = (*shared_floats::expand(scope, dp_floats)).clone_unchecked();
-    let stats: NativeExpand<[f32]> = (*shared_floats::expand(scope, 2 * bq)).clone_unchecked();
+    let dpf = floats_in_shared(scope, dp_floats);
+    let stats = floats_in_shared(scope, 2 * bq);
     let frags = Frags::new(scope, dev.hardware, dev.dtype);
     let bh = k::cube_y::expand(scope, a.g.fold);
     let (bb, kh) = (k::idx_div::expand(scope, bh, a.g.hk), k::idx_mod::expand(scope, bh, a.g.hk));
@@ -427,7 +407,7 @@ pub fn build_grad_kv<N: Size>(
                     k::fset::expand(scope, &mut ds_row, ii, ds);
                 }
             }
-            let (w, pd) = ((pd_off, bq), |xs: &mut NativeExpand<[Vector<Stored, N>]>, r| {
+            let (w, pd) = ((pd_off, bq), |xs: &mut Vecs<N>, r| {
                 put_row::expand::<N>(scope, xs, r, pd_off, bq, 0, bq, dev.rounds());
                 k::barrier::expand(scope);
             });
@@ -459,11 +439,11 @@ pub fn build_grad_kv<N: Size>(
     let inside = k::below::expand(scope, j.clone(), a.g.sk);
     let out_at = source::view_row::expand(scope, bb.clone(), kh.clone(), j.clone(), a.views[3]);
     let one = k::fconst::expand(scope, 1.0);
-    let store_k = |scope: &Scope, out: &mut NativeExpand<[Vector<Stored, N>]>| {
+    let store_k = |scope: &Scope, out: &mut Vecs<N>| {
         let (at, inside) = (out_at.clone(), inside.clone());
         acc.with(|r| store_columns::expand::<N>(scope, out, r, scale_c.clone(), at, inside, (0, dl)))
     };
-    let store_v = |scope: &Scope, buf: &mut NativeExpand<[Vector<Stored, N>]>, at, c0| {
+    let store_v = |scope: &Scope, buf: &mut Vecs<N>, at, c0| {
         acc.with(|r| store_columns::expand::<N>(scope, buf, r, one.clone(), at, inside.clone(), (c0, el)))
     };
     if twice {

@@ -30,6 +30,7 @@ use super::kit::launch::{Inputs, Shape, ROW_I, ROW_OUT, ROW_Q};
 use super::kit::source::{InPages, InPagesExpand, InView, InViewExpand, KeySource, KeySourceExpand};
 use super::kit::walk::{self as tiles, SET_K, SET_V};
 use super::kit::{mask, norm, pair, source};
+use crate::gpu::kernels::Vecs;
 use attnc_compiler::plan::{Dtype, RowView, ATTN_ROWS, GEMM_ROWS, GEMM_UNITS};
 use cubecl::cmma::{self, MatrixIdent, MatrixLayout};
 use cubecl::prelude::*;
@@ -48,6 +49,29 @@ pub struct FragDevice {
     pub hardware: bool,
     pub dtype: Dtype,
     pub shared_limit: usize,
+}
+
+/// A fragment attention kernel's head widths, in vectors: padded with zeros
+/// to whole fragments (`dpl`, `epl`; `dp`, `ep` in floats) and as they are
+/// (`dl`, `el`).
+pub(crate) struct FragWidths {
+    pub dp: usize,
+    pub ep: usize,
+    pub dpl: usize,
+    pub epl: usize,
+    pub dl: usize,
+    pub el: usize,
+}
+
+impl FragWidths {
+    /// The widths of launch `a`, whose units own one row each and whose
+    /// other side comes in tiles of `tile` rows (whole fragments).
+    pub(crate) fn of(a: &Shape, tile: usize) -> FragWidths {
+        assert_eq!(a.tiles.unit_rows, 1, "fragment kernels own one row per unit");
+        assert!(tile.is_multiple_of(F), "tiles of whole fragments");
+        let (dp, ep, lanes) = (a.g.d.next_multiple_of(F), a.g.e.next_multiple_of(F), a.lanes);
+        FragWidths { dp, ep, dpl: dp / lanes, epl: ep / lanes, dl: a.g.d / lanes, el: a.g.e / lanes }
+    }
 }
 
 impl FragDevice {
@@ -225,7 +249,7 @@ impl Frags {
         &self,
         scope: &Scope,
         acc: &mut Acc,
-        x: &NativeExpand<[Vector<Stored, N>]>,
+        x: &Vecs<N>,
         (a_at, a_stride): (NativeExpand<usize>, usize),
         (b_at, b_stride, b_col_major): (NativeExpand<usize>, usize, bool),
     ) {
@@ -269,6 +293,16 @@ fn shared_vectors<N: Size>(#[comptime] n: usize) -> Shared<[Vector<Stored, N>]> 
 #[cube]
 fn shared_floats(#[comptime] n: usize) -> Shared<[f32]> {
     Shared::<[f32]>::new_aligned_slice(n, 32usize)
+}
+
+/// [`shared_vectors`] as the host-assembled kernels hold it.
+fn vectors_in_shared<N: Size>(scope: &Scope, n: usize) -> Vecs<N> {
+    (*shared_vectors::expand::<N>(scope, n)).clone_unchecked()
+}
+
+/// [`shared_floats`] as the host-assembled kernels hold it.
+fn floats_in_shared(scope: &Scope, n: usize) -> NativeExpand<[f32]> {
+    (*shared_floats::expand(scope, n)).clone_unchecked()
 }
 
 /// `x[at]` if `inside`, else zeros, in the storage type.
@@ -462,11 +496,10 @@ pub fn build_gemm<N: Size>(
     let kv = F / lanes; // vectors of a stage's `k` per row of `a`
     let (a_len, b_len) = (cube_rows * kv, F * bw / lanes);
     let stages = kl.div_ceil(kv);
-    let x: NativeExpand<[Vector<Stored, N>]> = (*shared_vectors::expand::<N>(scope, a_len + b_len)).clone_unchecked();
+    let x = vectors_in_shared::<N>(scope, a_len + b_len);
     // A plane's strip of 16 rows: one fragment, or every column with a mixing epilogue.
     let strip = if shape.mix.is_some() { bw } else { F };
-    let mut scratch: NativeExpand<[f32]> =
-        (*shared_floats::expand(scope, GEMM_UNITS / WARP * F * strip)).clone_unchecked();
+    let mut scratch = floats_in_shared(scope, GEMM_UNITS / WARP * F * strip);
     let frags = Frags::new(scope, hardware, dtype);
     let (warp, lane) = (warp_of::expand(scope), lane_of::expand(scope));
     // Fixed parts of the cooperative copies: rows of `a`, columns of `b`.
@@ -493,7 +526,7 @@ pub fn build_gemm<N: Size>(
     let range = RangeExpand::new(NativeExpand::from_lit(scope, 0usize), NativeExpand::from_lit(scope, stages));
     for_expand(scope, range, false, |scope, s| {
         let mut stage = x.clone_unchecked();
-        let copy_a = |scope: &Scope, stage: &mut NativeExpand<[Vector<Stored, N>]>, (idx, row_start, kq)| {
+        let copy_a = |scope: &Scope, stage: &mut Vecs<N>, (idx, row_start, kq)| {
             let kvec = k::add_index::expand(scope, k::idx_mul::expand(scope, s.clone(), kv), kq);
             let inside = k::below::expand(scope, kvec.clone(), kl);
             let col = k::view(scope, kvec, &shape.a_cols, kl);
