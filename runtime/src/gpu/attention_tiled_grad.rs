@@ -151,7 +151,7 @@ impl<N: Size> GradTile<'_, N> {
                 for (c, vc) in values.iter().enumerate() {
                     dp = k::dot_add::expand::<N>(scope, dp, k::vget::expand::<N>(scope, &u.dor, c), *vc);
                 }
-                let p = norm::prob::expand(scope, scores[r][jj], u.lse, a.g.norm);
+                let p = norm::own_row_prob::expand(scope, scores[r][jj], u.lse, a.g.norm);
                 let mut ds = grad_weight::expand(scope, scores[r][jj], u.lse, p, dp, u.delta, a.g.norm);
                 if let (Some(fns), Some((b, h))) = (slope_fns, head) {
                     let i = k::uget::expand(scope, &u.slots, ROW_I);

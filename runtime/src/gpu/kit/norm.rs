@@ -144,17 +144,19 @@ pub fn weight(x: f32, m: f32, #[comptime] norm: Norm) -> f32 {
     }
 }
 
-/// `1 / (1 + e^−x)`, as `(1 + tanh(x / 2)) / 2`: 0 for a masked score.
-/// No division: CUDA's IEEE `/` is a subroutine call per weight, which
-/// made the bf16 fragment forward spill on sm_80.
+/// `1 / (1 + e^−x)`, as `r²` with `r = 1 / √(1 + e^−x)`: 0 for a masked
+/// score. No division: CUDA's IEEE `/` is a subroutine call per weight,
+/// and its `tanh` branches; either made fragment kernels spill.
 #[cube]
 fn sigmoid(x: f32) -> f32 {
-    f32::new(0.5) + f32::new(0.5) * (f32::new(0.5) * x).tanh()
+    let r = (f32::new(1.0) + (f32::new(0.0) - x).exp()).inverse_sqrt();
+    r * r
 }
 
 /// The backward's weight of score `x` in a row whose statistic is `lse`
 /// (from [`read_lse`]): a softmax's `exp(score − lse)`; 0 in a row that saw
-/// no key. Hard attention's gradient is not computed by the kernels
+/// no key or that the kernel walks past its queries ([`DEAD_ROW`]). Hard
+/// attention's gradient is not computed by the kernels
 /// (`KernelSpec::kernel_gap`).
 #[cube]
 pub fn prob(x: f32, lse: f32, #[comptime] norm: Norm) -> f32 {
@@ -162,6 +164,19 @@ pub fn prob(x: f32, lse: f32, #[comptime] norm: Norm) -> f32 {
         (x - lse).exp()
     } else {
         select(lse < f32::new(DEAD_ROW), weight(x, lse, norm), f32::new(0.0))
+    }
+}
+
+/// [`prob`] in a dQ kernel's own query row, which is stored only where it
+/// is one of the queries: sigmoid and linear weights need no row statistic
+/// there (a hidden key's score already weighs 0), which keeps the f16 dQ
+/// on fragments within its registers on sm_90.
+#[cube]
+pub fn own_row_prob(x: f32, lse: f32, #[comptime] norm: Norm) -> f32 {
+    if comptime![norm == Norm::Sigmoid || norm == Norm::Linear] {
+        weight(x, lse, norm)
+    } else {
+        prob(x, lse, norm)
     }
 }
 

@@ -206,7 +206,7 @@ pub fn build_grad_q<N: Size>(scope: &Scope, b: &GradBuffers<N>, out: &mut Vecs<N
             let mut ds_row = k::zeros::expand(scope, DS_CHUNK);
             for (jc, score) in scores.into_iter().enumerate() {
                 let jj = c0 + jc;
-                let p = norm::prob::expand(scope, score, lse, a.g.norm);
+                let p = norm::own_row_prob::expand(scope, score, lse, a.g.norm);
                 let dp = k::read::expand::<f32>(scope, &dpf, at(jj));
                 let mut ds = norm::grad_weight::expand(scope, score, lse, p, dp, delta, a.g.norm);
                 if let (Some(fns), Some((b, h))) = (slope_fns, head) {
